@@ -1,0 +1,212 @@
+"""The backward graph: Node, Edge, AccumulateGrad, GraphRoot, and removable hook handles."""
+
+import itertools
+import sys
+import traceback
+from collections import namedtuple
+
+from . import grad_mode
+
+Edge = namedtuple("Edge", ["node", "input_nr"])
+Edge.__doc__ = "Where a gradient goes: input ``input_nr`` of ``node``."
+
+_sequence = itertools.count()  # next() on a count is atomic under the GIL
+# AccumulateGrad runs as soon as it is ready (largest sequence number), as in PyTorch, so the
+# reducer learns of ready gradients as early as possible.
+ACCUMULATE_GRAD_SEQUENCE_NR = sys.maxsize
+
+
+class RemovableHandle:
+    """Returned by every ``register_*hook``: ``remove()`` takes the hook out again."""
+
+    _ids = itertools.count()
+
+    def __init__(self, hooks_dict):
+        self._hooks = hooks_dict
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self):
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _add_hook(hooks, fn):
+    if not callable(fn):
+        raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = fn
+    return handle
+
+
+class Node:
+    """One backward function: takes gradients of its forward outputs, returns those of its inputs.
+
+    ``next_edges[i]`` says where the gradient of forward input ``i`` goes (``None``: nowhere).
+    ``input_metadata[j]`` is (shape, dtype, device) of forward output ``j``; the engine checks
+    every gradient it passes along against the receiving Node's metadata.
+    """
+
+    __slots__ = ("next_edges", "sequence_nr", "topological_nr", "input_metadata",
+                 "_pre_hooks", "_post_hooks", "_tensor_pre_hooks", "_retains_grad_hooks",
+                 "_forward_stack", "__weakref__")
+
+    def __init__(self, next_edges=(), sequence_nr=None):
+        self.next_edges = list(next_edges)
+        self.sequence_nr = next(_sequence) if sequence_nr is None else sequence_nr
+        # Longest path to a leaf: a Node whose number is below an output's cannot lead to it.
+        topo = 0
+        for edge in self.next_edges:
+            if edge is not None and edge.node.topological_nr >= topo:
+                topo = edge.node.topological_nr + 1
+        self.topological_nr = topo
+        self.input_metadata = []
+        self._pre_hooks = self._post_hooks = None
+        self._tensor_pre_hooks = self._retains_grad_hooks = None
+        self._forward_stack = traceback.format_stack()[:-3] if grad_mode.is_anomaly_enabled() else None
+
+    # --- what a subclass provides ---------------------------------------------------------
+    def apply(self, grads):
+        """Gradients of the forward outputs (a list) -> gradients of the forward inputs."""
+        raise NotImplementedError(f"{self.name()} does not implement apply()")
+
+    def release_variables(self):
+        """Free saved tensors once backward has used them (unless retain_graph)."""
+
+    def name(self):
+        return type(self).__name__
+
+    # --- graph introspection (PyTorch's Python names) -------------------------------------
+    @property
+    def next_functions(self):
+        return tuple((None, 0) if e is None else (e.node, e.input_nr) for e in self.next_edges)
+
+    @property
+    def num_inputs(self):
+        return len(self.input_metadata)
+
+    @property
+    def metadata_stack(self):
+        """Forward stack where this Node was created (recorded only under detect_anomaly)."""
+        return "".join(self._forward_stack or ())
+
+    def __repr__(self):
+        return f"<{self.name()} seq={self.sequence_nr} topo={self.topological_nr}>"
+
+    # --- hooks ----------------------------------------------------------------------------
+    def register_prehook(self, fn):
+        """``fn(grad_outputs) -> new grad_outputs or None``, before the Node runs."""
+        if self._pre_hooks is None:
+            self._pre_hooks = {}
+        return _add_hook(self._pre_hooks, fn)
+
+    def register_hook(self, fn):
+        """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None``, after the Node runs."""
+        if self._post_hooks is None:
+            self._post_hooks = {}
+        return _add_hook(self._post_hooks, fn)
+
+    def register_tensor_prehook(self, input_nr, fn):
+        """``fn(grad) -> new grad or None`` on the gradient arriving at input ``input_nr``."""
+        if self._tensor_pre_hooks is None:
+            self._tensor_pre_hooks = {}
+        return _add_hook(self._tensor_pre_hooks, (input_nr, fn))
+
+    def set_retains_grad_hook(self, input_nr, fn):
+        """One per input, run after the tensor pre-hooks (``Tensor.retain_grad``)."""
+        if self._retains_grad_hooks is None:
+            self._retains_grad_hooks = {}
+        self._retains_grad_hooks[input_nr] = fn
+
+    def call_tensor_pre_hooks(self, grads):
+        if self._tensor_pre_hooks:
+            for input_nr, fn in list(self._tensor_pre_hooks.values()):
+                new = fn(grads[input_nr])
+                if new is not None:
+                    grads[input_nr] = new
+        if self._retains_grad_hooks:
+            for input_nr, fn in list(self._retains_grad_hooks.items()):
+                fn(grads[input_nr])
+        return grads
+
+    def call_pre_hooks(self, grads):
+        for fn in list(self._pre_hooks.values()):
+            new = fn(tuple(grads))
+            if new is not None:
+                grads = list(new)
+        return grads
+
+    def call_post_hooks(self, outputs, inputs):
+        for fn in list(self._post_hooks.values()):
+            new = fn(tuple(outputs), tuple(inputs))
+            if new is not None:
+                outputs = list(new)
+        return outputs
+
+
+class GraphRoot(Node):
+    """Feeds the caller's gradients into several roots at once."""
+
+    __slots__ = ("grads",)
+
+    def __init__(self, edges, grads):
+        super().__init__(edges)
+        self.grads = list(grads)
+
+    def apply(self, grads):
+        return list(self.grads)
+
+
+class AccumulateGrad(Node):
+    """Sink for a leaf tensor: adds the incoming gradient into ``variable.grad``.
+
+    A fresh gradient that nothing else holds is adopted as ``.grad`` without a copy ("steal");
+    otherwise it is copied, or added in place into the existing ``.grad``.
+    """
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        super().__init__((), ACCUMULATE_GRAD_SEQUENCE_NR)
+        self.variable = variable
+        self.input_metadata = [(variable.data.shape, variable.data.dtype, variable.device)]
+
+    def name(self):
+        return "AccumulateGrad"
+
+    def apply(self, grads):
+        new_grad = grads[0]
+        grads[0] = None  # drop the list's reference so a lone gradient can be stolen
+        if new_grad is not None:
+            accumulate_grad(self.variable, new_grad, self._post_hooks is not None)
+        return []
+
+
+def _can_steal(new_grad, extra_refs):
+    # References to the Tensor: the caller's local, getrefcount's argument (+1 when post hooks
+    # keep a copy of the inputs). References to the array: the Tensor's slot and the argument.
+    data = new_grad.data
+    return (sys.getrefcount(new_grad) <= 3 + extra_refs and new_grad.grad_fn is None
+            and sys.getrefcount(data) <= 2 and getattr(data, "base", None) is None
+            and data.flags.writeable and data.flags.c_contiguous)
+
+
+def accumulate_grad(variable, new_grad, has_post_hooks=False):
+    """The AccumulateGrad rule, shared with the distributed engine's capture hook."""
+    grad = variable.grad
+    if grad is None:
+        if not grad_mode.is_grad_enabled() and _can_steal(new_grad, 1 + has_post_hooks):
+            new_grad.requires_grad = False
+            variable.grad = new_grad
+        elif grad_mode.is_grad_enabled():
+            variable.grad = new_grad  # create_graph: keep the graph of the gradient
+        else:
+            variable.grad = new_grad.detach_copy()
+    elif not grad_mode.is_grad_enabled() and grad.grad_fn is None and grad.data.flags.writeable:
+        grad.data += new_grad.data
+    else:
+        variable.grad = grad + new_grad

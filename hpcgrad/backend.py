@@ -1,0 +1,63 @@
+"""Array-module dispatch: numpy on the CPU, cupy on GPUs, without importing cupy where it cannot work."""
+
+import numpy as np
+
+try:  # cupy is an optional extra; a machine without a GPU must still import hpcgrad.
+    import cupy as _cupy
+except Exception:  # ImportError, or a CUDA error raised while cupy loads
+    _cupy = None
+
+CPU = "cpu"
+
+
+def cupy_module():
+    """The cupy module when it is importable, else None (it may still have no usable device)."""
+    return _cupy
+
+
+def device_count():
+    """Number of usable CUDA devices: 0 when cupy is missing or no driver/device answers."""
+    if _cupy is None:
+        return 0
+    try:
+        return int(_cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def is_gpu_array(array):
+    return _cupy is not None and isinstance(array, _cupy.ndarray)
+
+
+def get_array_module(array):
+    """numpy or cupy, whichever owns ``array`` (numpy for Python scalars)."""
+    if type(array) is np.ndarray or _cupy is None:
+        return np
+    return _cupy.get_array_module(array)
+
+
+def device_of(array):
+    """``"cpu"`` for host arrays, ``"cuda:N"`` for a cupy array on device N."""
+    if type(array) is np.ndarray or not is_gpu_array(array):
+        return CPU
+    return f"cuda:{array.device.id}"
+
+
+def device_index(device):
+    """-1 for the CPU, N for ``"cuda:N"``: the engine's worker-queue index."""
+    if device == CPU:
+        return -1
+    return int(device.split(":")[1])
+
+
+def to_device(array, device):
+    """Copy ``array`` to ``device`` (``"cpu"`` or ``"cuda:N"``) if it is not there already."""
+    if device_of(array) == device:
+        return array
+    if device == CPU:
+        return _cupy.asnumpy(array)
+    if _cupy is None:
+        raise RuntimeError(f"cannot move an array to {device}: cupy is not installed "
+                           "(pip install 'hpcgrad[cuda12]')")
+    with _cupy.cuda.Device(device_index(device)):
+        return _cupy.asarray(array)

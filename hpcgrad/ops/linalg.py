@@ -1,0 +1,34 @@
+"""Matrix product with numpy's rules: 1-D operands, and batched (broadcast) leading axes."""
+
+from ..autograd.function import Function
+
+
+class MatMul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a.data @ b.data
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        grad_a = grad_b = None
+        if a.ndim == 1 and b.ndim == 1:
+            return (g * b if need_a else None), (g * a if need_b else None)
+        if a.ndim == 1:  # (k) @ (..., k, n) -> (..., n)
+            if need_a:
+                grad_a = (g.unsqueeze(-2) @ b.mT).squeeze(-2)
+            if need_b:
+                grad_b = a.unsqueeze(-1) @ g.unsqueeze(-2)
+        elif b.ndim == 1:  # (..., m, k) @ (k) -> (..., m)
+            if need_a:
+                grad_a = g.unsqueeze(-1) @ b.unsqueeze(-2)
+            if need_b:
+                grad_b = (a.mT @ g.unsqueeze(-1)).squeeze(-1)
+        else:
+            if need_a:
+                grad_a = g @ b.mT
+            if need_b:
+                grad_b = a.mT @ g
+        return grad_a, grad_b  # broadcast batch axes are summed back by the engine

@@ -1,0 +1,37 @@
+"""Softmax and log-softmax along one axis, stable for large inputs."""
+
+from .. import backend
+from ..autograd.function import Function
+
+
+class Softmax(Function):
+    @staticmethod
+    def forward(ctx, a, dim):
+        xp = backend.get_array_module(a.data)
+        shifted = a.data - a.data.max(axis=dim, keepdims=True)
+        e = xp.exp(shifted)
+        out = e / e.sum(axis=dim, keepdims=True)
+        ctx.dim = dim
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None
+
+
+class LogSoftmax(Function):
+    @staticmethod
+    def forward(ctx, a, dim):
+        xp = backend.get_array_module(a.data)
+        shifted = a.data - a.data.max(axis=dim, keepdims=True)
+        out = shifted - xp.log(xp.exp(shifted).sum(axis=dim, keepdims=True))
+        ctx.dim = dim
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g - y.exp() * g.sum(ctx.dim, keepdim=True), None

@@ -1,0 +1,197 @@
+"""Shape and indexing ops: reshape, permute, expand, getitem (basic and integer arrays), cat, gather."""
+
+import numpy as np
+
+from .. import backend
+from ..autograd.function import Function
+from ..tensor import Tensor
+
+
+def shape_arg(shape, size=None):
+    """``reshape(2, 3)`` and ``reshape((2, 3))`` both give (2, 3)."""
+    if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+        shape = tuple(shape[0])
+    return tuple(int(s) for s in shape)
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.data.shape
+        try:
+            return a.data.reshape(shape)
+        except ValueError:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size "
+                               f"{a.data.size} (shape {list(a.data.shape)})") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape), None
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, a, dims):
+        if sorted(dims) != list(range(a.data.ndim)):
+            raise RuntimeError(f"permute: dims {list(dims)} are not a permutation of the "
+                               f"{a.data.ndim} dimensions of the input")
+        ctx.inverse = tuple(np.argsort(dims))
+        return a.data.transpose(dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return Permute.apply(g, ctx.inverse), None
+
+
+def transpose(x, dim0, dim1):
+    dims = list(range(x.ndim))
+    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    return Permute.apply(x, tuple(dims))
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.data.shape
+        xp = backend.get_array_module(a.data)
+        try:
+            return xp.broadcast_to(a.data, shape)
+        except ValueError:
+            raise RuntimeError(f"expand: the shape {list(a.data.shape)} cannot be expanded to "
+                               f"{list(shape)} (only size-1 dimensions can grow)") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.sum_to_size(ctx.shape), None
+
+
+def expand(x, shape):
+    shape = tuple(shape)
+    lead = len(shape) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+    return x if shape == x.shape else Expand.apply(x, shape)
+
+
+def unsqueeze(x, dim):
+    dim = dim % (x.ndim + 1)
+    return x.reshape(x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def squeeze(x, dim=None):
+    if dim is None:
+        shape = tuple(s for s in x.shape if s != 1)
+    else:
+        dim = dim % max(x.ndim, 1)
+        shape = x.shape if x.ndim == 0 or x.shape[dim] != 1 else x.shape[:dim] + x.shape[dim + 1:]
+    return x if shape == x.shape else x.reshape(shape)
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    if x.ndim == 0:
+        return x.reshape(1)
+    start, end = start_dim % x.ndim, end_dim % x.ndim
+    size = 1
+    for s in x.shape[start:end + 1]:
+        size *= s
+    return x.reshape(x.shape[:start] + (size,) + x.shape[end + 1:])
+
+
+def _is_basic(index):
+    return all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in index)
+
+
+def _plain_index(index):
+    """Tensors inside an index become arrays; a single index becomes a 1-tuple."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    return tuple(i.data if isinstance(i, Tensor) else
+                 np.asarray(i) if isinstance(i, list) else i for i in index)
+
+
+class GetItem(Function):
+    @staticmethod
+    def forward(ctx, a, index):
+        ctx.shape, ctx.index = a.data.shape, index
+        return a.data[index]
+
+    @staticmethod
+    def backward(ctx, g):
+        return IndexAdd.apply(g, ctx.shape, ctx.index), None
+
+
+class IndexAdd(Function):
+    """Zeros of ``shape`` with ``g`` added at ``index`` (repeated indices add up)."""
+
+    @staticmethod
+    def forward(ctx, g, shape, index):
+        ctx.index = index
+        xp = backend.get_array_module(g.data)
+        out = xp.zeros(shape, dtype=g.data.dtype)
+        if _is_basic(index):
+            out[index] = g.data  # a basic index cannot repeat an element
+        elif xp is np:
+            np.add.at(out, index, g.data)
+        else:
+            import cupyx
+            cupyx.scatter_add(out, index, g.data)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return GetItem.apply(g, ctx.index), None, None
+
+
+def getitem(x, index):
+    return GetItem.apply(x, _plain_index(index))
+
+
+def index_select(x, dim, index):
+    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    if index.ndim != 1:
+        raise IndexError(f"index_select: index must be 1-D, got shape {list(index.shape)}")
+    return GetItem.apply(x, (slice(None),) * (dim % x.ndim) + (index,))
+
+
+def gather(x, dim, index):
+    """``out[i][j] = x[index[i][j]][j]`` for dim 0 (and so on), as torch.gather."""
+    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    if index.ndim != x.ndim:
+        raise RuntimeError(f"gather: index has {index.ndim} dimensions, expected {x.ndim} "
+                           "(as many as the input)")
+    xp = backend.get_array_module(index)
+    grid = list(xp.indices(index.shape, sparse=True))
+    grid[dim % x.ndim] = index
+    return GetItem.apply(x, tuple(grid))
+
+
+class Cat(Function):
+    @staticmethod
+    def forward(ctx, dim, *tensors):
+        arrays = [t.data for t in tensors]
+        ctx.dim, ctx.sizes = dim, [a.shape[dim] for a in arrays]
+        return backend.get_array_module(arrays[0]).concatenate(arrays, axis=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        grads, start = [None], 0
+        lead = (slice(None),) * (ctx.dim % g.ndim)
+        for need, size in zip(ctx.needs_input_grad[1:], ctx.sizes):
+            grads.append(GetItem.apply(g, lead + (slice(start, start + size),)) if need else None)
+            start += size
+        return tuple(grads)
+
+
+def cat(tensors, dim=0):
+    """Join tensors along an existing axis."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of Tensors")
+    return Cat.apply(dim, *tensors)
+
+
+def stack(tensors, dim=0):
+    """Join tensors along a new axis."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty list of Tensors")
+    return Cat.apply(dim % (tensors[0].ndim + 1), *[unsqueeze(t, dim) for t in tensors])

@@ -1,0 +1,400 @@
+"""Tensor: an array (numpy or cupy) with requires_grad, grad, grad_fn and backward()."""
+
+import threading
+import weakref
+
+import numpy as np
+
+from . import backend
+from .autograd import function as _function
+from .autograd.graph import AccumulateGrad, Edge, _add_hook
+
+_accumulator_lock = threading.Lock()
+DEFAULT_FLOAT = np.float32
+
+
+def _as_array(data, dtype=None):
+    if isinstance(data, Tensor):
+        data = data.data
+    if backend.is_gpu_array(data):
+        return data if dtype is None else data.astype(dtype, copy=False)
+    if dtype is None and not isinstance(data, (np.ndarray, np.generic)):
+        array = np.asarray(data)
+        if array.dtype == np.float64:  # Python floats give float32, as in PyTorch
+            array = array.astype(DEFAULT_FLOAT)
+        return array
+    return np.asarray(data, dtype=dtype)
+
+
+class Tensor:
+    """A numpy/cupy array that can record the operations applied to it for backward."""
+
+    __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_output_nr", "_grad_accumulator",
+                 "_hooks", "_retains_grad", "__weakref__")
+    __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
+    __hash__ = object.__hash__
+
+    def __init__(self, data, requires_grad=False, dtype=None):
+        self.data = _as_array(data, dtype)
+        self.grad = self.grad_fn = self._grad_accumulator = self._hooks = None
+        self._output_nr = 0
+        self._retains_grad = False
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    @classmethod
+    def _make(cls, data, requires_grad, grad_fn, output_nr):
+        """Fast constructor for op results: no checks, no conversion beyond scalars."""
+        t = object.__new__(cls)
+        if type(data) is not np.ndarray and not backend.is_gpu_array(data):
+            data = np.asarray(data)  # numpy scalars from reductions become 0-d arrays
+        t.data = data
+        t.requires_grad = requires_grad
+        t.grad_fn = grad_fn
+        t._output_nr = output_nr
+        t.grad = t._grad_accumulator = t._hooks = None
+        t._retains_grad = False
+        return t
+
+    @staticmethod
+    def _zeros(shape, dtype, device):
+        xp = np if device == backend.CPU else backend.cupy_module()
+        return Tensor._make(xp.zeros(shape, dtype), False, None, 0)
+
+    # --- array facts ----------------------------------------------------------------------
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    device = property(lambda self: backend.device_of(self.data))
+    is_leaf = property(lambda self: self.grad_fn is None)
+    retains_grad = property(lambda self: self._retains_grad)
+    output_nr = property(lambda self: self._output_nr)
+
+    def dim(self):
+        return self.data.ndim
+
+    def size(self, dim=None):
+        return self.data.shape if dim is None else self.data.shape[dim]
+
+    def numel(self):
+        return int(self.data.size)
+
+    def __len__(self):
+        return len(self.data)
+
+    def item(self):
+        return self.data.item()
+
+    def numpy(self):
+        if self.requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+        return backend.to_device(self.data, backend.CPU)
+
+    def tolist(self):
+        return self.data.tolist()
+
+    def __bool__(self):
+        return bool(self.data)
+
+    def __float__(self):
+        return float(self.data)
+
+    def __int__(self):
+        return int(self.data)
+
+    def __repr__(self):
+        extra = ""
+        if self.grad_fn is not None:
+            extra = f", grad_fn=<{self.grad_fn.name()}>"
+        elif self.requires_grad:
+            extra = ", requires_grad=True"
+        device = "" if self.device == backend.CPU else f", device='{self.device}'"
+        body = np.array2string(backend.to_device(self.data, backend.CPU), separator=", ",
+                               prefix="tensor(")
+        return f"tensor({body}, dtype={self.data.dtype}{device}{extra})"
+
+    # --- autograd -------------------------------------------------------------------------
+    def requires_grad_(self, requires_grad=True):
+        if self.grad_fn is not None and not requires_grad:
+            raise RuntimeError("you can only change requires_grad flags of leaf variables. If you "
+                               "want to use a computed variable in a subgraph that doesn't require "
+                               "differentiation use var_no_grad = var.detach().")
+        if requires_grad and self.data.dtype.kind not in "fc":
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients "
+                               f"(got {self.data.dtype}); convert first, e.g. x.float()")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def detach(self):
+        """Same data, cut from the graph."""
+        return Tensor._make(self.data, False, None, 0)
+
+    def detach_copy(self):
+        return Tensor._make(self.data.copy(), False, None, 0)
+
+    def _gradient_edge(self):
+        if self.grad_fn is not None:
+            return Edge(self.grad_fn, self._output_nr)
+        return Edge(self._get_accumulator(), 0)
+
+    def _get_accumulator(self):
+        """The leaf's AccumulateGrad; held weakly, so it lives as long as a graph uses it."""
+        acc = self._grad_accumulator() if self._grad_accumulator is not None else None
+        if acc is None:
+            if not self.requires_grad:
+                raise RuntimeError("a tensor that does not require grad has no grad accumulator")
+            with _accumulator_lock:
+                acc = self._grad_accumulator() if self._grad_accumulator is not None else None
+                if acc is None:
+                    acc = AccumulateGrad(self)
+                    acc._tensor_pre_hooks = self._hooks  # leaf hooks outlive any one accumulator
+                    self._grad_accumulator = weakref.ref(acc)
+        return acc
+
+    def register_hook(self, hook):
+        """``hook(grad) -> new grad or None``, called when this tensor's gradient is computed."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is not None:
+            return self.grad_fn.register_tensor_prehook(self._output_nr, hook)
+        if self._hooks is None:
+            self._hooks = {}
+            acc = self._grad_accumulator() if self._grad_accumulator is not None else None
+            if acc is not None:
+                acc._tensor_pre_hooks = self._hooks
+        return _add_hook(self._hooks, (0, hook))
+
+    def retain_grad(self):
+        """Keep this non-leaf tensor's gradient in ``.grad`` after backward."""
+        if not self.requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self.grad_fn is None or self._retains_grad:
+            return
+        ref = weakref.ref(self)
+
+        def retain(grad):
+            tensor = ref()
+            if tensor is None or grad is None:
+                return
+            if tensor.grad is None:
+                tensor.grad = grad.detach_copy() if grad.grad_fn is None else grad
+            else:
+                tensor.grad = tensor.grad + grad
+
+        self.grad_fn.set_retains_grad_hook(self._output_nr, retain)
+        self._retains_grad = True
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (see autograd.backward)."""
+        from .autograd import backward
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+    def zero_(self):
+        self.data[...] = 0
+        return self
+
+    # --- conversion -----------------------------------------------------------------------
+    def to(self, dtype_or_device):
+        """``to(np.float64)`` casts (differentiably); ``to("cpu")`` / ``to("cuda:0")`` moves."""
+        if isinstance(dtype_or_device, str) and (dtype_or_device == "cpu"
+                                                 or dtype_or_device.startswith("cuda")):
+            device = "cuda:0" if dtype_or_device == "cuda" else dtype_or_device
+            return self if device == self.device else _ops.ToDevice.apply(self, device)
+        dtype = np.dtype(dtype_or_device)
+        return self if dtype == self.data.dtype else _ops.Cast.apply(self, dtype)
+
+    def float(self):
+        return self.to(np.float32)
+
+    def double(self):
+        return self.to(np.float64)
+
+    def half(self):
+        return self.to(np.float16)
+
+    def long(self):
+        return self.to(np.int64)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=0):
+        return self.to(f"cuda:{device}")
+
+    def clone(self):
+        return _ops.Clone.apply(self)
+
+    def contiguous(self):
+        return self
+
+    # --- arithmetic -----------------------------------------------------------------------
+    def _other(self, other):
+        if isinstance(other, Tensor):
+            return other
+        if isinstance(other, (int, float, bool)) and self.data.dtype.kind in "fc":
+            return Tensor._make(self.data.dtype.type(other), False, None, 0)
+        return Tensor._make(_as_array(other), False, None, 0)
+
+    def __add__(self, other):
+        return _ops.Add.apply(self, self._other(other))
+
+    def __radd__(self, other):
+        return _ops.Add.apply(self._other(other), self)
+
+    def __sub__(self, other):
+        return _ops.Sub.apply(self, self._other(other))
+
+    def __rsub__(self, other):
+        return _ops.Sub.apply(self._other(other), self)
+
+    def __mul__(self, other):
+        return _ops.Mul.apply(self, self._other(other))
+
+    def __rmul__(self, other):
+        return _ops.Mul.apply(self._other(other), self)
+
+    def __truediv__(self, other):
+        return _ops.Div.apply(self, self._other(other))
+
+    def __rtruediv__(self, other):
+        return _ops.Div.apply(self._other(other), self)
+
+    def __pow__(self, exponent):
+        return _ops.Pow.apply(self, self._other(exponent))
+
+    def __rpow__(self, base):
+        return _ops.Pow.apply(self._other(base), self)
+
+    def __neg__(self):
+        return _ops.Neg.apply(self)
+
+    def __matmul__(self, other):
+        return _ops.MatMul.apply(self, self._other(other))
+
+    def __rmatmul__(self, other):
+        return _ops.MatMul.apply(self._other(other), self)
+
+    def __getitem__(self, index):
+        return _ops.getitem(self, index)
+
+    # Comparisons give boolean tensors outside the graph.
+    def _compare(self, other, op):
+        other = other.data if isinstance(other, Tensor) else other
+        return Tensor._make(op(self.data, other), False, None, 0)
+
+    def __eq__(self, other):
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other):
+        return self._compare(other, lambda a, b: a != b)
+
+    def __lt__(self, other):
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._compare(other, lambda a, b: a >= b)
+
+    # --- element-wise, reductions, shapes: see hpcgrad/ops -----------------------------------
+    def exp(self):
+        return _ops.Exp.apply(self)
+
+    def log(self):
+        return _ops.Log.apply(self)
+
+    def sqrt(self):
+        return _ops.Sqrt.apply(self)
+
+    def abs(self):
+        return _ops.Abs.apply(self)
+
+    def tanh(self):
+        return _ops.Tanh.apply(self)
+
+    def sigmoid(self):
+        return _ops.Sigmoid.apply(self)
+
+    def relu(self):
+        return _ops.Relu.apply(self)
+
+    def clamp(self, min=None, max=None):
+        return _ops.Clamp.apply(self, min, max)
+
+    def sum(self, dim=None, keepdim=False):
+        return _ops.Sum.apply(self, _ops.normalize_dims(dim, self.data.ndim), keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        return _ops.mean(self, dim, keepdim)
+
+    def var(self, dim=None, keepdim=False, correction=1, unbiased=None):
+        return _ops.var(self, dim, keepdim, correction if unbiased is None else int(unbiased))
+
+    def amax(self, dim=None, keepdim=False):
+        return _ops.Amax.apply(self, _ops.normalize_dims(dim, self.data.ndim), keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        return _ops.max(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim=False):
+        return Tensor._make(backend.get_array_module(self.data).argmax(self.data, axis=dim,
+                                                                       keepdims=keepdim),
+                            False, None, 0)
+
+    def sum_to_size(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return self if shape == self.data.shape else _ops.SumToSize.apply(self, shape)
+
+    def reshape(self, *shape):
+        return _ops.Reshape.apply(self, _ops.shape_arg(shape, self.data.size))
+
+    view = reshape
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        return _ops.flatten(self, start_dim, end_dim)
+
+    def unsqueeze(self, dim):
+        return _ops.unsqueeze(self, dim)
+
+    def squeeze(self, dim=None):
+        return _ops.squeeze(self, dim)
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
+        return _ops.Permute.apply(self, tuple(d % self.data.ndim for d in dims))
+
+    def transpose(self, dim0, dim1):
+        return _ops.transpose(self, dim0, dim1)
+
+    T = property(lambda self: _ops.Permute.apply(self, tuple(reversed(range(self.data.ndim)))))
+    mT = property(lambda self: _ops.transpose(self, -2, -1))
+
+    def expand(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return _ops.expand(self, shape)
+
+    def expand_as(self, other):
+        return _ops.expand(self, other.shape)
+
+    def gather(self, dim, index):
+        return _ops.gather(self, dim, index)
+
+    def index_select(self, dim, index):
+        return _ops.index_select(self, dim, index)
+
+    def softmax(self, dim=-1):
+        return _ops.Softmax.apply(self, dim)
+
+    def log_softmax(self, dim=-1):
+        return _ops.LogSoftmax.apply(self, dim)
+
+
+_function.Tensor = Tensor
+
+from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
