@@ -1,0 +1,171 @@
+"""Environment report: versions, MPI, launcher, CUDA-awareness and GPUs, per rank and summarized on rank 0."""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import socket
+import sys
+
+import hpcgrad
+from hpcgrad.mpi import MPI, comm_world, cuda_aware_mpi, thread_level
+
+# (label, env var that proves it). Order matters: mpiexec inside a SLURM allocation still sees
+# SLURM_* variables, so the MPI launchers' own variables are checked first.
+_LAUNCHERS = (
+    ("Open MPI mpirun", "OMPI_COMM_WORLD_RANK"),
+    ("MPICH hydra mpiexec", "HYDI_CONTROL_FD"),
+    ("MPICH hydra mpiexec", "HYDRA_CONTROL_FD"),
+    ("SLURM srun", "SLURM_STEP_ID"),
+    ("PMI launcher", "PMI_RANK"),
+    ("PMIx launcher", "PMIX_RANK"),
+)
+
+# Fields that differ between ranks by nature; the summary prints them per rank.
+_PER_RANK = ("rank", "host", "pid", "node_rank", "gpu_count")
+
+
+def detect_launcher(environ=os.environ):
+    """Name the program that started this process, from the environment it left behind."""
+    for label, var in _LAUNCHERS:
+        if var in environ:
+            if label == "SLURM srun" and "SLURM_PROCID" not in environ:
+                continue
+            return label
+    if "SLURM_JOB_ID" in environ:
+        return f"singleton (inside SLURM job {environ['SLURM_JOB_ID']}, not srun)"
+    return "singleton"
+
+
+def cupy_status():
+    """(description, gpu_count) for cupy; never raises, since a broken CUDA install is common."""
+    try:
+        import cupy
+    except ImportError:
+        return "not installed", 0
+    except Exception as exc:  # a half-installed cupy can fail with anything at import
+        return f"import failed: {type(exc).__name__}: {exc}", 0
+    try:
+        if not cupy.is_available():
+            return f"{cupy.__version__} (not usable: no CUDA device or driver)", 0
+        count = cupy.cuda.runtime.getDeviceCount()
+        return f"{cupy.__version__} (usable)", int(count)
+    except Exception as exc:
+        return f"{cupy.__version__} (not usable: {type(exc).__name__}: {exc})", 0
+
+
+def gpu_count():
+    """Number of usable CUDA devices seen through cupy; 0 when cupy is missing or unusable."""
+    return cupy_status()[1]
+
+
+def numba_threading():
+    """(version, threading layer, threads) for numba, loading the layer cheaply."""
+    try:
+        import numba
+    except ImportError:
+        return "not installed", "n/a", 0
+    try:
+        # Starting the thread pool picks the layer in milliseconds; compiling a parallel
+        # njit function would do the same but costs about a second per rank.
+        from numba.np.ufunc import parallel
+        parallel._launch_threads()
+        layer = numba.threading_layer()
+    except Exception as exc:
+        layer = f"unknown (requested {numba.config.THREADING_LAYER!r}; {type(exc).__name__}: {exc})"
+    return numba.__version__, layer, numba.config.NUMBA_NUM_THREADS
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def collect_info(comm=None):
+    """This rank's report as a flat dict. Collective: every rank of comm must call it (shared-memory split)."""
+    comm = comm or comm_world()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        ranks_per_node, node_rank = node.Get_size(), node.Get_rank()
+    finally:
+        node.Free()
+    aware, aware_reason = cuda_aware_mpi()
+    cupy_desc, gpus = cupy_status()
+    numba_version, layer, numba_threads = numba_threading()
+    return {
+        "rank": comm.Get_rank(),
+        "size": comm.Get_size(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "launcher": detect_launcher(),
+        "python": sys.version.split()[0],
+        "hpcgrad": hpcgrad.__version__,
+        "numpy": _version("numpy"),
+        "mpi4py": _version("mpi4py"),
+        "numba": numba_version,
+        "cupy": cupy_desc,
+        "gpu_count": gpus,
+        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
+        "thread_level": thread_level(),
+        "ranks_per_node": ranks_per_node,
+        "node_rank": node_rank,
+        "cuda_aware_mpi": aware,
+        "cuda_aware_reason": aware_reason,
+        "numba_threading_layer": layer,
+        "numba_threads": numba_threads,
+    }
+
+
+def gather_info(comm=None, root=0):
+    """Every rank's report, as a list indexed by rank on root (None elsewhere). Collective."""
+    comm = comm or comm_world()
+    return comm.gather(collect_info(comm), root=root)
+
+
+def summarize(reports):
+    """Split reports into fields shared by all ranks and a per-rank table of the rest."""
+    keys = list(reports[0])
+    common = {k: reports[0][k] for k in keys
+              if k not in _PER_RANK and all(r.get(k) == reports[0][k] for r in reports)}
+    varying = [k for k in keys if k not in common]
+    return common, varying
+
+
+def format_report(reports):
+    """Human-readable summary: one line per shared field, then one row per rank."""
+    common, varying = summarize(reports)
+    lines = [f"hpcgrad environment report: {len(reports)} rank(s)"]
+    width = max(map(len, common), default=0)
+    for key, value in common.items():
+        # The library banner is multi-line; its first line names the library and version.
+        text = " ".join(str(value).splitlines()[0].split()) if key == "mpi_library" else str(value)
+        lines.append(f"  {key:<{width}}  {text}")
+    rows = [varying] + [[str(r.get(k, "")) for k in varying] for r in reports]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(varying))]
+    lines.append("per rank:")
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Entry point of `python -m hpcgrad.info` and `hpcgrad-info`."""
+    parser = argparse.ArgumentParser(prog="hpcgrad-info", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print the gathered reports as JSON")
+    args = parser.parse_args(argv)
+    reports = gather_info()
+    if reports is None:
+        return 0
+    if args.json:
+        common, _ = summarize(reports)
+        print(json.dumps({"size": len(reports), "common": common, "ranks": reports}, indent=2))
+    else:
+        print(format_report(reports))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
