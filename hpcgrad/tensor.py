@@ -164,7 +164,7 @@ class Tensor:
             acc = self._grad_accumulator() if self._grad_accumulator is not None else None
             if acc is not None:
                 acc._tensor_pre_hooks = self._hooks
-        return _add_hook(self._hooks, (0, hook))
+        return _add_hook(self._hooks, hook, 0)
 
     def retain_grad(self):
         """Keep this non-leaf tensor's gradient in ``.grad`` after backward."""

@@ -35,11 +35,12 @@ class RemovableHandle:
         self.remove()
 
 
-def _add_hook(hooks, fn):
+def _add_hook(hooks, fn, input_nr=None):
+    """Store ``fn`` (as ``(input_nr, fn)`` for tensor hooks) and return its handle."""
     if not callable(fn):
         raise TypeError(f"a hook must be callable, got {type(fn).__name__}")
     handle = RemovableHandle(hooks)
-    hooks[handle.id] = fn
+    hooks[handle.id] = fn if input_nr is None else (input_nr, fn)
     return handle
 
 
@@ -114,7 +115,7 @@ class Node:
         """``fn(grad) -> new grad or None`` on the gradient arriving at input ``input_nr``."""
         if self._tensor_pre_hooks is None:
             self._tensor_pre_hooks = {}
-        return _add_hook(self._tensor_pre_hooks, (input_nr, fn))
+        return _add_hook(self._tensor_pre_hooks, fn, input_nr)
 
     def set_retains_grad_hook(self, input_nr, fn):
         """One per input, run after the tensor pre-hooks (``Tensor.retain_grad``)."""
@@ -182,17 +183,18 @@ class AccumulateGrad(Node):
         new_grad = grads[0]
         grads[0] = None  # drop the list's reference so a lone gradient can be stolen
         if new_grad is not None:
-            accumulate_grad(self.variable, new_grad, self._post_hooks is not None)
+            accumulate_grad(self.variable, new_grad, bool(self._post_hooks))
         return []
 
 
 def _can_steal(new_grad, extra_refs):
-    # References to the Tensor: the caller's local, getrefcount's argument (+1 when post hooks
-    # keep a copy of the inputs). References to the array: the Tensor's slot and the argument.
+    # References to the Tensor: AccumulateGrad.apply's local, accumulate_grad's and this
+    # function's parameters, getrefcount's argument, +1 when post hooks keep the inputs.
+    # References to the array: the Tensor's slot, ``data`` here, getrefcount's argument.
     data = new_grad.data
     return (sys.getrefcount(new_grad) <= 3 + extra_refs and new_grad.grad_fn is None
-            and sys.getrefcount(data) <= 2 and getattr(data, "base", None) is None
-            and data.flags.writeable and data.flags.c_contiguous)
+            and sys.getrefcount(data) <= 3 and getattr(data, "base", None) is None
+            and getattr(data.flags, "writeable", True) and data.flags.c_contiguous)
 
 
 def accumulate_grad(variable, new_grad, has_post_hooks=False):
@@ -206,7 +208,8 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
             variable.grad = new_grad  # create_graph: keep the graph of the gradient
         else:
             variable.grad = new_grad.detach_copy()
-    elif not grad_mode.is_grad_enabled() and grad.grad_fn is None and grad.data.flags.writeable:
+    elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None
+          and getattr(grad.data.flags, "writeable", True)):
         grad.data += new_grad.data
     else:
         variable.grad = grad + new_grad
