@@ -1,0 +1,97 @@
+"""Test harness: the MPI abort hook, bounded multi-rank tests, GPU skipping and a bounded job launcher."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpcgrad.mpi import comm_world  # under mpiexec, importing installs the abort-on-exception hook
+
+# Variables through which a launcher tells a process its rank; a nested mpiexec must not inherit them.
+_LAUNCH_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD_")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads the method
+def pytest_configure(config):
+    if comm_world().Get_size() > 1 and config.getoption("timeout_method", None) is None:
+        config.option.timeout_method = "thread"
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return  # importing cupy only to skip nothing would cost seconds
+    from hpcgrad.info import gpu_count
+    if gpu_count() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: cupy is missing or cupy.is_available() is False")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+def mpiexec_path():
+    """The mpiexec beside this Python (the venv's, matching its mpi4py), else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+
+    @property
+    def output(self):
+        return self.stdout + self.stderr
+
+    @property
+    def timed_out(self):
+        # MPICH's hydra may exit 0 after MPIEXEC_TIMEOUT kills a hung job; its banner is the reliable sign.
+        return self.returncode is None or "APPLICATION TIMED OUT" in self.output
+
+    @property
+    def failed(self):
+        return self.returncode != 0 or self.timed_out
+
+
+def run_job(argv, nprocs=None, env=None, timeout=60, mpiexec_timeout=None):
+    """Run argv (under `mpiexec -n nprocs` unless nprocs is None), killed after `timeout` seconds.
+
+    mpiexec_timeout sets MPICH's MPIEXEC_TIMEOUT (default: timeout). returncode is None if the
+    outer timeout had to kill the job.
+    """
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_ENV_PREFIXES)}
+    full_env.update(env or {})
+    if nprocs is not None:
+        mpiexec = mpiexec_path()
+        if mpiexec is None:
+            pytest.skip("mpiexec not found beside python or on PATH")
+        full_env["MPIEXEC_TIMEOUT"] = str(mpiexec_timeout or timeout)
+        argv = [mpiexec, "-n", str(nprocs), *argv]
+    start = time.monotonic()
+    # A new session lets the outer timeout kill mpiexec and every rank it started.
+    proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        returncode = None
+    return JobResult(returncode, stdout, stderr, time.monotonic() - start)
+
+
+@pytest.fixture
+def launch():
+    """run_job, for tests that start their own processes; skipped inside a multi-rank run (it would run once per rank)."""
+    if comm_world().Get_size() > 1:
+        pytest.skip("launches its own processes; runs in the serial suite")
+    return run_job

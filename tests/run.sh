@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Every test: the serial suite, then the mpi-marked tests at 1, 2 and 3 ranks. Extra args go to each pytest.
+#
+#   tests/run.sh                      # everything
+#   tests/run.sh -k info              # narrow every run
+#   tests/run.sh tests/test_mpi.py    # a path replaces testpaths (pytest.ini) in every run
+#
+# Env: PYTHON, MPIEXEC, HPCGRAD_TEST_TIMEOUT (s per serial run, default 300),
+#      HPCGRAD_MPI_TEST_TIMEOUT (s per multi-rank run, default 150).
+set -u
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python}
+serial_limit=${HPCGRAD_TEST_TIMEOUT:-300}
+mpi_limit=${HPCGRAD_MPI_TEST_TIMEOUT:-150}
+
+# The mpiexec beside the interpreter belongs to the MPI its mpi4py uses; another one fails with PMI errors.
+py_bin=$("$python" -c 'import os, sys; print(os.path.dirname(sys.executable))') || {
+    echo "tests/run.sh: cannot run '$python'; activate the venv or set PYTHON" >&2; exit 2; }
+if [ -n "${MPIEXEC:-}" ]; then mpiexec=$MPIEXEC
+elif [ -x "$py_bin/mpiexec" ]; then mpiexec=$py_bin/mpiexec
+else mpiexec=$(command -v mpiexec) || {
+    echo "tests/run.sh: no mpiexec beside $python or on PATH; pip install -e '.[mpich,test]'" \
+         "or load your site MPI (see README 'On a cluster')" >&2; exit 2; }
+fi
+
+mpiexec_args=()
+if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|open-mpi|openrte|prte'; then
+    # Open MPI refuses root and more ranks than cores unless told; its own timeout replaces MPIEXEC_TIMEOUT.
+    mpiexec_args=(--oversubscribe --timeout "$mpi_limit")
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+summary=()
+failures=0
+
+# run NAME CMD...: run CMD with output teed to a log, then record one summary line.
+run() {
+    local name=$1; shift
+    local log="$logs/run${#summary[@]}.log" start=$SECONDS rc note verdict
+    echo "=== $name: $*"
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    note=""
+    if [ "$rc" -eq 5 ]; then rc=0; note=" (no tests collected)"; fi
+    # mpiexec reports the largest rank status, and MPICH may exit 0 after MPIEXEC_TIMEOUT kills a
+    # hung job, so the log decides too: any rank's "N failed"/"N errors" or a timeout banner fails the run.
+    if grep -q 'APPLICATION TIMED OUT' "$log"; then rc=124; fi
+    if [ "$rc" -eq 0 ] && grep -qE '\b[0-9]+ (failed|errors?)\b.* in [0-9.]+s' "$log"; then rc=1; fi
+    case $rc in
+        0) verdict="passed$note" ;;
+        124|137) verdict="FAILED (timed out, status $rc)" ;;
+        *) verdict="FAILED (status $rc)" ;;
+    esac
+    [ "$rc" -eq 0 ] || failures=$((failures + 1))
+    summary+=("$(printf '%-22s %-32s %4ds' "$name" "$verdict" $((SECONDS - start)))")
+}
+
+run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
+run "mpi, 1 rank" timeout -k 10 "$mpi_limit" "$python" -m pytest --with-mpi -m mpi "$@"
+for n in 2 3; do
+    run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
+        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi --color=no -q "$@"
+done
+
+echo "=== summary (tests/run.sh, ${SECONDS}s)"
+printf '  %s\n' "${summary[@]}"
+if [ "$failures" -ne 0 ]; then echo "tests/run.sh: $failures of ${#summary[@]} runs FAILED"; exit 1; fi
+echo "tests/run.sh: all ${#summary[@]} runs passed"
