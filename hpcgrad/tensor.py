@@ -7,7 +7,7 @@ import numpy as np
 
 from . import backend
 from .autograd import function as _function
-from .autograd.graph import AccumulateGrad, Edge, _add_hook
+from .autograd.graph import AccumulateGrad, _add_hook, make_edge
 
 _accumulator_lock = threading.Lock()
 DEFAULT_FLOAT = np.float32
@@ -136,8 +136,8 @@ class Tensor:
 
     def _gradient_edge(self):
         if self.grad_fn is not None:
-            return Edge(self.grad_fn, self._output_nr)
-        return Edge(self._get_accumulator(), 0)
+            return make_edge(self.grad_fn, self._output_nr)
+        return make_edge(self._get_accumulator(), 0)
 
     def _get_accumulator(self):
         """The leaf's AccumulateGrad; held weakly, so it lives as long as a graph uses it."""
@@ -238,25 +238,25 @@ class Tensor:
         return Tensor._make(_as_array(other), False, None, 0)
 
     def __add__(self, other):
-        return _ops.Add.apply(self, self._other(other))
+        return _ops.Add.apply(self, other if type(other) is Tensor else self._other(other))
 
     def __radd__(self, other):
         return _ops.Add.apply(self._other(other), self)
 
     def __sub__(self, other):
-        return _ops.Sub.apply(self, self._other(other))
+        return _ops.Sub.apply(self, other if type(other) is Tensor else self._other(other))
 
     def __rsub__(self, other):
         return _ops.Sub.apply(self._other(other), self)
 
     def __mul__(self, other):
-        return _ops.Mul.apply(self, self._other(other))
+        return _ops.Mul.apply(self, other if type(other) is Tensor else self._other(other))
 
     def __rmul__(self, other):
         return _ops.Mul.apply(self._other(other), self)
 
     def __truediv__(self, other):
-        return _ops.Div.apply(self, self._other(other))
+        return _ops.Div.apply(self, other if type(other) is Tensor else self._other(other))
 
     def __rtruediv__(self, other):
         return _ops.Div.apply(self._other(other), self)

@@ -14,10 +14,13 @@ import sys
 import threading
 import warnings
 
+import numpy as np
+
 from .. import backend
 from . import grad_mode
 from .graph import GraphRoot
 
+_anomaly = grad_mode._anomaly
 NO_DEVICE = -2
 CPU_DEVICE = -1
 
@@ -28,7 +31,6 @@ class _ThreadState(threading.local):
     total_depth = 0             # reentrant depth of the GraphTask this thread works on
     current_graph_task = None   # what queue_callback appends to
     local_ready_queue = None
-    checkpoint_valid = True
 
 
 _tls = _ThreadState()
@@ -57,12 +59,13 @@ class ReadyQueue:
         self._tiebreak = itertools.count()
 
     def push(self, task, increment_outstanding=True):
+        """Queue ``task``; counts it as outstanding for its GraphTask (whose mutex must be free)."""
         if task.is_shutdown:
             key = (0, 0, 0)
         else:
             gt = task.graph_task
             if increment_outstanding:
-                with gt.count_lock:
+                with gt.mutex:
                     gt.outstanding_tasks += 1
             key = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1)
         with self._lock:
@@ -96,22 +99,23 @@ class ReadyQueue:
             return len(self._heap)
 
 
-class InputBuffer:
-    """Gradients arriving for one Node's inputs; several for the same input are summed."""
+class InputBuffer(list):
+    """Gradients arriving for one Node's inputs (a list); several for one input are summed."""
 
-    __slots__ = ("buffer",)
+    __slots__ = ()
 
-    def __init__(self, size):
-        self.buffer = [None] * size
+    @classmethod
+    def of_size(cls, size):
+        return cls([None] * size)
 
     def add(self, pos, grad):
         if grad is None:
             return
-        old = self.buffer[pos]
-        self.buffer[pos] = grad if old is None else old + grad
+        old = self[pos]
+        self[pos] = grad if old is None else old + grad
 
     def device(self):
-        for grad in self.buffer:
+        for grad in self:
             if grad is not None:
                 return backend.device_index(grad.device)
         return CPU_DEVICE
@@ -159,8 +163,8 @@ class GraphTask:
         self.exit_on_error = exit_on_error
         self.owner = NO_DEVICE
         self.outstanding_tasks = 0
-        self.count_lock = threading.Lock()
-        self.mutex = threading.Lock()  # dependencies, not_ready, captured_vars
+        self.mutex = threading.Lock()  # outstanding_tasks, dependencies, not_ready, captured_vars
+        self.checkpoint_valid = True   # set by the engine once exec_info is known
         self.dependencies = {}
         self.not_ready = {}
         self.nodes_in_graph = set()
@@ -310,23 +314,35 @@ def validate_outputs(edges, grads, describe):
             grads[i] = grad.to(device)
 
 
-def _call_function(graph_task, fn, grads):
+def _outputs_match(edges, grads):
+    """Fast check that every gradient already has its receiver's shape, dtype and device."""
+    if len(grads) != len(edges):
+        return False
+    for grad, edge in zip(grads, edges):
+        if grad is None or edge is None:
+            continue
+        metadata = edge.node.input_metadata[edge.input_nr]
+        if metadata is None:
+            continue
+        data = grad.data
+        if (type(data) is not np.ndarray or data.shape != metadata[0]
+                or data.dtype != metadata[1] or metadata[2] != "cpu"):
+            return False
+    return True
+
+
+def _call_function(fn, grads):
+    """Hooks, the Node itself, output validation: one Node's work, as in the seed."""
     if fn._tensor_pre_hooks or fn._retains_grad_hooks:
         grads = fn.call_tensor_pre_hooks(grads)
     if fn._pre_hooks:
         grads = fn.call_pre_hooks(grads)
-    previous_valid = _tls.checkpoint_valid
-    _tls.checkpoint_valid = previous_valid and graph_task.can_checkpoint()
-    try:
-        if fn._post_hooks:
-            outputs = fn.apply(list(grads))
-        else:
-            outputs = fn.apply(grads)
-    finally:
-        _tls.checkpoint_valid = previous_valid
-    validate_outputs(fn.next_edges, outputs,
-                     lambda msg: f"Function {fn.name()} returned an {msg}")
-    if fn._post_hooks:
+    post_hooks = fn._post_hooks
+    outputs = fn.apply(list(grads) if post_hooks else grads)
+    edges = fn.next_edges
+    if not _outputs_match(edges, outputs):
+        validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
+    if post_hooks:
         outputs = fn.call_post_hooks(outputs, grads)
     return outputs
 
@@ -377,11 +393,14 @@ class Engine:
         self.compute_dependencies(graph_root, graph_task, min_topo_nr)
         if outputs:
             graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
+        parent = _tls.current_graph_task
+        graph_task.checkpoint_valid = graph_task.can_checkpoint() and (
+            not reentrant or parent is None or parent.checkpoint_valid)
         if single_root:
-            buffer = InputBuffer(graph_root.num_inputs)
+            buffer = InputBuffer.of_size(graph_root.num_inputs)
             buffer.add(root_edges[0].input_nr, grads[0])
         else:
-            buffer = InputBuffer(0)
+            buffer = InputBuffer()
         del grads  # let AccumulateGrad adopt a root gradient that only the engine holds
         return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
 
@@ -436,30 +455,36 @@ class Engine:
         """Pop and run tasks until ``graph_task`` is done (or forever, for a device thread)."""
         queue = _tls.local_ready_queue
         state = grad_mode._state
-        while graph_task is None or not graph_task.future_completed:
-            task = queue.pop()
-            if task.is_shutdown:
-                break
-            local_task = task.graph_task
-            if task.fn is not None and not local_task.has_error:
-                previous_task, _tls.current_graph_task = _tls.current_graph_task, local_task
-                previous_mode, state.enabled = state.enabled, local_task.grad_mode
-                try:
-                    self.evaluate_function(local_task, task.fn, task.inputs,
-                                           local_task.cpu_ready_queue)
-                except BaseException as exc:
-                    self.thread_on_exception(local_task, task.fn, exc)
-                finally:
-                    state.enabled = previous_mode
-                    _tls.current_graph_task = previous_task
-            with local_task.count_lock:
-                local_task.outstanding_tasks -= 1
-            if local_task.completed():
-                local_task.mark_as_completed_and_run_post_processing()
-                if _tls.worker_device != local_task.owner:
-                    # The owner may be asleep in pop(): wake it so it sees the task is done.
-                    self.ready_queue_by_index(local_task.cpu_ready_queue, local_task.owner).push(
-                        NodeTask(local_task, None, None))
+        previous_task, previous_mode = _tls.current_graph_task, state.enabled
+        current = previous_task
+        try:
+            while graph_task is None or not graph_task.future_completed:
+                task = queue.pop()
+                if task.is_shutdown:
+                    break
+                local_task = task.graph_task
+                if task.fn is not None and not local_task.has_error:
+                    if local_task is not current:  # the guard of the seed, set only on change
+                        _tls.current_graph_task = current = local_task
+                    state.enabled = local_task.grad_mode
+                    try:
+                        self.evaluate_function(local_task, task.fn, task.inputs,
+                                               local_task.cpu_ready_queue)
+                    except BaseException as exc:
+                        self.thread_on_exception(local_task, task.fn, exc)
+                with local_task.mutex:
+                    local_task.outstanding_tasks -= 1
+                    done = local_task.outstanding_tasks == 0 or (local_task.exit_on_error
+                                                                  and local_task.has_error)
+                if done:
+                    local_task.mark_as_completed_and_run_post_processing()
+                    if _tls.worker_device != local_task.owner:
+                        # The owner may sleep in pop(): wake it so it sees the task is done.
+                        self.ready_queue_by_index(local_task.cpu_ready_queue,
+                                                  local_task.owner).push(
+                            NodeTask(local_task, None, None))
+        finally:
+            _tls.current_graph_task, state.enabled = previous_task, previous_mode
 
     def run_until_ready_queue_empty(self, node_task, increment_outstanding=True):
         """Run ``node_task`` and what it makes ready on this thread, until its queue drains.
@@ -490,7 +515,7 @@ class Engine:
                     finally:
                         state.enabled = previous_mode
                         _tls.current_graph_task = previous_task
-                with graph_task.count_lock:
+                with graph_task.mutex:
                     graph_task.outstanding_tasks -= 1
         finally:
             _tls.worker_device = previous_device
@@ -509,7 +534,7 @@ class Engine:
 
     def evaluate_function(self, graph_task, fn, inputs, cpu_ready_queue):
         """Run one Node and hand each gradient it returns to the InputBuffer of the next Node."""
-        grads = inputs.buffer
+        grads = inputs
         exec_info = graph_task.exec_info
         if exec_info:
             info = exec_info[fn]
@@ -526,21 +551,22 @@ class Engine:
             if not info.needed:
                 return
 
-        outputs = _call_function(graph_task, fn, grads)
+        outputs = _call_function(fn, grads)
         if not graph_task.keep_graph:
             fn.release_variables()
         if not outputs:
             return
-        if grad_mode._anomaly.enabled and grad_mode._anomaly.check_nan:
+        if _anomaly.enabled and _anomaly.check_nan:
             _check_nan(fn, outputs)
 
+        gpu = self._device_queues  # without GPUs every task goes to the CPU queue
         with graph_task.mutex:
             dependencies = graph_task.dependencies
             not_ready = graph_task.not_ready
-            for i, edge in enumerate(fn.next_edges):
+            for edge, output in zip(fn.next_edges, outputs):
                 if edge is None:
                     continue
-                node = edge.node
+                node, input_nr = edge
                 count = dependencies.get(node)
                 if count is None:
                     raise RuntimeError(f"dependency not found for {node.name()}")
@@ -555,19 +581,17 @@ class Engine:
                         info = exec_info.get(node)
                         if info is None or not info.should_execute():
                             continue  # off every path to a requested gradient
-                    buffer = InputBuffer(len(node.input_metadata))
-                    buffer.add(edge.input_nr, outputs[i])
-                    if ready:
-                        self.ready_queue(cpu_ready_queue, buffer.device()).push(
-                            NodeTask(graph_task, node, buffer))
-                    else:
+                    buffer = InputBuffer.of_size(len(node.input_metadata))
+                    if not ready:
                         not_ready[node] = buffer
-                else:
-                    buffer.add(edge.input_nr, outputs[i])
-                    if ready:
-                        del not_ready[node]
-                        self.ready_queue(cpu_ready_queue, buffer.device()).push(
-                            NodeTask(graph_task, node, buffer))
+                elif ready:
+                    del not_ready[node]
+                buffer.add(input_nr, output)
+                if ready:
+                    graph_task.outstanding_tasks += 1  # under the mutex, as push() would
+                    queue = self.ready_queue(cpu_ready_queue, buffer.device()) if gpu \
+                        else cpu_ready_queue
+                    queue.push(NodeTask(graph_task, node, buffer), False)
 
     # --- queues and threads -----------------------------------------------------------------
     def _init_local_ready_queue(self):
@@ -637,7 +661,9 @@ class Engine:
 
     @staticmethod
     def is_checkpoint_valid():
-        return _tls.checkpoint_valid
+        """False inside a backward that only computes some gradients (``grad``/``inputs=``)."""
+        graph_task = _tls.current_graph_task
+        return graph_task is None or graph_task.checkpoint_valid
 
 
 _default_engine = Engine()

@@ -1,5 +1,8 @@
 """Function: a forward/backward pair; ``apply`` records a BackwardNode, which is also the ctx."""
 
+import numpy as np
+
+from .. import backend
 from . import grad_mode
 from .graph import Node
 
@@ -46,9 +49,12 @@ class _SavedOutput:
 class BackwardNode(Node):
     """The Node a Function records; forward and backward receive it as ``ctx``."""
 
-    __slots__ = ("needs_input_grad", "_saved", "_released", "_non_differentiable",
-                 "materialize_grads", "__dict__")
+    __slots__ = ("needs_input_grad",)
     _forward_cls = None
+    # Defaults at class level: only what a Function changes is stored per Node.
+    _saved = _non_differentiable = ()
+    _saved_outputs = _released = False
+    materialize_grads = True
 
     # --- ctx API --------------------------------------------------------------------------
     def save_for_backward(self, *tensors):
@@ -59,8 +65,11 @@ class BackwardNode(Node):
     def saved_tensors(self):
         if self._released:
             raise RuntimeError(_RELEASED_MSG)
-        return tuple(Tensor._make(s.data, True, self, s.output_nr) if type(s) is _SavedOutput else s
-                     for s in self._saved)
+        saved = self._saved
+        if self._saved_outputs:
+            saved = tuple(Tensor._make(s.data, True, self, s.output_nr)
+                          if type(s) is _SavedOutput else s for s in saved)
+        return saved
 
     def mark_non_differentiable(self, *outputs):
         self._non_differentiable = outputs
@@ -83,6 +92,12 @@ class BackwardNode(Node):
         edges = self.next_edges
         if type(result) is not tuple:
             result = (result,)
+        elif len(result) == len(edges):
+            for g, edge in zip(result, edges):  # the common case: nothing to drop or wrap
+                if (g is not None and (edge is None or type(g) is not Tensor)):
+                    break
+            else:
+                return list(result)
         if len(result) != len(edges):
             if len(result) > len(edges) and all(r is None for r in result[len(edges):]):
                 result = result[:len(edges)]
@@ -103,13 +118,10 @@ class BackwardNode(Node):
 
 
 def _record(cls, args, needs):
+    """Run forward without grad and attach a new BackwardNode to its outputs."""
     edges = [a._gradient_edge() if need else None for a, need in zip(args, needs)]
     node = cls._backward_cls(edges)
     node.needs_input_grad = needs
-    node._saved = ()
-    node._released = False
-    node._non_differentiable = ()
-    node.materialize_grads = True
     state = grad_mode._state
     state.enabled = False
     try:
@@ -127,20 +139,25 @@ def _record(cls, args, needs):
             results.append(None)
             metadata.append(None)
             continue
-        data = o.data if isinstance(o, Tensor) else o
-        differentiable = data.dtype.kind in "fc" and not any(o is nd for nd in non_diff)
-        t = Tensor._make(data, differentiable, node if differentiable else None, i)
+        t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
+        data = t.data
+        if data.dtype.kind in "fc" and not (non_diff and any(o is nd for nd in non_diff)):
+            t.requires_grad, t.grad_fn = True, node
+            if saved and any(s is o for s in saved):
+                saved = tuple(_SavedOutput(data, i) if s is o else s for s in saved)
+                node._saved_outputs = True
         results.append(t)
-        metadata.append((t.data.shape, t.data.dtype, t.device))
-        if saved and differentiable:
-            saved = tuple(_SavedOutput(t.data, i) if s is o else s for s in saved)
+        metadata.append((data.shape, data.dtype,
+                         "cpu" if type(data) is np.ndarray else backend.device_of(data)))
     if saved:
-        node._saved = tuple(s if isinstance(s, (Tensor, _SavedOutput)) or s is None else Tensor(s)
+        node._saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)
                             for s in saved)
     return results[0] if single else tuple(results)
 
 
 def _wrap_plain(out):
+    if type(out) is np.ndarray:
+        return Tensor._make(out, False, None, 0)
     if type(out) is tuple:
         return tuple(o if o is None or isinstance(o, Tensor) else Tensor._make(o, False, None, 0)
                      for o in out)
@@ -178,7 +195,7 @@ class Function(metaclass=_FunctionMeta):
     def apply(cls, *args):
         state = grad_mode._state
         if state.enabled:
-            needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+            needs = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
             if True in needs:
                 return _record(cls, args, needs)
             state.enabled = False

@@ -10,6 +10,11 @@ from . import grad_mode
 Edge = namedtuple("Edge", ["node", "input_nr"])
 Edge.__doc__ = "Where a gradient goes: input ``input_nr`` of ``node``."
 
+
+def make_edge(node, input_nr, _new=tuple.__new__):
+    """``Edge(node, input_nr)`` without namedtuple's Python-level constructor (a hot path)."""
+    return _new(Edge, (node, input_nr))
+
 _sequence = itertools.count()  # next() on a count is atomic under the GIL
 # AccumulateGrad runs as soon as it is ready (largest sequence number), as in PyTorch, so the
 # reducer learns of ready gradients as early as possible.
@@ -53,22 +58,23 @@ class Node:
     """
 
     __slots__ = ("next_edges", "sequence_nr", "topological_nr", "input_metadata",
-                 "_pre_hooks", "_post_hooks", "_tensor_pre_hooks", "_retains_grad_hooks",
-                 "_forward_stack", "__weakref__")
+                 "__dict__", "__weakref__")
+    # Rarely set, so class-level defaults: a Node is created per op and must be cheap.
+    _pre_hooks = _post_hooks = _tensor_pre_hooks = _retains_grad_hooks = None
+    _forward_stack = None
 
     def __init__(self, next_edges=(), sequence_nr=None):
-        self.next_edges = list(next_edges)
+        self.next_edges = next_edges = list(next_edges)
         self.sequence_nr = next(_sequence) if sequence_nr is None else sequence_nr
         # Longest path to a leaf: a Node whose number is below an output's cannot lead to it.
         topo = 0
-        for edge in self.next_edges:
-            if edge is not None and edge.node.topological_nr >= topo:
-                topo = edge.node.topological_nr + 1
+        for edge in next_edges:
+            if edge is not None and edge[0].topological_nr >= topo:
+                topo = edge[0].topological_nr + 1
         self.topological_nr = topo
         self.input_metadata = []
-        self._pre_hooks = self._post_hooks = None
-        self._tensor_pre_hooks = self._retains_grad_hooks = None
-        self._forward_stack = traceback.format_stack()[:-3] if grad_mode.is_anomaly_enabled() else None
+        if grad_mode._anomaly.enabled:
+            self._forward_stack = traceback.format_stack()[:-3]
 
     # --- what a subclass provides ---------------------------------------------------------
     def apply(self, grads):
