@@ -211,7 +211,7 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
             new_grad.requires_grad = False
             variable.grad = new_grad
         elif grad_mode.is_grad_enabled():
-            variable.grad = new_grad  # create_graph: keep the graph of the gradient
+            variable.grad = new_grad.clone()  # create_graph: a copy that keeps the graph
         else:
             variable.grad = new_grad.detach_copy()
     elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None

@@ -363,3 +363,16 @@ def _chain_values(k):
         out.append(v)
         v = np.tanh(v)
     return out
+
+
+def test_backward_create_graph_keeps_grad_graph_without_aliasing():
+    x, y = leaf(2.0), leaf(3.0)
+    with pytest.warns(UserWarning, match="reference cycle"):
+        (x * x + y).sum().backward(create_graph=True)
+    assert x.grad.grad_fn is not None
+    (second,) = grad(x.grad.sum(), x)
+    assert second.item() == 2.0
+    a, b = leaf(1.0), leaf(1.0)
+    with pytest.warns(UserWarning):
+        (a + b).sum().backward(create_graph=True)
+    assert a.grad is not b.grad and a.grad.data is not b.grad.data
