@@ -109,7 +109,8 @@ def run_job(argv, nprocs=None, env=None, timeout=60, mpiexec_timeout=None):
         argv = [mpiexec, "-n", str(nprocs), *argv]
     shm_before = _shm_files()
     start = time.monotonic()
-    # A new session lets the outer timeout kill mpiexec and every rank it started.
+    # A new session lets the outer timeout kill mpiexec and its proxies in one go; the ranks (hydra
+    # gives each its own session) die with their proxy.
     proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
