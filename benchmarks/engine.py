@@ -188,7 +188,7 @@ def environment(args, use_torch):
         "recursion_limit": sys.getrecursionlimit(),
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "gc_paused_in_timed_region": not args.keep_gc,
+        "gc_paused_in_timed_region": args.pause_gc,
         "hpcgrad_git": git_state(),
     }
     try:
@@ -233,7 +233,7 @@ def print_report(res):
     print(f"  {env['machine']}, {env['cpus']} CPUs; median of {env['repeats']} runs after "
           f"{env['warmup']} warm-up, min in parentheses; cyclic GC "
           + ("paused in timed regions" if env["gc_paused_in_timed_region"]
-             else "left running (--keep-gc)"))
+             else "left running, as in a training loop (--pause-gc pauses it)"))
     print()
 
     chain = res["chain"]
@@ -290,8 +290,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=None, help="MLP hidden width (default 1024; "
                    "--quick: 128)")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
-    p.add_argument("--keep-gc", action="store_true", help="leave Python's cyclic GC running in "
-                   "the timed regions (by default it is paused, as in timeit)")
+    p.add_argument("--pause-gc", action="store_true", help="pause Python's cyclic GC in the timed "
+                   "regions, as timeit does (by default it runs, as in a user's training loop)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write results as JSON to FILE (and print the table), or with no FILE "
@@ -322,13 +322,13 @@ def main(argv=None):
     res["chain"] = []
     for size in CHAIN_SIZES:
         row = {lib: bench_chain(lib, size, args.nodes, args.repeats, args.warmup,
-                                pause_gc=not args.keep_gc) for lib in libs}
+                                pause_gc=args.pause_gc) for lib in libs}
         if "torch" in row:
             row["ratio"] = ratio(row, lambda r: r["us_per_node"]["median"])
         res["chain"].append(row)
 
     init = mlp_init(res["config"]["widths"], args.batch)
-    res["mlp"] = {lib: bench_mlp(lib, init, args.repeats, args.warmup, pause_gc=not args.keep_gc)
+    res["mlp"] = {lib: bench_mlp(lib, init, args.repeats, args.warmup, pause_gc=args.pause_gc)
                   for lib in libs}
     if "torch" in libs:
         res["mlp"]["ratio"] = {phase: ratio(res["mlp"], lambda r, ph=phase: r[ph]["median"])

@@ -8,6 +8,7 @@ it waits.
 """
 
 import concurrent.futures
+import gc
 import heapq
 import itertools
 import sys
@@ -147,6 +148,39 @@ class ExecInfo:
 
 
 _task_ids = itertools.count()
+
+
+class _CyclicGCPause:
+    """Pause Python's cyclic garbage collector while any backward runs (re-entrant, thread-safe).
+
+    Note [Backward and the cyclic GC]: a backward allocates several short-lived containers per
+    Node (task, buffer, gradient); each allocation counts toward the collector's thresholds, and
+    the collections it triggers walk the whole live graph, tens of thousands of Nodes. That
+    doubled the per-Node cost in benchmarks/engine.py. Reference counting frees everything a
+    backward makes; cycles (create_graph) are collected after it ends.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._was_enabled = False
+
+    def __enter__(self):
+        with self._lock:
+            if self._depth == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and self._was_enabled:
+                gc.enable()
+        return False
+
+
+_gc_pause = _CyclicGCPause()
 
 
 class GraphTask:
@@ -402,7 +436,8 @@ class Engine:
         else:
             buffer = InputBuffer()
         del grads  # let AccumulateGrad adopt a root gradient that only the engine holds
-        return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
+        with _gc_pause:
+            return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
 
     def compute_dependencies(self, root, graph_task, min_topo_nr=0):
         """Count, for every Node reachable from ``root``, how many edges lead into it."""
