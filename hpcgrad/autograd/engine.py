@@ -7,6 +7,7 @@ thread. See Note [Reentrant backwards] in the seed for why the caller must keep 
 it waits.
 """
 
+import collections
 import concurrent.futures
 import gc
 import heapq
@@ -37,13 +38,14 @@ class _ThreadState(threading.local):
 _tls = _ThreadState()
 
 
-class NodeTask:
-    """A Node ready to run, with its gradients, on behalf of a GraphTask."""
+NodeTask = collections.namedtuple("NodeTask", ["graph_task", "fn", "inputs", "is_shutdown"],
+                                  defaults=(False,))
+NodeTask.__doc__ = "A Node ready to run, with its gradients, on behalf of a GraphTask."
 
-    __slots__ = ("graph_task", "fn", "inputs", "is_shutdown")
 
-    def __init__(self, graph_task, fn, inputs, is_shutdown=False):
-        self.graph_task, self.fn, self.inputs, self.is_shutdown = graph_task, fn, inputs, is_shutdown
+def _node_task(graph_task, fn, inputs, _new=tuple.__new__):
+    """``NodeTask(...)`` built in C: one is made per Node run."""
+    return _new(NodeTask, (graph_task, fn, inputs, False))
 
 
 class ReadyQueue:
@@ -62,15 +64,16 @@ class ReadyQueue:
     def push(self, task, increment_outstanding=True):
         """Queue ``task``; counts it as outstanding for its GraphTask (whose mutex must be free)."""
         if task.is_shutdown:
-            key = (0, 0, 0)
+            entry = (0, 0, 0, next(self._tiebreak), task)
         else:
             gt = task.graph_task
             if increment_outstanding:
                 with gt.mutex:
                     gt.outstanding_tasks += 1
-            key = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1)
+            entry = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1,
+                     next(self._tiebreak), task)
         with self._lock:
-            heapq.heappush(self._heap, (key, next(self._tiebreak), task))
+            heapq.heappush(self._heap, entry)
             if self._waiters:
                 self._not_empty.notify()
 
@@ -83,12 +86,12 @@ class ReadyQueue:
                 self._waiters += 1
                 self._not_empty.wait()
                 self._waiters -= 1
-            return heapq.heappop(self._heap)[2]
+            return heapq.heappop(self._heap)[4]
 
     def discard(self, graph_task):
         """Remove every queued task of ``graph_task`` (after it failed)."""
         with self._lock:
-            self._heap = [item for item in self._heap if item[2].graph_task is not graph_task]
+            self._heap = [item for item in self._heap if item[4].graph_task is not graph_task]
             heapq.heapify(self._heap)
 
     def empty(self):
@@ -348,23 +351,6 @@ def validate_outputs(edges, grads, describe):
             grads[i] = grad.to(device)
 
 
-def _outputs_match(edges, grads):
-    """Fast check that every gradient already has its receiver's shape, dtype and device."""
-    if len(grads) != len(edges):
-        return False
-    for grad, edge in zip(grads, edges):
-        if grad is None or edge is None:
-            continue
-        metadata = edge.node.input_metadata[edge.input_nr]
-        if metadata is None:
-            continue
-        data = grad.data
-        if (type(data) is not np.ndarray or data.shape != metadata[0]
-                or data.dtype != metadata[1] or metadata[2] != "cpu"):
-            return False
-    return True
-
-
 def _call_function(fn, grads):
     """Hooks, the Node itself, output validation: one Node's work, as in the seed."""
     if fn._tensor_pre_hooks or fn._retains_grad_hooks:
@@ -374,7 +360,20 @@ def _call_function(fn, grads):
     post_hooks = fn._post_hooks
     outputs = fn.apply(list(grads) if post_hooks else grads)
     edges = fn.next_edges
-    if not _outputs_match(edges, outputs):
+    # Inline fast check that every gradient already fits its receiver; else the full validation.
+    matches = len(outputs) == len(edges)
+    if matches:
+        for grad, edge in zip(outputs, edges):
+            if grad is None or edge is None:
+                continue
+            metadata = edge[0].input_metadata[edge[1]]
+            data = grad.data
+            if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
+                                         or data.shape != metadata[0]
+                                         or data.dtype != metadata[1]):
+                matches = False
+                break
+    if not matches:
         validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
     if post_hooks:
         outputs = fn.call_post_hooks(outputs, grads)
@@ -616,17 +615,19 @@ class Engine:
                         info = exec_info.get(node)
                         if info is None or not info.should_execute():
                             continue  # off every path to a requested gradient
-                    buffer = InputBuffer.of_size(len(node.input_metadata))
+                    buffer = InputBuffer((None,) * len(node.input_metadata))
                     if not ready:
                         not_ready[node] = buffer
                 elif ready:
                     del not_ready[node]
-                buffer.add(input_nr, output)
+                if output is not None:  # InputBuffer.add, inlined: this runs once per edge
+                    old = buffer[input_nr]
+                    buffer[input_nr] = output if old is None else old + output
                 if ready:
                     graph_task.outstanding_tasks += 1  # under the mutex, as push() would
                     queue = self.ready_queue(cpu_ready_queue, buffer.device()) if gpu \
                         else cpu_ready_queue
-                    queue.push(NodeTask(graph_task, node, buffer), False)
+                    queue.push(_node_task(graph_task, node, buffer), False)
 
     # --- queues and threads -----------------------------------------------------------------
     def _init_local_ready_queue(self):

@@ -35,6 +35,7 @@ class _NullContext:
 
 
 _NULL_CTX = _NullContext()
+_new_object = object.__new__
 
 
 class _SavedOutput:
@@ -205,4 +206,10 @@ class Function(metaclass=_FunctionMeta):
                 state.enabled = True
         else:
             out = cls.forward(_NULL_CTX, *args)
+        if type(out) is np.ndarray:  # the common case, without a call to _wrap_plain
+            t = _new_object(Tensor)
+            t.data, t.requires_grad, t.grad_fn, t._output_nr = out, False, None, 0
+            t.grad = t._grad_accumulator = t._hooks = None
+            t._retains_grad = False
+            return t
         return _wrap_plain(out)
