@@ -239,8 +239,11 @@ class Clamp(Function):
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        ctx.condition = condition.data.astype(bool)
-        return _xp(a.data).where(ctx.condition, a.data, b.data)
+        # A local first: without a graph, ctx drops what is stored on it (no_grad, or a backward
+        # without create_graph that calls Where, as Pow's does).
+        mask = condition.data.astype(bool)
+        ctx.condition = mask
+        return _xp(a.data).where(mask, a.data, b.data)
 
     @staticmethod
     def backward(ctx, g):
