@@ -2,12 +2,20 @@
 
 from .. import backend
 from ..autograd.function import Function
+from .shape import wrap_dim
+
+
+def _axis(dim, ndim):
+    """The numpy axis for ``dim``; None for a 0-d input (which accepts dim 0 and -1)."""
+    dim = wrap_dim(dim, ndim)
+    return dim if ndim else None
 
 
 class Softmax(Function):
     @staticmethod
     def forward(ctx, a, dim):
         xp = backend.get_array_module(a.data)
+        dim = _axis(dim, a.data.ndim)
         shifted = a.data - a.data.max(axis=dim, keepdims=True)
         e = xp.exp(shifted)
         out = e / e.sum(axis=dim, keepdims=True)
@@ -25,6 +33,7 @@ class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, a, dim):
         xp = backend.get_array_module(a.data)
+        dim = _axis(dim, a.data.ndim)
         shifted = a.data - a.data.max(axis=dim, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=dim, keepdims=True))
         ctx.dim = dim

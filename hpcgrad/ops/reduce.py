@@ -2,24 +2,24 @@
 
 import collections
 
+import numpy as np
+
+from .. import backend
 from ..autograd.function import Function
 from ..tensor import Tensor
-from .shape import expand
+from .shape import expand, gather, wrap_dim
 
 
 def normalize_dims(dim, ndim):
-    """None (all axes) or a sorted tuple of non-negative axes; clear error when out of range."""
+    """None (all axes) or a sorted tuple of non-negative axes; clear error when out of range.
+
+    As in PyTorch, an empty tuple means all axes, and a 0-d tensor accepts dim 0 or -1.
+    """
     if dim is None:
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    rank = ndim if ndim > 0 else 1
-    out = []
-    for d in dims:
-        if not -rank <= d < rank:
-            raise IndexError(f"Dimension out of range (expected to be in range of "
-                             f"[{-rank}, {rank - 1}], but got {d})")
-        out.append(d % rank)
-    return tuple(sorted(set(out)))
+    out = tuple(sorted({wrap_dim(d, ndim) for d in dims}))
+    return None if ndim == 0 or not out else out
 
 
 def _keepdim_shape(shape, dims):
@@ -83,11 +83,24 @@ MaxResult = collections.namedtuple("MaxResult", ["values", "indices"])
 
 
 def max(x, dim=None, keepdim=False):
-    """Largest element; with ``dim``, (values, indices) along that axis."""
+    """Largest element; with ``dim``, (values, indices) along that axis.
+
+    Without ``dim`` ties share the gradient (as amax); with ``dim`` the gradient goes to the
+    element ``indices`` names, as in PyTorch.
+    """
     if dim is None:
         return Amax.apply(x, None, False)
-    values = Amax.apply(x, normalize_dims(dim, x.ndim), keepdim)
-    return MaxResult(values, x.argmax(dim, keepdim))
+    if not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"max: dim must be an int, got {dim!r}; use amax to reduce several axes")
+    dim = wrap_dim(dim, x.ndim)
+    xp = backend.get_array_module(x.data)
+    if x.ndim == 0:
+        return MaxResult(x.reshape(()), Tensor._make(xp.zeros((), dtype=xp.int64), False, None, 0))
+    indices = xp.argmax(x.data, axis=dim, keepdims=True)
+    values = gather(x, dim, indices)
+    if not keepdim:
+        values, indices = values.squeeze(dim), indices.squeeze(dim)
+    return MaxResult(values, Tensor._make(indices, False, None, 0))
 
 
 def _count(shape, dims):

@@ -7,6 +7,15 @@ from ..autograd.function import Function
 from ..tensor import Tensor
 
 
+def wrap_dim(dim, ndim):
+    """``dim`` as a non-negative axis of an ``ndim``-D tensor (a 0-d tensor takes 0 and -1)."""
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of "
+                         f"[{-rank}, {rank - 1}], but got {dim})")
+    return dim % rank
+
+
 def shape_arg(shape, size=None):
     """``reshape(2, 3)`` and ``reshape((2, 3))`` both give (2, 3)."""
     if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
@@ -44,8 +53,10 @@ class Permute(Function):
 
 
 def transpose(x, dim0, dim1):
+    dim0, dim1 = wrap_dim(dim0, x.ndim), wrap_dim(dim1, x.ndim)
     dims = list(range(x.ndim))
-    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    if dims:  # a 0-d tensor transposes to itself
+        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
     return Permute.apply(x, tuple(dims))
 
 
@@ -68,28 +79,35 @@ class Expand(Function):
 def expand(x, shape):
     shape = tuple(shape)
     lead = len(shape) - x.ndim
+    if -1 in shape[:lead]:
+        raise RuntimeError(f"expand: the size -1 (keep) is not allowed in a new leading dimension "
+                           f"{shape[:lead].index(-1)} of {list(shape)} (input shape {list(x.shape)})")
     shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
     return x if shape == x.shape else Expand.apply(x, shape)
 
 
 def unsqueeze(x, dim):
-    dim = dim % (x.ndim + 1)
+    dim = wrap_dim(dim, x.ndim + 1)
     return x.reshape(x.shape[:dim] + (1,) + x.shape[dim:])
 
 
 def squeeze(x, dim=None):
+    """Drop size-1 axes: all of them, or those of ``dim`` (an int or a tuple) that have size 1."""
     if dim is None:
         shape = tuple(s for s in x.shape if s != 1)
     else:
-        dim = dim % max(x.ndim, 1)
-        shape = x.shape if x.ndim == 0 or x.shape[dim] != 1 else x.shape[:dim] + x.shape[dim + 1:]
+        dims = {wrap_dim(d, x.ndim) for d in ((dim,) if isinstance(dim, (int, np.integer)) else dim)}
+        shape = tuple(s for i, s in enumerate(x.shape) if i not in dims or s != 1)
     return x if shape == x.shape else x.reshape(shape)
 
 
 def flatten(x, start_dim=0, end_dim=-1):
     if x.ndim == 0:
         return x.reshape(1)
-    start, end = start_dim % x.ndim, end_dim % x.ndim
+    start, end = wrap_dim(start_dim, x.ndim), wrap_dim(end_dim, x.ndim)
+    if start > end:
+        raise RuntimeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
+                           f"for a {x.ndim}-D input")
     size = 1
     for s in x.shape[start:end + 1]:
         size *= s
@@ -104,8 +122,13 @@ def _plain_index(index):
     """Tensors inside an index become arrays; a single index becomes a 1-tuple."""
     if not isinstance(index, tuple):
         index = (index,)
-    return tuple(i.data if isinstance(i, Tensor) else
-                 np.asarray(i) if isinstance(i, list) else i for i in index)
+    return tuple(i.data if isinstance(i, Tensor) else _list_index(i) if isinstance(i, list) else i
+                 for i in index)
+
+
+def _list_index(items):
+    array = np.asarray(items)
+    return array.astype(np.intp) if array.size == 0 else array  # [] selects nothing, as in PyTorch
 
 
 class GetItem(Function):
@@ -147,9 +170,10 @@ def getitem(x, index):
 
 def index_select(x, dim, index):
     index = index.data if isinstance(index, Tensor) else np.asarray(index)
-    if index.ndim != 1:
-        raise IndexError(f"index_select: index must be 1-D, got shape {list(index.shape)}")
-    return GetItem.apply(x, (slice(None),) * (dim % x.ndim) + (index,))
+    if index.ndim > 1:
+        raise IndexError(f"index_select: index must be 1-D (or 0-d), got shape {list(index.shape)}")
+    index = index.reshape(-1)
+    return GetItem.apply(x, (slice(None),) * wrap_dim(dim, x.ndim) + (index,))
 
 
 def gather(x, dim, index):
@@ -160,7 +184,7 @@ def gather(x, dim, index):
                            "(as many as the input)")
     xp = backend.get_array_module(index)
     grid = list(xp.indices(index.shape, sparse=True))
-    grid[dim % x.ndim] = index
+    grid[wrap_dim(dim, x.ndim)] = index
     return GetItem.apply(x, tuple(grid))
 
 
@@ -186,7 +210,11 @@ def cat(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat: expected a non-empty list of Tensors")
-    return Cat.apply(dim, *tensors)
+    for k, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(f"cat: tensor {k} is zero-dimensional and cannot be concatenated; "
+                               "use stack, or unsqueeze it first")
+    return Cat.apply(wrap_dim(dim, tensors[0].ndim), *tensors)
 
 
 def stack(tensors, dim=0):
@@ -194,4 +222,9 @@ def stack(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack: expected a non-empty list of Tensors")
-    return Cat.apply(dim % (tensors[0].ndim + 1), *[unsqueeze(t, dim) for t in tensors])
+    for k, t in enumerate(tensors[1:], 1):
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(f"stack: expects tensors of one shape, but tensor 0 has shape "
+                               f"{list(tensors[0].shape)} and tensor {k} has {list(t.shape)}")
+    dim = wrap_dim(dim, tensors[0].ndim + 1)
+    return Cat.apply(dim, *[unsqueeze(t, dim) for t in tensors])
