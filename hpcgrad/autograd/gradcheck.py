@@ -11,21 +11,22 @@ def _as_tuple(x):
     return x if isinstance(x, tuple) else tuple(x) if isinstance(x, list) else (x,)
 
 
-def _numerical_jacobian(fn, inputs, i, out_index, eps):
+def _numerical_jacobian(fn, inputs, i, out_index, out_size, eps):
     """d out[out_index] / d inputs[i], column by column, by central differences."""
     x = inputs[i].data
-    flat = x.reshape(-1)  # a view: writes go into the input
     columns = []
     # Not under no_grad: fn may itself differentiate (gradgradcheck's first derivative).
-    for k in range(flat.size):
-        orig = flat[k]
-        flat[k] = orig + eps
+    # Index x itself (C order, as the analytical rows): reshape(-1) of a non-contiguous input
+    # would be a copy, and the perturbation would never reach fn.
+    for k in np.ndindex(x.shape):
+        orig = x[k]
+        x[k] = orig + eps
         plus = _as_tuple(fn(*inputs))[out_index].data.astype(np.float64).reshape(-1)
-        flat[k] = orig - eps
+        x[k] = orig - eps
         minus = _as_tuple(fn(*inputs))[out_index].data.astype(np.float64).reshape(-1)
-        flat[k] = orig
+        x[k] = orig
         columns.append((plus - minus) / (2 * eps))
-    return np.stack(columns, axis=1) if columns else np.zeros((0, 0))
+    return np.stack(columns, axis=1) if columns else np.zeros((out_size, 0))
 
 
 def _analytical_jacobian(out, inputs, i):
@@ -37,9 +38,12 @@ def _analytical_jacobian(out, inputs, i):
         seed[j] = 1
         (g,) = grad(out, inputs[i], Tensor(seed.reshape(out.shape)), retain_graph=True,
                     allow_unused=True)
+        if g is not None and g.shape != inputs[i].shape:
+            raise GradcheckError(f"gradient with respect to input {i} has shape "
+                                 f"{list(g.shape)}, expected {list(inputs[i].shape)}")
         rows.append(np.zeros(inputs[i].data.size) if g is None else
                     np.asarray(g.data, dtype=np.float64).reshape(-1))
-    return np.stack(rows, axis=0) if rows else np.zeros((0, 0))
+    return np.stack(rows, axis=0) if rows else np.zeros((0, inputs[i].data.size))
 
 
 def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
@@ -61,7 +65,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
             if not getattr(t, "requires_grad", False):
                 continue
             analytical = _analytical_jacobian(out, inputs, i)
-            numerical = _numerical_jacobian(fn, inputs, i, o, eps)
+            numerical = _numerical_jacobian(fn, inputs, i, o, out.data.size, eps)
             if not np.allclose(analytical, numerical, atol=atol, rtol=rtol):
                 if not raise_exception:
                     return False
