@@ -80,8 +80,9 @@ def expand(x, shape):
     shape = tuple(shape)
     lead = len(shape) - x.ndim
     if -1 in shape[:lead]:
-        raise RuntimeError(f"expand: the size -1 (keep) is not allowed in a new leading dimension "
-                           f"{shape[:lead].index(-1)} of {list(shape)} (input shape {list(x.shape)})")
+        raise RuntimeError(f"expand: the size -1 (keep) is not allowed in a new leading "
+                           f"dimension {shape[:lead].index(-1)} of {list(shape)} "
+                           f"(input shape {list(x.shape)})")
     shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
     return x if shape == x.shape else Expand.apply(x, shape)
 
@@ -96,7 +97,8 @@ def squeeze(x, dim=None):
     if dim is None:
         shape = tuple(s for s in x.shape if s != 1)
     else:
-        dims = {wrap_dim(d, x.ndim) for d in ((dim,) if isinstance(dim, (int, np.integer)) else dim)}
+        dims = (dim,) if isinstance(dim, (int, np.integer)) else dim
+        dims = {wrap_dim(d, x.ndim) for d in dims}
         shape = tuple(s for i, s in enumerate(x.shape) if i not in dims or s != 1)
     return x if shape == x.shape else x.reshape(shape)
 
