@@ -1,0 +1,92 @@
+"""gradcheck and gradgradcheck themselves: they pass right derivatives and catch wrong ones."""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+from hpcgrad.autograd import Function, gradcheck, gradgradcheck
+from hpcgrad.autograd.gradcheck import GradcheckError
+
+
+def leaf(array, dtype=np.float64):
+    return hg.tensor(np.asarray(array, dtype=dtype), requires_grad=True)
+
+
+class Cube(Function):
+    """x ** 3, with a backward that can be wrong in the first or only in the second derivative."""
+
+    mode = "right"
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.data ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if Cube.mode == "wrong_first":
+            return g * x * x * 2.0
+        if Cube.mode == "detached":  # right values, but no graph: second derivative is lost
+            return g * hg.tensor(3.0 * x.data ** 2)
+        return g * x * x * 3.0
+
+
+@pytest.fixture
+def cube_mode():
+    def set_mode(mode):
+        Cube.mode = mode
+    yield set_mode
+    Cube.mode = "right"
+
+
+def test_right_derivatives_pass(cube_mode):
+    x = leaf([0.5, -1.5, 2.0])
+    assert gradcheck(Cube.apply, (x,))
+    assert gradgradcheck(Cube.apply, (x,))
+
+
+def test_wrong_first_derivative_is_caught_and_named(cube_mode):
+    cube_mode("wrong_first")
+    x = leaf([0.5, -1.5, 2.0])
+    with pytest.raises(GradcheckError, match="output 0 with respect to input 0"):
+        gradcheck(Cube.apply, (x,))
+    assert gradcheck(Cube.apply, (x,), raise_exception=False) is False
+
+
+def test_lost_second_derivative_is_caught(cube_mode):
+    cube_mode("detached")
+    x = leaf([0.5, -1.5, 2.0])
+    assert gradcheck(Cube.apply, (x,))
+    with pytest.raises(GradcheckError):
+        gradgradcheck(Cube.apply, (x,))
+
+
+def test_float32_inputs_are_refused():
+    with pytest.raises(ValueError, match="float64"):
+        gradcheck(lambda t: t * 2.0, (leaf([1.0], np.float32),))
+
+
+def test_inputs_without_grad_are_constants():
+    x, c = leaf([1.0, 2.0]), hg.tensor(np.array([3.0, 4.0]))
+    assert gradcheck(lambda a, b: a * b, (x, c))
+
+
+def test_non_contiguous_input_is_perturbed_in_place():
+    x = hg.tensor(np.arange(1.0, 7.0).reshape(2, 3))
+    x.data = x.data.T  # a (3, 2) view with Fortran strides
+    x.requires_grad_()
+    assert not x.data.flags["C_CONTIGUOUS"]
+    assert gradcheck(lambda t: (t * t).sum(0), (x,))
+
+
+def test_empty_output_and_empty_input():
+    x = leaf(np.ones((2, 3)))
+    assert gradcheck(lambda t: t[1:1], (x,))
+    assert gradcheck(lambda t: t.sum(0) * 2.0, (leaf(np.ones((0, 3))),))
+
+
+def test_multiple_outputs():
+    x = leaf([0.5, 2.0])
+    assert gradcheck(lambda t: (t.exp(), t * t), (x,))
+    assert gradgradcheck(lambda t: (t.exp(), t * t), (x,))
