@@ -48,10 +48,20 @@ def _node_task(graph_task, fn, inputs, _new=tuple.__new__):
     return _new(NodeTask, (graph_task, fn, inputs, False))
 
 
+# Under the GIL, heappush/heappop on entries that compare as ints (see ReadyQueue) run no Python
+# code, so they are atomic: the queue's lock is then only needed to sleep and wake. Without the
+# GIL (free-threaded builds) every operation takes the lock.
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 class ReadyQueue:
     """Thread-safe priority queue: shutdown first, then deeper reentrant tasks, then later Nodes.
 
     Later Nodes (greater sequence_nr) were created later in forward, so backward meets them first.
+    Entries are ``(kind, -depth, -sequence_nr, tiebreak, task)``: the unique tiebreak means tasks
+    themselves are never compared. A consumer announces itself in ``_waiters`` under the lock
+    before its last emptiness check; a producer reads ``_waiters`` after pushing; so a push
+    cannot slip between the check and the sleep unnoticed.
     """
 
     def __init__(self):
@@ -72,15 +82,34 @@ class ReadyQueue:
                     gt.outstanding_tasks += 1
             entry = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1,
                      next(self._tiebreak), task)
-        with self._lock:
+        self._push_entry(entry)
+
+    def push_ready(self, graph_task, fn, inputs, _new=tuple.__new__):
+        """``push`` for the engine's hot path: a Node task already counted as outstanding."""
+        self._push_entry((1, -graph_task.reentrant_depth, -fn.sequence_nr, next(self._tiebreak),
+                          _new(NodeTask, (graph_task, fn, inputs, False))))
+
+    def _push_entry(self, entry):
+        if _GIL:
             heapq.heappush(self._heap, entry)
             if self._waiters:
-                self._not_empty.notify()
+                with self._lock:
+                    self._not_empty.notify()
+        else:
+            with self._lock:
+                heapq.heappush(self._heap, entry)
+                if self._waiters:
+                    self._not_empty.notify()
 
     def push_shutdown_task(self):
         self.push(NodeTask(None, None, None, is_shutdown=True))
 
     def pop(self):
+        if _GIL and self._heap:
+            try:
+                return heapq.heappop(self._heap)[4]
+            except IndexError:  # another consumer took the last one: wait below
+                pass
         with self._lock:
             while not self._heap:
                 self._waiters += 1
@@ -91,7 +120,7 @@ class ReadyQueue:
     def discard(self, graph_task):
         """Remove every queued task of ``graph_task`` (after it failed)."""
         with self._lock:
-            self._heap = [item for item in self._heap if item[4].graph_task is not graph_task]
+            self._heap[:] = [item for item in self._heap if item[4].graph_task is not graph_task]
             heapq.heapify(self._heap)
 
     def empty(self):
@@ -493,19 +522,17 @@ class Engine:
         current = previous_task
         try:
             while graph_task is None or not graph_task.future_completed:
-                task = queue.pop()
-                if task.is_shutdown:
+                local_task, fn, inputs, is_shutdown = queue.pop()
+                if is_shutdown:
                     break
-                local_task = task.graph_task
-                if task.fn is not None and not local_task.has_error:
+                if fn is not None and not local_task.has_error:
                     if local_task is not current:  # the guard of the seed, set only on change
                         _tls.current_graph_task = current = local_task
                     state.enabled = local_task.grad_mode
                     try:
-                        self.evaluate_function(local_task, task.fn, task.inputs,
-                                               local_task.cpu_ready_queue)
+                        self.evaluate_function(local_task, fn, inputs, local_task.cpu_ready_queue)
                     except BaseException as exc:
-                        self.thread_on_exception(local_task, task.fn, exc)
+                        self.thread_on_exception(local_task, fn, exc)
                 with local_task.mutex:
                     local_task.outstanding_tasks -= 1
                     done = local_task.outstanding_tasks == 0 or (local_task.exit_on_error
@@ -627,7 +654,7 @@ class Engine:
                     graph_task.outstanding_tasks += 1  # under the mutex, as push() would
                     queue = self.ready_queue(cpu_ready_queue, buffer.device()) if gpu \
                         else cpu_ready_queue
-                    queue.push(_node_task(graph_task, node, buffer), False)
+                    queue.push_ready(graph_task, node, buffer)
 
     # --- queues and threads -----------------------------------------------------------------
     def _init_local_ready_queue(self):

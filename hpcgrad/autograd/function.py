@@ -50,11 +50,11 @@ class _SavedOutput:
 class BackwardNode(Node):
     """The Node a Function records; forward and backward receive it as ``ctx``."""
 
-    __slots__ = ("needs_input_grad",)
+    __slots__ = ("needs_input_grad", "_saved")  # _saved is None once released
     _forward_cls = None
     # Defaults at class level: only what a Function changes is stored per Node.
-    _saved = _non_differentiable = ()
-    _saved_outputs = _released = False
+    _non_differentiable = ()
+    _saved_outputs = False
     materialize_grads = True
 
     # --- ctx API --------------------------------------------------------------------------
@@ -64,9 +64,9 @@ class BackwardNode(Node):
 
     @property
     def saved_tensors(self):
-        if self._released:
-            raise RuntimeError(_RELEASED_MSG)
         saved = self._saved
+        if saved is None:
+            raise RuntimeError(_RELEASED_MSG)
         if self._saved_outputs:
             saved = tuple(Tensor._make(s.data, True, self, s.output_nr)
                           if type(s) is _SavedOutput else s for s in saved)
@@ -78,20 +78,28 @@ class BackwardNode(Node):
     def set_materialize_grads(self, value):
         self.materialize_grads = bool(value)
 
+    def _materialize(self, grads):
+        """Undefined incoming gradients become zeros (unless set_materialize_grads(False))."""
+        for i, g in enumerate(grads):
+            if g is None:
+                shape, dtype, device = self.input_metadata[i]
+                grads[i] = Tensor._zeros(shape, dtype, device)
+
     # --- Node API -------------------------------------------------------------------------
     def release_variables(self):
-        self._saved = ()
-        self._released = True
+        self._saved = None
 
     def apply(self, grads):
         if self.materialize_grads:
-            for i, g in enumerate(grads):
+            for g in grads:
                 if g is None:
-                    shape, dtype, device = self.input_metadata[i]
-                    grads[i] = Tensor._zeros(shape, dtype, device)
+                    self._materialize(grads)
+                    break
         result = self._forward_cls.backward(self, *grads)
         edges = self.next_edges
         if type(result) is not tuple:
+            if type(result) is Tensor and len(edges) == 1 and edges[0] is not None:
+                return [result]  # the common case: one input that needs its gradient
             result = (result,)
         elif len(result) == len(edges):
             for g, edge in zip(result, edges):  # the common case: nothing to drop or wrap
@@ -123,6 +131,7 @@ def _record(cls, args, needs):
     edges = [a._gradient_edge() if need else None for a, need in zip(args, needs)]
     node = cls._backward_cls(edges)
     node.needs_input_grad = needs
+    node._saved = ()
     state = grad_mode._state
     state.enabled = False
     try:
