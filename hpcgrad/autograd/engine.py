@@ -525,18 +525,20 @@ class Engine:
                 local_task, fn, inputs, is_shutdown = queue.pop()
                 if is_shutdown:
                     break
+                done = None
                 if fn is not None and not local_task.has_error:
                     if local_task is not current:  # the guard of the seed, set only on change
                         _tls.current_graph_task = current = local_task
                     state.enabled = local_task.grad_mode
                     try:
-                        self.evaluate_function(local_task, fn, inputs, local_task.cpu_ready_queue)
+                        done = self.evaluate_function(local_task, fn, inputs,
+                                                      local_task.cpu_ready_queue, retire=True)
                     except BaseException as exc:
                         self.thread_on_exception(local_task, fn, exc)
-                with local_task.mutex:
-                    local_task.outstanding_tasks -= 1
-                    done = local_task.outstanding_tasks == 0 or (local_task.exit_on_error
-                                                                  and local_task.has_error)
+                if done is None:  # evaluate_function did not retire the task itself
+                    with local_task.mutex:
+                        local_task.outstanding_tasks -= 1
+                        done = local_task.completed()
                 if done:
                     local_task.mark_as_completed_and_run_post_processing()
                     if _tls.worker_device != local_task.owner:
@@ -593,8 +595,13 @@ class Engine:
             exc._hpcgrad_node_named = True
         graph_task.set_exception(exc, fn)
 
-    def evaluate_function(self, graph_task, fn, inputs, cpu_ready_queue):
-        """Run one Node and hand each gradient it returns to the InputBuffer of the next Node."""
+    def evaluate_function(self, graph_task, fn, inputs, cpu_ready_queue, retire=False):
+        """Run one Node and hand each gradient it returns to the InputBuffer of the next Node.
+
+        With ``retire``, a task that reaches the mutex also takes itself off the outstanding
+        count there (saving the caller a second lock per Node) and returns whether the
+        GraphTask is complete; otherwise, and on early returns, it returns None.
+        """
         grads = inputs
         exec_info = graph_task.exec_info
         if exec_info:
@@ -655,6 +662,10 @@ class Engine:
                     queue = self.ready_queue(cpu_ready_queue, buffer.device()) if gpu \
                         else cpu_ready_queue
                     queue.push_ready(graph_task, node, buffer)
+            if retire:
+                graph_task.outstanding_tasks -= 1
+                return graph_task.completed()
+        return None
 
     # --- queues and threads -----------------------------------------------------------------
     def _init_local_ready_queue(self):
