@@ -343,6 +343,7 @@ class Tensor:
         return _ops.max(self, dim, keepdim)
 
     def argmax(self, dim=None, keepdim=False):
+        dim = None if dim is None else _ops.wrap_dim(dim, self.data.ndim)
         return Tensor._make(backend.get_array_module(self.data).argmax(self.data, axis=dim,
                                                                        keepdims=keepdim),
                             False, None, 0)
@@ -367,7 +368,7 @@ class Tensor:
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
-        return _ops.Permute.apply(self, tuple(d % self.data.ndim for d in dims))
+        return _ops.Permute.apply(self, tuple(_ops.wrap_dim(d, self.data.ndim) for d in dims))
 
     def transpose(self, dim0, dim1):
         return _ops.transpose(self, dim0, dim1)

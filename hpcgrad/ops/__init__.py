@@ -2,7 +2,7 @@
 
 from .elementwise import (Abs, Add, Cast, Clamp, Clone, Div, Erf, Exp, Log, Mul, Neg, Pow,  # noqa: F401
                           Relu, Sigmoid, Sqrt, Sub, Tanh, ToDevice, Where, gelu, where)
-from .shape import (Cat, Expand, GetItem, IndexAdd, Permute, Reshape, cat, expand, flatten,  # noqa: F401
+from .shape import (Cat, Expand, wrap_dim, GetItem, IndexAdd, Permute, Reshape, cat, expand, flatten,  # noqa: F401
                     gather, getitem, index_select, shape_arg, squeeze, stack, transpose, unsqueeze)
 from .reduce import Amax, Sum, SumToSize, max, mean, normalize_dims, var  # noqa: F401
 from .linalg import MatMul  # noqa: F401

@@ -718,8 +718,6 @@ def test_error_message(name):
         fn()
 
 
-@pytest.mark.xfail(strict=True, reason="Tensor.permute wraps each dim modulo ndim before the op "
-                   "sees it (hpcgrad/tensor.py), so an out-of-range dim is silently accepted")
 def test_permute_dim_out_of_range():
     with pytest.raises(IndexError, match="Dimension out of range"):
         _x().permute(0, 5)
