@@ -33,6 +33,7 @@ class Tensor:
                  "_hooks", "_retains_grad", "__weakref__")
     __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
     __hash__ = object.__hash__
+    is_sparse = False  # see hpcgrad.sparse for the row-sparse gradient type
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _as_array(data, dtype)
@@ -238,6 +239,8 @@ class Tensor:
         return Tensor._make(_as_array(other), False, None, 0)
 
     def __add__(self, other):
+        if type(other) is not Tensor and getattr(other, "is_sparse", False):
+            return other + self  # a dense gradient meets a sparse one in an InputBuffer
         return _ops.Add.apply(self, other if type(other) is Tensor else self._other(other))
 
     def __radd__(self, other):

@@ -361,6 +361,12 @@ def validate_outputs(edges, grads, describe):
         if metadata is None:
             continue
         shape, dtype, device = metadata
+        if grad.is_sparse:  # a row-sparse gradient must match exactly: nothing to sum back
+            if grad.shape != shape or grad.dtype != dtype or grad.device != device:
+                raise RuntimeError(describe(
+                    f"invalid sparse gradient at index {i} - got shape {list(grad.shape)}, "
+                    f"{grad.dtype} on {grad.device}, expected {list(shape)}, {dtype} on {device}"))
+            continue
         data = grad.data
         if data.shape != shape:
             if not _expandable(shape, data.shape):

@@ -121,7 +121,7 @@ class BackwardNode(Node):
                 continue
             if edges[i] is None:
                 out[i] = None  # the argument needs no gradient: drop it, as PyTorch does
-            elif not isinstance(g, Tensor):
+            elif not isinstance(g, Tensor) and not getattr(g, "is_sparse", False):
                 out[i] = Tensor(g)
         return out
 

@@ -206,6 +206,9 @@ def _can_steal(new_grad, extra_refs):
 def accumulate_grad(variable, new_grad, has_post_hooks=False):
     """The AccumulateGrad rule, shared with the distributed engine's capture hook."""
     grad = variable.grad
+    if new_grad.is_sparse:
+        _accumulate_sparse(variable, new_grad)
+        return
     if grad is None:
         if not grad_mode.is_grad_enabled() and _can_steal(new_grad, 1 + has_post_hooks):
             new_grad.requires_grad = False
@@ -219,3 +222,17 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
         grad.data += new_grad.data
     else:
         variable.grad = grad + new_grad
+
+
+def _accumulate_sparse(variable, new_grad):
+    """A sparse gradient stays sparse in an empty or sparse ``.grad``; a dense one absorbs it."""
+    grad = variable.grad
+    if grad is None:
+        variable.grad = new_grad.detach_copy()
+    elif grad.is_sparse:
+        variable.grad = grad + new_grad
+    elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None
+          and getattr(grad.data.flags, "writeable", True)):
+        new_grad.add_to(grad.data)
+    else:
+        variable.grad = grad + new_grad.to_dense()
