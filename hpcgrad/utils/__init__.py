@@ -1,0 +1,1 @@
+"""Training utilities (activation checkpointing)."""
