@@ -25,6 +25,12 @@ def device_count():
         return 0
 
 
+def use_device(index):
+    """Make CUDA device ``index`` current for this thread (nothing to do without cupy)."""
+    if _cupy is not None and index >= 0:
+        _cupy.cuda.Device(index).use()
+
+
 def is_gpu_array(array):
     return _cupy is not None and isinstance(array, _cupy.ndarray)
 

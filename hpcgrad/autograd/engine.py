@@ -700,7 +700,7 @@ class Engine:
             self._device_queues = queues
 
     def _device_thread(self, device, queue):
-        backend.cupy_module().cuda.Device(device).use()
+        backend.use_device(device)
         _tls.worker_device = device
         _tls.local_ready_queue = queue
         self.thread_main(None)

@@ -92,3 +92,24 @@ def test_checkpoint_valid_only_for_full_backward():
     y.sum().backward(retain_graph=True)
     hg.autograd.grad(y.sum(), x)
     assert seen == [True, False]
+
+
+def test_device_work_runs_on_the_device_thread_and_wakes_the_owner(monkeypatch):
+    """With a (stand-in) GPU, Nodes run on its worker thread while the caller waits, as in the seed."""
+    import threading
+
+    from hpcgrad import backend
+    from hpcgrad.autograd.engine import Engine
+
+    monkeypatch.setattr(backend, "device_count", lambda: 1)
+    monkeypatch.setattr(InputBuffer, "device", lambda self: 0)  # every gradient "lives" on cuda:0
+    engine = Engine()
+    threads = []
+    x = hg.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = x * 3.0
+    y.register_hook(lambda g: threads.append(threading.current_thread().name))
+    out = y.sum()
+    engine.execute([out._gradient_edge()], [hg.tensor(1.0, dtype=np.float64)], False, False,
+                   True)
+    np.testing.assert_allclose(x.grad.data, [3.0, 3.0])
+    assert threads == ["hpcgrad-autograd-cuda:0"]
