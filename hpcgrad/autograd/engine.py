@@ -1,4 +1,4 @@
-"""Backward execution: GraphTask, ReadyQueue, InputBuffer and the dependency-counting loop.
+"""Backward execution: the Engine's dependency-counting loop over GraphTasks and ReadyQueues.
 
 Follows PyTorch's engine (torch/csrc/autograd/engine.cpp): the thread that calls backward runs
 the CPU work of its own GraphTask; each GPU device has one worker thread; a backward started
@@ -7,12 +7,7 @@ thread. See Note [Reentrant backwards] in the seed for why the caller must keep 
 it waits.
 """
 
-import collections
-import concurrent.futures
 import gc
-import heapq
-import itertools
-import sys
 import threading
 import warnings
 
@@ -21,165 +16,11 @@ import numpy as np
 from .. import backend
 from . import grad_mode
 from .graph import GraphRoot
+from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
+from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
+from .thread_state import CPU_DEVICE, NO_DEVICE, _tls
 
 _anomaly = grad_mode._anomaly
-NO_DEVICE = -2
-CPU_DEVICE = -1
-
-
-class _ThreadState(threading.local):
-    worker_device = NO_DEVICE   # CPU_DEVICE while this thread runs backward work
-    current_depth = 0           # nested reentrant backwards on this thread
-    total_depth = 0             # reentrant depth of the GraphTask this thread works on
-    current_graph_task = None   # what queue_callback appends to
-    local_ready_queue = None
-
-
-_tls = _ThreadState()
-
-
-NodeTask = collections.namedtuple("NodeTask", ["graph_task", "fn", "inputs", "is_shutdown"],
-                                  defaults=(False,))
-NodeTask.__doc__ = "A Node ready to run, with its gradients, on behalf of a GraphTask."
-
-
-def _node_task(graph_task, fn, inputs, _new=tuple.__new__):
-    """``NodeTask(...)`` built in C: one is made per Node run."""
-    return _new(NodeTask, (graph_task, fn, inputs, False))
-
-
-# Under the GIL, heappush/heappop on entries that compare as ints (see ReadyQueue) run no Python
-# code, so they are atomic: the queue's lock is then only needed to sleep and wake. Without the
-# GIL (free-threaded builds) every operation takes the lock.
-_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
-
-
-class ReadyQueue:
-    """Thread-safe priority queue: shutdown first, then deeper reentrant tasks, then later Nodes.
-
-    Later Nodes (greater sequence_nr) were created later in forward, so backward meets them first.
-    Entries are ``(kind, -depth, -sequence_nr, tiebreak, task)``: the unique tiebreak means tasks
-    themselves are never compared. A consumer announces itself in ``_waiters`` under the lock
-    before its last emptiness check; a producer reads ``_waiters`` after pushing; so a push
-    cannot slip between the check and the sleep unnoticed.
-    """
-
-    def __init__(self):
-        self._heap = []
-        self._lock = threading.Lock()
-        self._not_empty = threading.Condition(self._lock)
-        self._waiters = 0
-        self._tiebreak = itertools.count()
-
-    def push(self, task, increment_outstanding=True):
-        """Queue ``task``; counts it as outstanding for its GraphTask (whose mutex must be free)."""
-        if task.is_shutdown:
-            entry = (0, 0, 0, next(self._tiebreak), task)
-        else:
-            gt = task.graph_task
-            if increment_outstanding:
-                with gt.mutex:
-                    gt.outstanding_tasks += 1
-            entry = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1,
-                     next(self._tiebreak), task)
-        self._push_entry(entry)
-
-    def push_ready(self, graph_task, fn, inputs, _new=tuple.__new__):
-        """``push`` for the engine's hot path: a Node task already counted as outstanding."""
-        self._push_entry((1, -graph_task.reentrant_depth, -fn.sequence_nr, next(self._tiebreak),
-                          _new(NodeTask, (graph_task, fn, inputs, False))))
-
-    def _push_entry(self, entry):
-        if _GIL:
-            heapq.heappush(self._heap, entry)
-            if self._waiters:
-                with self._lock:
-                    self._not_empty.notify()
-        else:
-            with self._lock:
-                heapq.heappush(self._heap, entry)
-                if self._waiters:
-                    self._not_empty.notify()
-
-    def push_shutdown_task(self):
-        self.push(NodeTask(None, None, None, is_shutdown=True))
-
-    def pop(self):
-        if _GIL and self._heap:
-            try:
-                return heapq.heappop(self._heap)[4]
-            except IndexError:  # another consumer took the last one: wait below
-                pass
-        with self._lock:
-            while not self._heap:
-                self._waiters += 1
-                self._not_empty.wait()
-                self._waiters -= 1
-            return heapq.heappop(self._heap)[4]
-
-    def discard(self, graph_task):
-        """Remove every queued task of ``graph_task`` (after it failed)."""
-        with self._lock:
-            self._heap[:] = [item for item in self._heap if item[4].graph_task is not graph_task]
-            heapq.heapify(self._heap)
-
-    def empty(self):
-        with self._lock:
-            return not self._heap
-
-    def __len__(self):
-        with self._lock:
-            return len(self._heap)
-
-
-class InputBuffer(list):
-    """Gradients arriving for one Node's inputs (a list); several for one input are summed."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of_size(cls, size):
-        return cls([None] * size)
-
-    def add(self, pos, grad):
-        if grad is None:
-            return
-        old = self[pos]
-        self[pos] = grad if old is None else old + grad
-
-    def device(self):
-        for grad in self:
-            if grad is not None:
-                return backend.device_index(grad.device)
-        return CPU_DEVICE
-
-
-class Capture:
-    """Where ``grad()`` reads a gradient: input ``input_idx`` of a Node -> result ``output_idx``."""
-
-    __slots__ = ("input_idx", "output_idx", "hooks")
-
-    def __init__(self, input_idx, output_idx):
-        self.input_idx, self.output_idx, self.hooks = input_idx, output_idx, []
-
-    def register_capture_hook(self, fn):
-        """``fn(grad) -> grad`` replaces the captured gradient (used by distributed autograd)."""
-        self.hooks.append(fn)
-
-
-class ExecInfo:
-    """Whether a Node runs when only some gradients are wanted; Note [Exec info] in the seed."""
-
-    __slots__ = ("needed", "captures")
-
-    def __init__(self):
-        self.needed, self.captures = False, None
-
-    def should_execute(self):
-        return self.needed or bool(self.captures)
-
-
-_task_ids = itertools.count()
 
 
 class _CyclicGCPause:
@@ -213,129 +54,6 @@ class _CyclicGCPause:
 
 
 _gc_pause = _CyclicGCPause()
-
-
-class GraphTask:
-    """The state of one backward execution."""
-
-    def __init__(self, keep_graph, grad_mode_enabled, reentrant_depth, cpu_ready_queue,
-                 graph_roots=(), exit_on_error=False):
-        self.id = next(_task_ids)
-        self.keep_graph = keep_graph
-        self.grad_mode = grad_mode_enabled
-        self.reentrant_depth = reentrant_depth
-        self.cpu_ready_queue = cpu_ready_queue
-        self.graph_roots = list(graph_roots)
-        self.exit_on_error = exit_on_error
-        self.owner = NO_DEVICE
-        self.outstanding_tasks = 0
-        self.mutex = threading.Lock()  # outstanding_tasks, dependencies, not_ready, captured_vars
-        self.checkpoint_valid = True   # set by the engine once exec_info is known
-        self.dependencies = {}
-        self.not_ready = {}
-        self.nodes_in_graph = set()
-        self.exec_info = {}
-        self.captured_vars = []
-        self.has_error = False
-        self.error = None
-        self.future_completed = False
-        self.future = concurrent.futures.Future()
-        self.final_callbacks = []
-        self.final_callbacks_lock = threading.Lock()
-
-    def can_checkpoint(self):
-        return not self.exec_info
-
-    def completed(self):
-        return self.outstanding_tasks == 0 or (self.exit_on_error and self.has_error)
-
-    def init_to_execute(self, graph_root, outputs, accumulate_grad, min_topo_nr):
-        """Mark ``needed`` every Node on a path from the root to one of ``outputs`` (edges)."""
-        exec_info = self.exec_info
-        for output_idx, (node, input_nr) in enumerate(outputs):
-            info = exec_info.setdefault(node, ExecInfo())
-            if accumulate_grad:
-                info.needed = True
-            else:
-                if info.captures is None:
-                    info.captures = []
-                info.captures.append(Capture(input_nr, output_idx))
-        self.captured_vars = [None] * (0 if accumulate_grad else len(outputs))
-
-        def should_execute(fn):
-            info = exec_info.get(fn)
-            return info is not None and info.should_execute()
-
-        # Depth-first with an explicit stack (graphs can be deeper than Python's recursion limit):
-        # a Node is needed if any child is; a child's verdict is final once its frame is popped.
-        exec_info.setdefault(graph_root, ExecInfo())
-        stack = [(graph_root, iter(graph_root.next_edges))]
-        seen = set()
-        while stack:
-            fn, children = stack[-1]
-            child = None
-            for edge in children:
-                if edge is None:
-                    continue
-                if edge.node in seen:
-                    if should_execute(edge.node):
-                        exec_info.setdefault(fn, ExecInfo()).needed = True
-                    continue
-                seen.add(edge.node)
-                child = edge.node
-                break
-            if child is not None:
-                if child.topological_nr >= min_topo_nr:
-                    stack.append((child, iter(child.next_edges)))
-                continue
-            stack.pop()
-            if stack and should_execute(fn):
-                exec_info.setdefault(stack[-1][0], ExecInfo()).needed = True
-
-    def set_exception(self, exc, node):
-        """Record the first error, print the forward stack under anomaly mode, fail the future."""
-        with self.mutex:
-            first = not self.has_error
-            self.has_error = True
-            if first:
-                self.error = exc
-        if first and node is not None and node.metadata_stack:
-            sys.stderr.write(f"Traceback of forward call that caused the error in {node.name()}:\n"
-                             f"{node.metadata_stack}")
-        if not self.future_completed:
-            self.future_completed = True
-            self.future.set_exception(exc)
-
-    def mark_as_completed_and_run_post_processing(self):
-        with self.mutex:
-            already = self.future_completed
-            self.future_completed = True
-        if already:
-            self.future.exception()  # another thread is finishing it: wait for it
-            return
-        try:
-            self.exec_post_processing()
-            result, self.captured_vars = self.captured_vars, []
-            self.future.set_result(result)
-        except BaseException as exc:  # a final callback failed: the caller gets it
-            self.future.set_exception(exc)
-
-    def exec_post_processing(self):
-        if self.not_ready:
-            names = ", ".join(sorted(n.name() for n in self.not_ready))
-            raise RuntimeError(f"could not compute gradients for some functions ({names})")
-        previous, _tls.current_graph_task = _tls.current_graph_task, self
-        try:
-            i = 0
-            while True:  # a callback may queue further callbacks
-                with self.final_callbacks_lock:
-                    if i >= len(self.final_callbacks):
-                        break
-                    callback = self.final_callbacks[i]
-                callback()
-                i += 1
-        finally:
-            _tls.current_graph_task = previous
 
 
 def _expandable(shape, to_shape):
