@@ -1,0 +1,8 @@
+"""Optimizers with PyTorch's names, options, update rules and state_dict layout."""
+
+from .adam import Adam
+from .adamw import AdamW
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Adam", "AdamW", "Optimizer", "SGD"]

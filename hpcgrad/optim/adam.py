@@ -1,0 +1,86 @@
+"""Adam (with amsgrad, maximize and L2 weight decay): PyTorch's update rule, bias-corrected."""
+
+import math
+
+from .. import backend
+from .optimizer import Optimizer, check_nonnegative, update_direction
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``. Per parameter, at step t, with g its gradient (negated if maximize)::
+
+        g = g + weight_decay * p          (AdamW instead: p = p * (1 - lr * weight_decay))
+        m = m + (1 - beta1) * (g - m)     (lerp, as PyTorch computes it)
+        v = beta2 * v + (1 - beta2) * g * g
+        vmax = max(vmax, v)               (amsgrad; then vmax replaces v below)
+        p = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+
+    State per parameter: ``step`` (int), ``exp_avg``, ``exp_avg_sq`` and, with amsgrad,
+    ``max_exp_avg_sq``. Sparse gradients are refused, as in PyTorch.
+    """
+
+    _decoupled_weight_decay = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, *, maximize=False):
+        check_nonnegative(lr, "learning rate")
+        check_nonnegative(eps, "epsilon value")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+        check_nonnegative(weight_decay, "weight_decay value")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize))
+
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient; returns closure() if given."""
+        loss = self._closure_loss(closure)
+        name = type(self).__name__
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if getattr(p.grad, "is_sparse", False):
+                    raise RuntimeError(f"{name} does not support sparse gradients, please consider "
+                                       "SparseAdam instead")
+                self._update(p, group)
+        return loss
+
+    def _update(self, p, group):
+        xp = backend.get_array_module(p.data)
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(p.data)
+            state["exp_avg_sq"] = xp.zeros_like(p.data)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = xp.zeros_like(p.data)
+        state["step"] += 1
+        step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+
+        wd = group["weight_decay"]
+        if self._decoupled_weight_decay and wd != 0:
+            p.data *= 1 - lr * wd
+        g, _ = update_direction(p.data, p.grad.data, 0 if self._decoupled_weight_decay else wd,
+                                group["maximize"])
+        s = xp.subtract(g, m, out=xp.empty_like(m))  # the one scratch array of this update
+        s *= 1 - beta1
+        m += s
+        v *= beta2
+        xp.multiply(g, g, out=s)
+        s *= 1 - beta2
+        v += s
+        if group["amsgrad"]:
+            vmax = state.get("max_exp_avg_sq")
+            if vmax is None:  # amsgrad switched on after the first steps
+                vmax = state["max_exp_avg_sq"] = v.copy()
+            xp.maximum(vmax, v, out=vmax)
+            v = vmax
+        step_size = lr / (1 - beta1 ** step)
+        xp.sqrt(v, out=s)
+        s /= math.sqrt(1 - beta2 ** step)
+        s += eps
+        xp.divide(m, s, out=s)
+        s *= -step_size
+        p.data += s

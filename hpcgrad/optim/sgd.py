@@ -1,0 +1,78 @@
+"""SGD with momentum, dampening, Nesterov, weight decay and maximize: PyTorch's update rule."""
+
+from .. import backend
+from .optimizer import Optimizer, add_scaled, check_nonnegative, dense_grad, update_direction
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``. Per parameter, with g its gradient (negated if maximize)::
+
+        g = g + weight_decay * p
+        buf = g                                   on the first step (no dampening)
+        buf = momentum * buf + (1 - dampening) * g   afterwards
+        g = g + momentum * buf if nesterov else buf   (when momentum != 0)
+        p = p - lr * g
+
+    A sparse gradient (``grad.is_sparse``) is added to the rows it names with ``add.at`` when
+    the group has no momentum and no weight decay; otherwise it is densified first.
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
+                 *, maximize=False):
+        check_nonnegative(lr, "learning rate")
+        check_nonnegative(momentum, "momentum value")
+        check_nonnegative(weight_decay, "weight_decay value")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize))
+
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient; returns closure() if given."""
+        loss = self._closure_loss(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if (getattr(p.grad, "is_sparse", False) and group["momentum"] == 0
+                        and group["weight_decay"] == 0):
+                    _sparse_step(p, group["lr"], group["maximize"])
+                else:
+                    self._dense_step(p, group)
+        return loss
+
+    def _dense_step(self, p, group):
+        lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        d, owned = update_direction(p.data, dense_grad(p), group["weight_decay"], group["maximize"])
+        if momentum != 0:
+            state = self.state[p]
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = d.copy()
+            else:
+                buf *= momentum
+                # d is still needed after this only for Nesterov (which forbids dampening).
+                add_scaled(buf, d, 1 - dampening, owned and not group["nesterov"])
+            if group["nesterov"]:
+                if owned:
+                    add_scaled(d, buf, momentum, False)
+                else:
+                    xp = backend.get_array_module(buf)
+                    d = xp.multiply(buf, momentum, out=xp.empty_like(buf))
+                    d += dense_grad(p)
+                    owned = True
+            else:
+                d, owned = buf, False
+        add_scaled(p.data, d, -lr, owned)
+
+
+def _sparse_step(p, lr, maximize):
+    """``p[rows] -= lr * values`` with repeated rows accumulated (add.at), as for a dense add."""
+    grad = p.grad
+    indices = grad.indices.data if hasattr(grad.indices, "grad_fn") else grad.indices
+    values = grad.values.data if hasattr(grad.values, "grad_fn") else grad.values
+    where = indices if indices.ndim == 1 else tuple(indices)  # row indices, or one row per sparse dim
+    xp = backend.get_array_module(p.data)
+    xp.add.at(p.data, where, xp.multiply(values, lr if maximize else -lr).astype(p.data.dtype,
+                                                                                 copy=False))
