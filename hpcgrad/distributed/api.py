@@ -1,0 +1,292 @@
+"""torch.distributed's functions on hpcgrad Tensors or numpy/cupy arrays, over the default group.
+
+Ranks given as ``src``/``dst`` are world ranks, whatever the group, as in PyTorch.
+"""
+
+import datetime
+
+import numpy as np
+
+from .. import backend
+from .buffers import as_array
+from .process_group import ProcessGroup, ReduceOp
+from .work import default_timeout
+
+_default_group = None
+_local = None  # (local rank, local size) from the shared-memory split
+
+
+class _NonMember:
+    """What ``new_group`` returns on ranks outside the group: using it is an error."""
+
+    ranks = ()
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"this rank is not a member of the group (called {name}); only the "
+                           "ranks passed to new_group() may use it")
+
+
+NON_GROUP_MEMBER = _NonMember()
+
+
+def _seconds(timeout):
+    if timeout is None:
+        return default_timeout()
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def init_process_group(backend="mpi", timeout=None, **unused):
+    """Start the default group over all MPI ranks (idempotent; the MPI is already running).
+
+    ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
+    bounds every blocking wait. Rendezvous arguments of PyTorch (init_method, rank,
+    world_size, store) are accepted and ignored: mpiexec/srun already placed the ranks.
+    """
+    global _default_group, _local
+    if backend not in ("mpi", None):
+        raise ValueError(f"hpcgrad runs over MPI; backend={backend!r} is not available "
+                         "(use 'mpi' or leave it out)")
+    if _default_group is None:
+        from ..mpi import comm_world
+        world = comm_world()
+        _default_group = ProcessGroup(world.Dup(), _seconds(timeout))
+        from mpi4py import MPI
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        _local = (node.Get_rank(), node.Get_size())
+        node.Free()
+    return _default_group
+
+
+def is_initialized():
+    return _default_group is not None
+
+
+def destroy_process_group():
+    global _default_group
+    if _default_group is not None:
+        _default_group.comm.Free()
+        _default_group = None
+
+
+def _group(group):
+    if group is None:
+        if _default_group is None:
+            raise RuntimeError("Default process group has not been initialized, please make sure "
+                               "to call hpcgrad.distributed.init_process_group()")
+        return _default_group
+    return group
+
+
+def get_rank(group=None):
+    return -1 if group is NON_GROUP_MEMBER else _group(group).rank()
+
+
+def get_world_size(group=None):
+    return -1 if group is NON_GROUP_MEMBER else _group(group).size()
+
+
+def get_local_rank():
+    """Rank among the ranks of this node (shared-memory split)."""
+    _group(None)
+    return _local[0]
+
+
+def get_local_size():
+    _group(None)
+    return _local[1]
+
+
+def new_group(ranks=None, timeout=None):
+    """A group of the given world ranks. Every rank of the default group must call it."""
+    world = _group(None)
+    members = sorted(set(range(world.size()) if ranks is None else ranks))
+    for r in members:
+        if not 0 <= r < world.size():
+            raise ValueError(f"new_group: rank {r} is not in the world (size {world.size()})")
+    from mpi4py import MPI
+    me = world.rank()
+    comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)
+    if comm == MPI.COMM_NULL:
+        return NON_GROUP_MEMBER
+    return ProcessGroup(comm, world.timeout if timeout is None else _seconds(timeout), members)
+
+
+def _group_rank(group, world_rank, what):
+    if world_rank not in group.ranks:
+        raise ValueError(f"{what}={world_rank} is not a member of this group (world ranks "
+                         f"{group.ranks})")
+    return group.ranks.index(world_rank)
+
+
+def _finish(work, async_op):
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+# --- collectives --------------------------------------------------------------------------
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``tensor`` across the group, in place on every rank. All ranks call it."""
+    return _finish(_group(group).iallreduce(as_array(tensor), op, result=[tensor]), async_op)
+
+
+def broadcast(tensor, src, group=None, async_op=False):
+    """Every rank's ``tensor`` becomes rank ``src``'s. All ranks call it."""
+    g = _group(group)
+    return _finish(g.ibroadcast(as_array(tensor), _group_rank(g, src, "src"), result=[tensor]),
+                   async_op)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce into rank ``dst``'s ``tensor`` in place. All ranks call it."""
+    g = _group(group)
+    return _finish(g.ireduce(as_array(tensor), _group_rank(g, dst, "dst"), op, result=[tensor]),
+                   async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``tensor_list[r]`` receives rank r's ``tensor``. All ranks call it, same shapes."""
+    g = _group(group)
+    array = as_array(tensor)
+    if len(tensor_list) != g.size():
+        raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, expected one "
+                         f"per rank ({g.size()})")
+    targets = [as_array(t) for t in tensor_list]
+    for t in targets:
+        if t.shape != array.shape or t.dtype != array.dtype:
+            raise ValueError(f"all_gather: every entry of tensor_list must match the input "
+                             f"({list(array.shape)}, {array.dtype}); got {list(t.shape)}, {t.dtype}")
+    gathered = _empty(array, (g.size(),) + array.shape)
+
+    def scatter_to_list():
+        for target, block in zip(targets, gathered):
+            target[...] = block
+
+    return _finish(g.iallgather(gathered, array, result=tensor_list, after=scatter_to_list),
+                   async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Rank r's input fills block r of ``output_tensor`` (shape (size*n, ...) or (size, n, ...))."""
+    g = _group(group)
+    array, output = as_array(input_tensor), as_array(output_tensor)
+    view = _blocks(output, g.size(), array.shape, "all_gather_into_tensor output")
+    return _finish(g.iallgather(view, array, result=[output_tensor]), async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``input_list`` elementwise across ranks; rank r gets the r-th entry's result."""
+    g = _group(group)
+    out = as_array(output)
+    if len(input_list) != g.size():
+        raise ValueError(f"reduce_scatter: input_list has {len(input_list)} entries, expected "
+                         f"one per rank ({g.size()})")
+    stacked = backend.get_array_module(out).stack([as_array(t) for t in input_list])
+    return _finish(g.ireduce_scatter(out, stacked, op, result=[output]), async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``input`` (size blocks) across ranks; rank r's ``output`` gets block r."""
+    g = _group(group)
+    out = as_array(output)
+    view = _blocks(as_array(input), g.size(), out.shape, "reduce_scatter_tensor input")
+    return _finish(g.ireduce_scatter(out, view, op, result=[output]), async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """``input_tensor_list[r]`` goes to rank r, arriving in its ``output_tensor_list[me]``."""
+    g = _group(group)
+    inputs = [as_array(t) for t in input_tensor_list]
+    outputs = [as_array(t) for t in output_tensor_list]
+    if len(inputs) != g.size() or len(outputs) != g.size():
+        raise ValueError(f"all_to_all: expected {g.size()} input and output tensors (one per "
+                         f"rank), got {len(inputs)} and {len(outputs)}")
+    if len({(a.shape, a.dtype) for a in inputs + outputs}) != 1:
+        raise NotImplementedError("all_to_all with blocks of different shapes or dtypes is not "
+                                  "built yet (it needs MPI_Ialltoallv); pad to one shape")
+    xp = backend.get_array_module(inputs[0])
+    send = xp.stack(inputs)
+    recv = xp.empty_like(send)
+
+    def scatter_to_list():
+        for target, block in zip(outputs, recv):
+            target[...] = block
+
+    return _finish(g.ialltoall(recv, send, result=output_tensor_list, after=scatter_to_list),
+                   async_op)
+
+
+def all_to_all_single(output, input, group=None, async_op=False):
+    """Block r (along dim 0) of ``input`` goes to rank r; equal blocks only."""
+    g = _group(group)
+    array, out = as_array(input), as_array(output)
+    if array.shape[0] % g.size():
+        raise ValueError(f"all_to_all_single: dim 0 ({array.shape[0]}) must split into "
+                         f"{g.size()} equal blocks")
+    shape = (g.size(), array.shape[0] // g.size()) + array.shape[1:]
+    return _finish(g.ialltoall(_blocks(out, g.size(), shape[1:], "all_to_all_single output"),
+                               array.reshape(shape), result=[output]), async_op)
+
+
+def barrier(group=None, async_op=False):
+    """Wait until every rank of the group has called barrier."""
+    return _finish(_group(group).ibarrier(), async_op)
+
+
+# --- point to point ------------------------------------------------------------------------
+def isend(tensor, dst, group=None, tag=0):
+    g = _group(group)
+    return g.isend(as_array(tensor), _group_rank(g, dst, "dst"), tag, result=[tensor])
+
+
+def irecv(tensor, src=None, group=None, tag=None):
+    """Receive into ``tensor``; the Work's ``result()`` is the sender's world rank."""
+    g = _group(group)
+    work = g.irecv(as_array(tensor), None if src is None else _group_rank(g, src, "src"), tag)
+    work._result = g.ranks[work._result]
+    return work
+
+
+def send(tensor, dst, group=None, tag=0):
+    isend(tensor, dst, group, tag).wait()
+
+
+def recv(tensor, src=None, group=None, tag=None):
+    """Blocking receive; returns the sender's world rank."""
+    return irecv(tensor, src, group, tag).result()
+
+
+# --- Python objects (pickled; for small metadata, not for arrays) ----------------------------
+def broadcast_object_list(object_list, src=0, group=None):
+    """Replace ``object_list``'s items on every rank with rank ``src``'s. All ranks call it."""
+    g = _group(group)
+    root = _group_rank(g, src, "src")
+    object_list[:] = g.comm.bcast(list(object_list) if g.rank() == root else None, root=root)
+
+
+def all_gather_object(object_list, obj, group=None):
+    """``object_list`` becomes every rank's ``obj``, in rank order. All ranks call it."""
+    g = _group(group)
+    if len(object_list) != g.size():
+        raise ValueError(f"all_gather_object: object_list must have {g.size()} entries (one per "
+                         f"rank), got {len(object_list)}")
+    object_list[:] = g.comm.allgather(obj)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _empty(array, shape):
+    return backend.get_array_module(array).empty(shape, dtype=array.dtype)
+
+
+def _blocks(array, size, block_shape, what):
+    """``array`` viewed as (size, *block_shape), without copying; clear error otherwise."""
+    want = (size,) + tuple(block_shape)
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{what} must be contiguous (a reshaped copy would not receive the data)")
+    if int(np.prod(want)) != array.size:
+        raise ValueError(f"{what} has shape {list(array.shape)}; expected {size} blocks of "
+                         f"shape {list(block_shape)}")
+    return array.reshape(want)

@@ -1,0 +1,180 @@
+"""Work handles for pending MPI requests, their futures, and the timeout that ends a stuck wait."""
+
+import os
+import threading
+import time
+
+from mpi4py import MPI
+
+DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
+_SPIN_SECONDS = 1e-3  # poll without sleeping this long: small messages complete within it
+
+
+class CommTimeoutError(RuntimeError):
+    """A blocking wait on a collective or point-to-point operation ran past its timeout."""
+
+
+def default_timeout():
+    """Seconds a blocking wait may take before CommTimeoutError (env HPCGRAD_COMM_TIMEOUT; 0: off)."""
+    raw = os.environ.get(DEFAULT_TIMEOUT_ENV, "1800")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEFAULT_TIMEOUT_ENV} must be a number of seconds (0 turns timeouts "
+                         f"off), got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{DEFAULT_TIMEOUT_ENV} must be >= 0, got {value}")
+    return value
+
+
+def wait_requests(requests, timeout, describe):
+    """Wait for all ``requests``; past ``timeout`` seconds raise CommTimeoutError(describe())."""
+    mpi_requests = all(isinstance(r, MPI.Request) for r in requests)
+    if not timeout and mpi_requests:
+        MPI.Request.Waitall(requests)
+        return
+    test = MPI.Request.Testall if mpi_requests else (lambda rs: all(r.Test() for r in rs))
+    if test(requests):
+        return
+    start = time.monotonic()
+    delay = 0.0
+    while not test(requests):
+        elapsed = time.monotonic() - start
+        if timeout and elapsed > timeout:
+            raise CommTimeoutError(f"{describe()} did not complete within {timeout:g} s on rank "
+                                   f"{MPI.COMM_WORLD.Get_rank()}: a peer rank never joined it, "
+                                   "or joined a different operation (set "
+                                   "HPCGRAD_DISTRIBUTED_DEBUG=DETAIL to compare every rank's calls)")
+        if elapsed > _SPIN_SECONDS:
+            # Back off so oversubscribed ranks leave the CPU to the peers they are waiting for.
+            delay = min(max(delay * 2, 2e-5), 1e-3)
+            time.sleep(delay)
+
+
+class Future:
+    """The value of a pending operation; ``then(fn)`` chains work on it (as torch.futures.Future)."""
+
+    def __init__(self, wait_fn=None):
+        self._wait_fn = wait_fn
+        self._lock = threading.Lock()
+        self._done = False
+        self._value = self._error = None
+        self._callbacks = []
+
+    def done(self):
+        return self._done
+
+    def set_result(self, value):
+        self._finish(value, None)
+
+    def set_exception(self, error):
+        self._finish(None, error)
+
+    def _finish(self, value, error):
+        with self._lock:
+            if self._done:
+                raise RuntimeError("this Future is already completed")
+            self._value, self._error, self._done = value, error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def wait(self):
+        """Block until done (driving the underlying request), then return the value or raise."""
+        if not self._done and self._wait_fn is not None:
+            wait_fn, self._wait_fn = self._wait_fn, None
+            wait_fn()
+        if not self._done:
+            raise RuntimeError("Future.wait(): nothing will complete this Future")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def value(self):
+        if not self._done:
+            raise RuntimeError("Future.value(): not completed yet; call wait()")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_done_callback(self, callback):
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def then(self, callback):
+        """A Future of ``callback(self)``, run when this one completes."""
+        chained = Future(wait_fn=self.wait)
+
+        def run(fut):
+            try:
+                chained.set_result(callback(fut))
+            except BaseException as exc:  # surfaces at chained.wait()
+                chained.set_exception(exc)
+
+        self.add_done_callback(run)
+        return chained
+
+
+class Work:
+    """A pending operation. It owns its buffers until it completes, so MPI never sees freed memory.
+
+    ``finish`` runs once after completion (copy staged data back, divide for AVG, split lists).
+    """
+
+    def __init__(self, requests, buffers, describe, timeout, finish=None, result=None):
+        self._requests = list(requests)
+        self._buffers = buffers
+        self._describe = describe
+        self._timeout = timeout
+        self._finish = finish
+        self._result = result
+        self._completed = False
+        self._lock = threading.Lock()
+        self._future = None
+
+    def __repr__(self):
+        return f"<Work {self._describe()} completed={self._completed}>"
+
+    def is_completed(self):
+        """True once the operation is done (tests the requests without blocking)."""
+        if not self._completed and MPI.Request.Testall(self._requests):
+            self._complete()
+        return self._completed
+
+    def wait(self, timeout=None):
+        """Block until done; ``timeout`` (s) overrides the group's; raises CommTimeoutError."""
+        if not self._completed:
+            wait_requests(self._requests, self._timeout if timeout is None else timeout,
+                          self._describe)
+            self._complete()
+        return True
+
+    def _complete(self):
+        with self._lock:
+            if self._completed:
+                return
+            if self._finish is not None:
+                self._finish()
+            self._completed = True
+            self._buffers = ()  # MPI is done with them
+        if self._future is not None and not self._future.done():
+            self._future.set_result(self._result)
+
+    def result(self):
+        """The tensors this operation produced (after ``wait``)."""
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        """A Future completed with ``result()``; its ``wait()`` waits for this Work."""
+        if self._future is None:
+            self._future = Future(wait_fn=self.wait)
+            if self._completed:
+                self._future.set_result(self._result)
+        return self._future
+
+    def exception(self):
+        return None
