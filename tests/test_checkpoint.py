@@ -1,0 +1,284 @@
+"""Checkpoints: exact round trip, bitwise resume, a killed save keeps the old file, corrupt files."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hpcgrad
+from hpcgrad import checkpoint
+from hpcgrad.checkpoint import CheckpointError
+from hpcgrad.data import DataLoader, synthetic_classification
+from hpcgrad.optim import SGD, Adam, AdamW
+
+SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_save_killed.py"
+FEATURES, CLASSES = 4, 3
+
+
+class TinyModel:
+    """Stand-in for an hpcgrad.nn.Module (state_dict / load_state_dict over named Tensors):
+    a linear classifier, plus buffers of other dtypes and shapes to round-trip."""
+
+    def __init__(self, seed):
+        rng = np.random.default_rng(seed)
+        self.weight = hpcgrad.tensor(rng.standard_normal((CLASSES, FEATURES)).astype(np.float32),
+                                     requires_grad=True)
+        self.bias = hpcgrad.tensor(np.zeros(CLASSES, np.float32), requires_grad=True)
+        self.buffers = {"num_batches": np.array(rng.integers(100), np.int64),
+                        "half": rng.standard_normal(5).astype(np.float16)}
+
+    def parameters(self):
+        return [self.weight, self.bias]
+
+    def __call__(self, x):
+        return x @ self.weight.T + self.bias
+
+    def state_dict(self):
+        return OrderedDict([("weight", self.weight), ("bias", self.bias),
+                            *((k, hpcgrad.Tensor(v)) for k, v in self.buffers.items())])
+
+    def load_state_dict(self, state_dict, strict=True):
+        own = self.state_dict()
+        if strict and list(state_dict) != list(own):
+            raise KeyError(f"keys {list(state_dict)} != {list(own)}")
+        for name, value in state_dict.items():
+            own[name].data[...] = value.data  # in place, like torch's param.copy_()
+
+
+def _make_optimizer(name, params):
+    return {"sgd": lambda: SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+            "adam": lambda: Adam(params, lr=0.01, amsgrad=True),
+            "adamw": lambda: AdamW(params, lr=0.01)}[name]()
+
+
+def _train(model, optimizer, loader, epochs):
+    """Cross-entropy epochs; the loader shuffles from hpcgrad's global generator, and inputs get
+    noise from it and from numpy's legacy generator, so a resume must restore both."""
+    for _ in range(epochs):
+        for x, y in loader:
+            x = x + hpcgrad.randn(*x.shape) * 0.1 + np.float32(np.random.standard_normal() * 0.01)
+            logp = model(x).log_softmax(dim=1)
+            loss = -logp.gather(1, y.data[:, None]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def _state(model):
+    return {name: t.data.copy() for name, t in model.state_dict().items()}
+
+
+def _assert_states_equal(a, b):
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype, name
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+def test_resume_is_bitwise_identical(tmp_path, opt_name):
+    loader = DataLoader(synthetic_classification(48, FEATURES, CLASSES, seed=1), batch_size=8,
+                        shuffle=True)
+    path = tmp_path / "ckpt.npz"
+
+    hpcgrad.manual_seed(0)
+    np.random.seed(0)
+    model = TinyModel(seed=0)
+    optimizer = _make_optimizer(opt_name, model.parameters())
+    _train(model, optimizer, loader, epochs=2)
+    checkpoint.save(path, model, optimizer, epoch=2, history=[0.5, 0.25])
+    _train(model, optimizer, loader, epochs=2)
+    straight = _state(model)
+
+    hpcgrad.manual_seed(123)  # different RNG states and weights: load must restore them all
+    np.random.seed(123)
+    resumed = TinyModel(seed=5)
+    resumed_opt = _make_optimizer(opt_name, resumed.parameters())
+    extra = checkpoint.load(path, resumed, resumed_opt)
+    assert extra == {"epoch": 2, "history": [0.5, 0.25]}
+    _train(resumed, resumed_opt, loader, epochs=2)
+    _assert_states_equal(straight, _state(resumed))
+
+
+def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    model = TinyModel(seed=1)
+    optimizer = Adam([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.5}],
+                     betas=(0.8, 0.9), amsgrad=True)
+    for p in model.parameters():
+        p.grad = hpcgrad.ones(*p.shape)
+    optimizer.step()
+    hpcgrad.manual_seed(7)
+    hpcgrad.randn(3)
+    np.random.seed(8)
+    np.random.standard_normal()  # leaves a cached Gaussian in the legacy state
+    checkpoint.save(path, model, optimizer, step=1, note="first")
+    expected_draws = hpcgrad.randn(4).data, np.random.standard_normal(3)
+    saved, saved_opt = _state(model), optimizer.state_dict()
+
+    other = TinyModel(seed=2)
+    other_opt = Adam([{"params": [other.weight]}, {"params": [other.bias]}])
+    hpcgrad.manual_seed(99)
+    np.random.seed(99)
+    assert checkpoint.load(path, other, other_opt) == {"step": 1, "note": "first"}
+    _assert_states_equal(saved, _state(other))
+    np.testing.assert_array_equal(hpcgrad.randn(4).data, expected_draws[0])
+    np.testing.assert_array_equal(np.random.standard_normal(3), expected_draws[1])
+    loaded_opt = other_opt.state_dict()
+    assert loaded_opt["param_groups"] == saved_opt["param_groups"]  # incl. the tuple betas
+    for index, entries in saved_opt["state"].items():
+        assert set(loaded_opt["state"][index]) == set(entries)
+        for key, value in entries.items():
+            np.testing.assert_array_equal(loaded_opt["state"][index][key], value)
+
+
+def test_save_refuses_non_json_extra_without_touching_file(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save(path, TinyModel(seed=1), step=1)
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match="extra value 'weights' is not JSON-serializable"):
+        checkpoint.save(path, TinyModel(seed=2), weights=np.zeros(2))
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.npz"]
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save(path, TinyModel(seed=1), step=1)
+    before = path.read_bytes()
+
+    def disk_full(file, **arrays):
+        file.write(b"PK partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", disk_full)
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*No space left on "
+                                              r"device.*previous checkpoint .* is untouched"):
+        checkpoint.save(path, TinyModel(seed=2), step=2)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.npz"]
+
+
+def check_killed_save(tmp_path, stage):
+    """Save a good checkpoint, SIGKILL a second save stopped at `stage`, then check that the good
+    file is byte-for-byte intact and loads, and that only a stray .tmp file is left."""
+    path, ready = tmp_path / "ckpt.npz", tmp_path / "ready"
+    good = TinyModel(seed=3)
+    checkpoint.save(path, good, step=1)
+    before = path.read_bytes()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), stage, str(path), str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the save never reached {stage}: "
+                                     f"{proc.stdout.read().decode(errors='replace')}")
+            time.sleep(0.05)
+        tmp = Path(ready.read_text())
+        assert tmp.parent == tmp_path and tmp.exists()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+    assert path.read_bytes() == before, "the killed save must not touch the previous checkpoint"
+    assert sorted(os.listdir(tmp_path)) == sorted(["ckpt.npz", "ready", tmp.name])
+    restored = TinyModel(seed=4)
+    assert checkpoint.load(path, restored) == {"step": 1}
+    _assert_states_equal(_state(good), _state(restored))
+    return tmp
+
+
+@pytest.mark.parametrize("stage", ["mid_write", "before_replace"])
+def test_killed_save_leaves_previous_checkpoint(tmp_path, stage):
+    tmp = check_killed_save(tmp_path, stage)
+    if stage == "mid_write":  # the stray file is a partial archive
+        with pytest.raises(CheckpointError):
+            checkpoint.load(tmp, TinyModel(seed=4))
+    else:  # complete but never renamed into place: it holds the second save
+        assert checkpoint.load(tmp, _Sink()) == {"step": 999}
+
+
+class _Sink:
+    """Takes any state_dict (the killed script's model has other entries than TinyModel)."""
+
+    def load_state_dict(self, state_dict, strict=True):
+        self.state = state_dict
+
+
+def _array_data_offset(path, member):
+    """Byte offset of an array's data inside the .npz (zip local header + .npy header)."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member + ".npy")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+    return info.header_offset + 30 + name_len + extra_len + 128  # npy v1 header: 128 bytes
+
+
+def _truncate(fraction):
+    def damage(path):
+        data = path.read_bytes()
+        path.write_bytes(data[:int(len(data) * fraction)])
+    return damage
+
+
+def _flip_weight_byte(path):
+    data = bytearray(path.read_bytes())
+    data[_array_data_offset(path, "model/weight") + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _drop_meta(path):
+    np.savez(path, **{"model/weight": np.zeros(3)})
+
+
+def _bad_meta(path):
+    np.savez(path, __meta__=np.frombuffer(json.dumps({"format": "other"}).encode(), np.uint8))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_truncate(0.5), "BadZipFile"),
+    (_truncate(0.99), "BadZipFile"),
+    (_truncate(0.0), "the file is empty"),
+    (_flip_weight_byte, "Bad CRC-32"),
+    (lambda path: path.write_text("not a checkpoint\n"), "does not start like an .npz"),
+    (_drop_meta, "no '__meta__' entry"),
+    (_bad_meta, "does not describe a hpcgrad-checkpoint"),
+], ids=["half", "tail", "empty", "flipped-byte", "text", "no-meta", "foreign-meta"])
+def test_corrupt_file_raises_checkpoint_error(tmp_path, damage, reason):
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save(path, TinyModel(seed=1), optimizer=SGD(TinyModel(seed=1).parameters()), step=3)
+    damage(path)
+    model = TinyModel(seed=2)
+    before = _state(model)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path, model)
+    message = str(info.value)
+    assert str(path) in message and reason in message
+    assert "nothing was restored" in message and "previous checkpoint" in message
+    _assert_states_equal(before, _state(model))
+
+
+def test_load_checks_optimizer(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    model = TinyModel(seed=1)
+    checkpoint.save(path, model, SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="holds SGD state, but the optimizer given is Adam"):
+        checkpoint.load(path, model, Adam(model.parameters()))
+    checkpoint.save(path, model)
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        checkpoint.load(path, model, SGD(model.parameters()))
