@@ -119,7 +119,7 @@ def _pack_optimizer(optimizer, arrays):
     for index, entries in sd["state"].items():
         packed = {}
         for key, value in entries.items():
-            if isinstance(value, Tensor) or isinstance(value, np.ndarray) or backend.is_gpu_array(value):
+            if isinstance(value, (Tensor, np.ndarray)) or backend.is_gpu_array(value):
                 name = f"optim/{index}/{key}"
                 arrays[name] = _host_array(value)
                 packed[key] = {"array": name}

@@ -12,13 +12,15 @@ class DistributedSampler(Sampler):
 
     Every rank builds the same list: ``np.random.default_rng(seed + epoch).permutation(n)`` (or
     ``range(n)`` without shuffle), padded to a multiple of num_replicas by repeating indices from
-    its start, or, with ``drop_last``, cut to one; rank r takes ``indices[r:total_size:num_replicas]``.
+    its start, or, with ``drop_last``, cut to one; rank r takes
+    ``indices[r:total_size:num_replicas]``.
     So the shards are disjoint (up to the padding) and cover the dataset. Call ``set_epoch(e)``
     on every rank before each epoch to get a new permutation, the same on all of them.
     num_replicas and rank default to the size and rank of MPI's COMM_WORLD.
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
         if num_replicas is None or rank is None:
             from ..mpi import comm_world  # only here: importing hpcgrad.data must not start MPI
             num_replicas = comm_world().Get_size() if num_replicas is None else num_replicas
@@ -39,7 +41,7 @@ class DistributedSampler(Sampler):
         self.total_size = self.num_samples * num_replicas
 
     def permutation(self):
-        """This epoch's order of the whole dataset, before padding and sharding (same on every rank)."""
+        """This epoch's order of the dataset, before padding and sharding (same on every rank)."""
         n = len(self.dataset)
         if self.shuffle:
             return np.random.default_rng(self.seed + self.epoch).permutation(n)

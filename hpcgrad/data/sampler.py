@@ -31,7 +31,8 @@ def _generator_or_fresh(generator):
     if generator is None:
         return np.random.default_rng(int(default_generator().integers(2**63)))
     if not isinstance(generator, np.random.Generator):
-        raise TypeError(f"generator must be a numpy.random.Generator (np.random.default_rng(seed)), "
+        raise TypeError(f"generator must be a numpy.random.Generator "
+                        f"(np.random.default_rng(seed)), "
                         f"got {type(generator).__name__}")
     return generator
 

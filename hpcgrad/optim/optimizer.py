@@ -156,7 +156,8 @@ class Optimizer:
                 raise ValueError(f"loaded state dict has state for parameter {index}, which no "
                                  f"parameter group lists")
             p = params_by_index[index]
-            new_state[p] = {name: _state_value(p, index, name, item) for name, item in value.items()}
+            new_state[p] = {name: _state_value(p, index, name, item)
+                            for name, item in value.items()}
         new_groups = []
         for group, saved in zip(groups, saved_groups):
             restored = {key: _like(group.get(key), copy.deepcopy(value))

@@ -72,7 +72,8 @@ def _sparse_step(p, lr, maximize):
     grad = p.grad
     indices = grad.indices.data if hasattr(grad.indices, "grad_fn") else grad.indices
     values = grad.values.data if hasattr(grad.values, "grad_fn") else grad.values
-    where = indices if indices.ndim == 1 else tuple(indices)  # row indices, or one row per sparse dim
+    # 1-D: row indices; 2-D: one row of coordinates per sparse dimension (torch's COO layout)
+    where = indices if indices.ndim == 1 else tuple(indices)
     xp = backend.get_array_module(p.data)
     xp.add.at(p.data, where, xp.multiply(values, lr if maximize else -lr).astype(p.data.dtype,
                                                                                  copy=False))
