@@ -1,1 +1,21 @@
-"""numba kernels for the hot element-wise work: cpu.py (@njit/@vectorize) and cuda.py (@cuda.jit)."""
+"""numba kernels for the hot element-wise work, chosen by array module (numpy -> cpu, cupy -> cuda)."""
+
+from .. import backend
+
+
+def scaled_copy(dst, src, scale):
+    """``dst[...] = src * scale``: the DDP reducer's fused divide-and-copy into a bucket view."""
+    if backend.is_gpu_array(dst):
+        from . import cuda
+        return cuda.scaled_copy(dst, src, scale)
+    from . import cpu
+    return cpu.scaled_copy(dst, src, scale)
+
+
+def scaled_copy_multi(dst, srcs, offsets, scale):
+    """Several ready gradients into one flat bucket at ``offsets`` (scaled), in one launch."""
+    if backend.is_gpu_array(dst):
+        from . import cuda
+        return cuda.scaled_copy_multi(dst, srcs, offsets, scale, backend.cupy_module())
+    from . import cpu
+    return cpu.scaled_copy_multi(dst, srcs, offsets, scale)

@@ -1,0 +1,77 @@
+"""DDP communication hooks: ``hook(state, bucket) -> Future`` of the bucket's reduced buffer.
+
+``state`` is the process group (None: the default one). With a hook registered the reducer
+copies gradients into the bucket undivided; the hook divides.
+"""
+
+import numpy as np
+
+from .. import backend
+from . import api
+
+
+def _group(state):
+    return state if state is not None else api._group(None)
+
+
+def allreduce_hook(state, bucket):
+    """The default behaviour as a hook: average the bucket with one all-reduce."""
+    group = _group(state)
+    buffer = bucket.buffer()
+    buffer.data /= group.size()
+    future = api.all_reduce(buffer, group=group, async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0])
+
+
+def fp16_compress_hook(state, bucket):
+    """All-reduce in float16 (half the bytes), then decompress into the bucket."""
+    group = _group(state)
+    buffer = bucket.buffer()
+    compressed = (buffer.data / group.size()).astype(np.float16)
+    future = api.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(fut):
+        buffer.data[...] = compressed
+        return buffer
+
+    return future.then(decompress)
+
+
+def _to_bfloat16_bits(array):
+    """float32 -> the upper 16 bits, rounded to nearest even (bfloat16, kept as uint16)."""
+    xp = backend.get_array_module(array)
+    bits = xp.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def _from_bfloat16_bits(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_compress_hook(state, bucket):
+    """Send bfloat16 (half the bytes): all-gather the compressed buckets, sum them in float32.
+
+    MPI has no bfloat16 sum here, so the compressed values are gathered and added on every
+    rank in the same order: each rank's contribution is rounded once, the sum is exact fp32.
+    """
+    group = _group(state)
+    buffer = bucket.buffer()
+    xp = backend.get_array_module(buffer.data)
+    compressed = _to_bfloat16_bits(buffer.data / group.size())
+    gathered = xp.empty((group.size(),) + compressed.shape, dtype=np.uint16)
+    work = group.iallgather(gathered, compressed)
+
+    def decompress(fut):
+        total = xp.zeros(compressed.shape, dtype=np.float32)
+        for row in gathered:
+            total += _from_bfloat16_bits(row)
+        buffer.data[...] = total
+        return buffer
+
+    return work.get_future().then(decompress)
+
+
+def powerSGD_hook(state, bucket):
+    raise NotImplementedError("PowerSGD compression is not built yet; use fp16_compress_hook or "
+                              "bf16_compress_hook")
