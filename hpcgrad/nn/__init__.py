@@ -1,0 +1,16 @@
+"""hpcgrad.nn: Module, Parameter, layers, losses, ``functional`` and ``init``, as in PyTorch."""
+
+from . import functional, init  # noqa: F401
+from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
+from .batchnorm import BatchNorm1d, BatchNorm2d  # noqa: F401
+from .container import ModuleList, Sequential  # noqa: F401
+from .conv import Conv2d  # noqa: F401
+from .dropout import Dropout  # noqa: F401
+from .embedding import Embedding  # noqa: F401
+from .flatten import Flatten  # noqa: F401
+from .linear import Identity, Linear  # noqa: F401
+from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
+from .module import Module  # noqa: F401
+from .normalization import LayerNorm  # noqa: F401
+from .parameter import Parameter  # noqa: F401
+from .pooling import MaxPool2d  # noqa: F401
