@@ -8,14 +8,13 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hpcgrad
-from hpcgrad import checkpoint
+from hpcgrad import checkpoint, nn
 from hpcgrad.checkpoint import CheckpointError
 from hpcgrad.data import DataLoader, synthetic_classification
 from hpcgrad.optim import SGD, Adam, AdamW
@@ -24,34 +23,15 @@ SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_save_killed.py"
 FEATURES, CLASSES = 4, 3
 
 
-class TinyModel:
-    """Stand-in for an hpcgrad.nn.Module (state_dict / load_state_dict over named Tensors):
-    a linear classifier, plus buffers of other dtypes and shapes to round-trip."""
-
-    def __init__(self, seed):
-        rng = np.random.default_rng(seed)
-        self.weight = hpcgrad.tensor(rng.standard_normal((CLASSES, FEATURES)).astype(np.float32),
-                                     requires_grad=True)
-        self.bias = hpcgrad.tensor(np.zeros(CLASSES, np.float32), requires_grad=True)
-        self.buffers = {"num_batches": np.array(rng.integers(100), np.int64),
-                        "half": rng.standard_normal(5).astype(np.float16)}
-
-    def parameters(self):
-        return [self.weight, self.bias]
-
-    def __call__(self, x):
-        return x @ self.weight.T + self.bias
-
-    def state_dict(self):
-        return OrderedDict([("weight", self.weight), ("bias", self.bias),
-                            *((k, hpcgrad.Tensor(v)) for k, v in self.buffers.items())])
-
-    def load_state_dict(self, state_dict, strict=True):
-        own = self.state_dict()
-        if strict and list(state_dict) != list(own):
-            raise KeyError(f"keys {list(state_dict)} != {list(own)}")
-        for name, value in state_dict.items():
-            own[name].data[...] = value.data  # in place, like torch's param.copy_()
+def make_model(seed):
+    """An hpcgrad.nn classifier with dropout (draws from the global generator) and batch norm
+    (float32 running statistics, an int64 counter), plus a float16 buffer to round-trip."""
+    hpcgrad.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+                          nn.Linear(16, CLASSES))
+    model.register_buffer("scale16", hpcgrad.tensor(np.random.default_rng(seed).standard_normal(5),
+                                                 dtype=np.float16))
+    return model
 
 
 def _make_optimizer(name, params):
@@ -61,13 +41,13 @@ def _make_optimizer(name, params):
 
 
 def _train(model, optimizer, loader, epochs):
-    """Cross-entropy epochs; the loader shuffles from hpcgrad's global generator, and inputs get
-    noise from it and from numpy's legacy generator, so a resume must restore both."""
+    """Cross-entropy epochs; the loader shuffles and dropout masks from hpcgrad's global generator,
+    and inputs get noise from numpy's legacy generator, so a resume must restore both."""
+    loss_fn = nn.CrossEntropyLoss()
     for _ in range(epochs):
         for x, y in loader:
-            x = x + hpcgrad.randn(*x.shape) * 0.1 + np.float32(np.random.standard_normal() * 0.01)
-            logp = model(x).log_softmax(dim=1)
-            loss = -logp.gather(1, y.data[:, None]).mean()
+            x = x + np.float32(np.random.standard_normal() * 0.01)
+            loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -92,7 +72,7 @@ def test_resume_is_bitwise_identical(tmp_path, opt_name):
 
     hpcgrad.manual_seed(0)
     np.random.seed(0)
-    model = TinyModel(seed=0)
+    model = make_model(seed=0)
     optimizer = _make_optimizer(opt_name, model.parameters())
     _train(model, optimizer, loader, epochs=2)
     checkpoint.save(path, model, optimizer, epoch=2, history=[0.5, 0.25])
@@ -101,7 +81,7 @@ def test_resume_is_bitwise_identical(tmp_path, opt_name):
 
     hpcgrad.manual_seed(123)  # different RNG states and weights: load must restore them all
     np.random.seed(123)
-    resumed = TinyModel(seed=5)
+    resumed = make_model(seed=5)
     resumed_opt = _make_optimizer(opt_name, resumed.parameters())
     extra = checkpoint.load(path, resumed, resumed_opt)
     assert extra == {"epoch": 2, "history": [0.5, 0.25]}
@@ -111,9 +91,9 @@ def test_resume_is_bitwise_identical(tmp_path, opt_name):
 
 def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
     path = tmp_path / "ckpt.npz"
-    model = TinyModel(seed=1)
-    optimizer = Adam([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.5}],
-                     betas=(0.8, 0.9), amsgrad=True)
+    model = make_model(seed=1)
+    groups = [{"params": model[0].parameters()}, {"params": model[4].parameters(), "lr": 0.5}]
+    optimizer = Adam(groups, betas=(0.8, 0.9), amsgrad=True)
     for p in model.parameters():
         p.grad = hpcgrad.ones(*p.shape)
     optimizer.step()
@@ -125,8 +105,8 @@ def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
     expected_draws = hpcgrad.randn(4).data, np.random.standard_normal(3)
     saved, saved_opt = _state(model), optimizer.state_dict()
 
-    other = TinyModel(seed=2)
-    other_opt = Adam([{"params": [other.weight]}, {"params": [other.bias]}])
+    other = make_model(seed=2)
+    other_opt = Adam([{"params": other[0].parameters()}, {"params": other[4].parameters()}])
     hpcgrad.manual_seed(99)
     np.random.seed(99)
     assert checkpoint.load(path, other, other_opt) == {"step": 1, "note": "first"}
@@ -143,16 +123,16 @@ def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
 
 def test_save_refuses_non_json_extra_without_touching_file(tmp_path):
     path = tmp_path / "ckpt.npz"
-    checkpoint.save(path, TinyModel(seed=1), step=1)
+    checkpoint.save(path, make_model(seed=1), step=1)
     before = path.read_bytes()
     with pytest.raises(TypeError, match="extra value 'weights' is not JSON-serializable"):
-        checkpoint.save(path, TinyModel(seed=2), weights=np.zeros(2))
+        checkpoint.save(path, make_model(seed=2), weights=np.zeros(2))
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.npz"]
 
 
 def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.npz"
-    checkpoint.save(path, TinyModel(seed=1), step=1)
+    checkpoint.save(path, make_model(seed=1), step=1)
     before = path.read_bytes()
 
     def disk_full(file, **arrays):
@@ -162,7 +142,7 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(np, "savez", disk_full)
     with pytest.raises(CheckpointError, match=r"could not write checkpoint .*No space left on "
                                               r"device.*previous checkpoint .* is untouched"):
-        checkpoint.save(path, TinyModel(seed=2), step=2)
+        checkpoint.save(path, make_model(seed=2), step=2)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.npz"]
 
 
@@ -170,7 +150,7 @@ def check_killed_save(tmp_path, stage):
     """Save a good checkpoint, SIGKILL a second save stopped at `stage`, then check that the good
     file is byte-for-byte intact and loads, and that only a stray .tmp file is left."""
     path, ready = tmp_path / "ckpt.npz", tmp_path / "ready"
-    good = TinyModel(seed=3)
+    good = make_model(seed=3)
     checkpoint.save(path, good, step=1)
     before = path.read_bytes()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
@@ -196,7 +176,7 @@ def check_killed_save(tmp_path, stage):
 
     assert path.read_bytes() == before, "the killed save must not touch the previous checkpoint"
     assert sorted(os.listdir(tmp_path)) == sorted(["ckpt.npz", "ready", tmp.name])
-    restored = TinyModel(seed=4)
+    restored = make_model(seed=4)
     assert checkpoint.load(path, restored) == {"step": 1}
     _assert_states_equal(_state(good), _state(restored))
     return tmp
@@ -207,13 +187,13 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path, stage):
     tmp = check_killed_save(tmp_path, stage)
     if stage == "mid_write":  # the stray file is a partial archive
         with pytest.raises(CheckpointError):
-            checkpoint.load(tmp, TinyModel(seed=4))
+            checkpoint.load(tmp, make_model(seed=4))
     else:  # complete but never renamed into place: it holds the second save
         assert checkpoint.load(tmp, _Sink()) == {"step": 999}
 
 
 class _Sink:
-    """Takes any state_dict (the killed script's model has other entries than TinyModel)."""
+    """Takes any state_dict (the killed script's model has other entries than make_model's)."""
 
     def load_state_dict(self, state_dict, strict=True):
         self.state = state_dict
@@ -238,7 +218,7 @@ def _truncate(fraction):
 
 def _flip_weight_byte(path):
     data = bytearray(path.read_bytes())
-    data[_array_data_offset(path, "model/weight") + 5] ^= 0xFF
+    data[_array_data_offset(path, "model/0.weight") + 5] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
@@ -261,9 +241,10 @@ def _bad_meta(path):
 ], ids=["half", "tail", "empty", "flipped-byte", "text", "no-meta", "foreign-meta"])
 def test_corrupt_file_raises_checkpoint_error(tmp_path, damage, reason):
     path = tmp_path / "ckpt.npz"
-    checkpoint.save(path, TinyModel(seed=1), optimizer=SGD(TinyModel(seed=1).parameters()), step=3)
+    model = make_model(seed=1)
+    checkpoint.save(path, model, optimizer=SGD(model.parameters(), momentum=0.5), step=3)
     damage(path)
-    model = TinyModel(seed=2)
+    model = make_model(seed=2)
     before = _state(model)
     with pytest.raises(CheckpointError) as info:
         checkpoint.load(path, model)
@@ -275,7 +256,7 @@ def test_corrupt_file_raises_checkpoint_error(tmp_path, damage, reason):
 
 def test_load_checks_optimizer(tmp_path):
     path = tmp_path / "ckpt.npz"
-    model = TinyModel(seed=1)
+    model = make_model(seed=1)
     checkpoint.save(path, model, SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="holds SGD state, but the optimizer given is Adam"):
         checkpoint.load(path, model, Adam(model.parameters()))

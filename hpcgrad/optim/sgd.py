@@ -1,5 +1,7 @@
 """SGD with momentum, dampening, Nesterov, weight decay and maximize: PyTorch's update rule."""
 
+import numpy as np
+
 from .. import backend
 from .optimizer import Optimizer, add_scaled, check_nonnegative, dense_grad, update_direction
 
@@ -69,11 +71,13 @@ class SGD(Optimizer):
 
 def _sparse_step(p, lr, maximize):
     """``p[rows] -= lr * values`` with repeated rows accumulated (add.at), as for a dense add."""
-    grad = p.grad
-    indices = grad.indices.data if hasattr(grad.indices, "grad_fn") else grad.indices
-    values = grad.values.data if hasattr(grad.values, "grad_fn") else grad.values
+    indices, values = p.grad.indices, p.grad.values
     # 1-D: row indices; 2-D: one row of coordinates per sparse dimension (torch's COO layout)
     where = indices if indices.ndim == 1 else tuple(indices)
     xp = backend.get_array_module(p.data)
-    xp.add.at(p.data, where, xp.multiply(values, lr if maximize else -lr).astype(p.data.dtype,
-                                                                                 copy=False))
+    step = xp.multiply(values, lr if maximize else -lr).astype(p.data.dtype, copy=False)
+    if xp is np:
+        np.add.at(p.data, where, step)
+    else:
+        import cupyx
+        cupyx.scatter_add(p.data, where, step)
