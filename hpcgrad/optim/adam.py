@@ -35,15 +35,14 @@ class Adam(Optimizer):
     def step(self, closure=None):
         """One update of every parameter that has a gradient; returns closure() if given."""
         loss = self._closure_loss(closure)
-        name = type(self).__name__
+        if any(getattr(p.grad, "is_sparse", False) for g in self.param_groups for p in g["params"]):
+            # before any update, so a refused step changes nothing
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients, please "
+                               "consider SparseAdam instead")
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if getattr(p.grad, "is_sparse", False):
-                    raise RuntimeError(f"{name} does not support sparse gradients, please consider "
-                                       "SparseAdam instead")
-                self._update(p, group)
+                if p.grad is not None:
+                    self._update(p, group)
         return loss
 
     def _update(self, p, group):

@@ -242,11 +242,14 @@ def test_sgd_on_sparse_embedding_equals_dense(momentum):
 
 @pytest.mark.parametrize("cls", [Adam, AdamW])
 def test_adam_refuses_sparse_gradients(cls):
+    dense = hpcgrad.tensor(np.zeros(2), requires_grad=True)
+    dense.grad = hpcgrad.ones(2, dtype=np.float64)
     p = hpcgrad.tensor(np.zeros((5, 3)), requires_grad=True)
     p.grad, _ = _sparse_grad((5, 3))
     with pytest.raises(RuntimeError, match=f"^{cls.__name__} does not support sparse gradients, "
                                            "please consider SparseAdam instead"):
-        cls([p]).step()
+        cls([dense, p]).step()
+    assert not dense.data.any(), "a refused step updates nothing"
 
 
 # --- errors ---------------------------------------------------------------------------------------
