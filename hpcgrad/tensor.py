@@ -63,6 +63,26 @@ class Tensor:
         xp = np if device == backend.CPU else backend.cupy_module()
         return Tensor._make(xp.zeros(shape, dtype), False, None, 0)
 
+    def __deepcopy__(self, memo):
+        """A new leaf with copied data; never shares the original's grad accumulator or hooks."""
+        if self.grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support "
+                               "the deepcopy protocol; use .detach().clone() for results of ops")
+        copy = type(self)._make(self.data.copy(), False, None, 0)
+        copy.requires_grad = self.requires_grad
+        memo[id(self)] = copy
+        if self.grad is not None:
+            copy.grad = self.grad.detach_copy()
+        return copy
+
+    def __reduce_ex__(self, protocol):
+        """Pickle as data + requires_grad (a graph and its hooks do not travel)."""
+        if self.grad_fn is not None:
+            raise RuntimeError("cannot pickle a Tensor that is the result of an op (it has a "
+                               "grad_fn); pickle .detach() instead")
+        return (_rebuild_tensor, (type(self), backend.to_device(self.data, backend.CPU),
+                                  self.requires_grad))
+
     # --- array facts ----------------------------------------------------------------------
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
@@ -397,6 +417,12 @@ class Tensor:
 
     def log_softmax(self, dim=-1):
         return _ops.LogSoftmax.apply(self, dim)
+
+
+def _rebuild_tensor(cls, data, requires_grad):
+    t = cls._make(data, False, None, 0)
+    t.requires_grad = requires_grad
+    return t
 
 
 _function.Tensor = Tensor

@@ -376,3 +376,20 @@ def test_backward_create_graph_keeps_grad_graph_without_aliasing():
     with pytest.warns(UserWarning):
         (a + b).sum().backward(create_graph=True)
     assert a.grad is not b.grad and a.grad.data is not b.grad.data
+
+
+def test_deepcopy_and_pickle_of_leaves_are_independent():
+    import copy
+    import pickle
+
+    x = leaf(1.0, 2.0)
+    (x * 2.0).sum().backward()
+    clone = copy.deepcopy(x)
+    (clone * 3.0).sum().backward()
+    np.testing.assert_allclose(x.grad.data, [2.0, 2.0])  # untouched by the copy's backward
+    np.testing.assert_allclose(clone.grad.data, [5.0, 5.0])  # copied grad, then accumulated
+    restored = pickle.loads(pickle.dumps(x))
+    assert restored.requires_grad and restored.grad is None
+    np.testing.assert_array_equal(restored.data, x.data)
+    with pytest.raises(RuntimeError, match="deepcopy"):
+        copy.deepcopy(x * 2.0)
