@@ -4,6 +4,7 @@ Ranks given as ``src``/``dst`` are world ranks, whatever the group, as in PyTorc
 """
 
 import datetime
+import pickle
 
 import numpy as np
 
@@ -63,11 +64,16 @@ def is_initialized():
     return _default_group is not None
 
 
-def destroy_process_group():
-    global _default_group
-    if _default_group is not None:
-        _default_group.comm.Free()
-        _default_group = None
+def destroy_process_group(group=None):
+    """Free ``group``'s communicator, or with no argument the default group's (init may follow)."""
+    global _default_group, _local
+    if group is None:
+        if _default_group is None:
+            return
+        group, _default_group, _local = _default_group, None, None
+    if group is NON_GROUP_MEMBER:
+        return
+    group.free()
 
 
 def _group(group):
@@ -76,6 +82,10 @@ def _group(group):
             raise RuntimeError("Default process group has not been initialized, please make sure "
                                "to call hpcgrad.distributed.init_process_group()")
         return _default_group
+    if group is NON_GROUP_MEMBER:
+        raise RuntimeError(f"world rank {_default_group.rank()} is not a member of this group "
+                           "(new_group() returned NON_GROUP_MEMBER here); only the ranks passed "
+                           "to new_group() may use it")
     return group
 
 
@@ -107,6 +117,7 @@ def new_group(ranks=None, timeout=None):
             raise ValueError(f"new_group: rank {r} is not in the world (size {world.size()})")
     from mpi4py import MPI
     me = world.rank()
+    world.ibarrier().wait()  # every rank is here (or a CommTimeoutError says who is not)
     comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)
     if comm == MPI.COMM_NULL:
         return NON_GROUP_MEMBER
@@ -184,7 +195,12 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     if len(input_list) != g.size():
         raise ValueError(f"reduce_scatter: input_list has {len(input_list)} entries, expected "
                          f"one per rank ({g.size()})")
-    stacked = backend.get_array_module(out).stack([as_array(t) for t in input_list])
+    inputs = [as_array(t) for t in input_list]
+    for t in inputs:
+        if t.shape != out.shape or t.dtype != out.dtype:
+            raise ValueError(f"reduce_scatter: every entry of input_list must match the output "
+                             f"({list(out.shape)}, {out.dtype}); got {list(t.shape)}, {t.dtype}")
+    stacked = backend.get_array_module(out).stack(inputs)
     return _finish(g.ireduce_scatter(out, stacked, op, result=[output]), async_op)
 
 
@@ -204,8 +220,11 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if len(inputs) != g.size() or len(outputs) != g.size():
         raise ValueError(f"all_to_all: expected {g.size()} input and output tensors (one per "
                          f"rank), got {len(inputs)} and {len(outputs)}")
-    if len({(a.shape, a.dtype) for a in inputs + outputs}) != 1:
-        raise NotImplementedError("all_to_all with blocks of different shapes or dtypes is not "
+    if len({a.dtype for a in inputs + outputs}) != 1:
+        raise TypeError(f"all_to_all: every input and output tensor must have one dtype, got "
+                        f"{sorted({str(a.dtype) for a in inputs + outputs})}")
+    if len({a.shape for a in inputs + outputs}) != 1:
+        raise NotImplementedError("all_to_all with blocks of different shapes is not "
                                   "built yet (it needs MPI_Ialltoallv); pad to one shape")
     xp = backend.get_array_module(inputs[0])
     send = xp.stack(inputs)
@@ -260,11 +279,20 @@ def recv(tensor, src=None, group=None, tag=None):
 
 
 # --- Python objects (pickled; for small metadata, not for arrays) ----------------------------
+# They travel as uint8 arrays through the group's own collectives, so they are numbered, checked
+# under HPCGRAD_DISTRIBUTED_DEBUG=DETAIL and bounded by the group's timeout like any other call.
 def broadcast_object_list(object_list, src=0, group=None):
     """Replace ``object_list``'s items on every rank with rank ``src``'s. All ranks call it."""
     g = _group(group)
     root = _group_rank(g, src, "src")
-    object_list[:] = g.comm.bcast(list(object_list) if g.rank() == root else None, root=root)
+    payload = _pickled(list(object_list)) if g.rank() == root else None
+    length = np.array([0 if payload is None else payload.size], np.int64)
+    g.ibroadcast(length, root).wait()
+    if payload is None:
+        payload = np.empty(int(length[0]), np.uint8)
+    g.ibroadcast(payload, root).wait()
+    if g.rank() != root:
+        object_list[:] = pickle.loads(payload.tobytes())
 
 
 def all_gather_object(object_list, obj, group=None):
@@ -273,7 +301,18 @@ def all_gather_object(object_list, obj, group=None):
     if len(object_list) != g.size():
         raise ValueError(f"all_gather_object: object_list must have {g.size()} entries (one per "
                          f"rank), got {len(object_list)}")
-    object_list[:] = g.comm.allgather(obj)
+    mine = _pickled(obj)
+    lengths = np.empty(g.size(), np.int64)
+    g.iallgather(lengths, np.array(mine.size, np.int64)).wait()
+    padded = np.zeros(int(lengths.max()), np.uint8)  # equal blocks: no Allgatherv needed
+    padded[:mine.size] = mine
+    rows = np.empty((g.size(), padded.size), np.uint8)
+    g.iallgather(rows, padded).wait()
+    object_list[:] = [pickle.loads(row[:n].tobytes()) for row, n in zip(rows, lengths)]
+
+
+def _pickled(obj):
+    return np.frombuffer(bytearray(pickle.dumps(obj)), np.uint8)
 
 
 # --- helpers -----------------------------------------------------------------------------------

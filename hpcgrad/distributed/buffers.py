@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from .. import backend
 from ..mpi import cuda_aware_mpi
+from ..tensor import Tensor
 
 
 def _mpi_type(name):
@@ -44,12 +45,18 @@ def cuda_aware():
 
 def as_array(x):
     """The array behind an hpcgrad Tensor, or the array itself."""
-    from ..tensor import Tensor
+    if type(x) is np.ndarray:
+        return x
     if isinstance(x, Tensor):
         return x.data
     if isinstance(x, np.ndarray) or backend.is_gpu_array(x):
         return x
     raise TypeError(f"expected an hpcgrad Tensor or a numpy/cupy array, got {type(x).__name__}")
+
+
+def is_floating(dtype):
+    """Floating point for ReduceOp.AVG: float16/32/64, complex, and bfloat16 (numpy kind 'V')."""
+    return dtype.kind in "fc" or dtype.name in _UPCAST
 
 
 class MessageBuffer:
@@ -62,13 +69,23 @@ class MessageBuffer:
     __slots__ = ("array", "staged", "writable", "spec")
 
     def __init__(self, array, writable=False, name="tensor"):
-        if not array.flags.c_contiguous:
-            raise ValueError(f"{name} must be contiguous for MPI (shape {list(array.shape)}, "
-                             f"strides {list(array.strides)}); pass a contiguous copy, e.g. "
-                             "numpy.ascontiguousarray(x) or x.clone()")
-        if writable and not getattr(array.flags, "writeable", True):
-            raise ValueError(f"{name} is read-only (a broadcast view?) and cannot receive data; "
-                             "pass a writable copy")
+        if type(array) is np.ndarray:  # the hot path: one flags object, one dict lookup
+            flags = array.flags
+            if not flags.c_contiguous:
+                raise _not_contiguous(array, name)
+            if writable and not flags.writeable:
+                raise _read_only(name)
+            mpi_type = _MPI_TYPES.get(array.dtype)
+            if mpi_type is not None:
+                self.array = self.staged = array
+                self.writable = writable
+                self.spec = [array, mpi_type]
+                return
+        else:
+            if not array.flags.c_contiguous:
+                raise _not_contiguous(array, name)
+            if writable and not getattr(array.flags, "writeable", True):
+                raise _read_only(name)
         self.array, self.writable = array, writable
         staged = array
         if backend.is_gpu_array(array):
@@ -95,9 +112,20 @@ class MessageBuffer:
 
     def finish(self):
         """Write received data back into the caller's array if MPI worked on a copy."""
-        if self.writable and self.is_staged:
+        if self.writable and self.staged is not self.array:
             if backend.is_gpu_array(self.array):
                 self.array[...] = backend.cupy_module().asarray(self.staged).astype(
                     self.array.dtype)
             else:
                 np.copyto(self.array, self.staged, casting="unsafe")
+
+
+def _not_contiguous(array, name):
+    return ValueError(f"{name} must be contiguous for MPI (shape {list(array.shape)}, strides "
+                      f"{list(array.strides)}); pass a contiguous copy, e.g. "
+                      "numpy.ascontiguousarray(x) or x.clone()")
+
+
+def _read_only(name):
+    return ValueError(f"{name} is read-only (writeable=False, e.g. numpy.frombuffer over bytes) "
+                      "and cannot receive data; pass a writable copy, e.g. x.copy()")

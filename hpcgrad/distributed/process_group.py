@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from .. import backend
 from . import debug
-from .buffers import MessageBuffer
+from .buffers import MessageBuffer, is_floating
 from .work import Work, wait_requests
 
 
@@ -21,15 +21,42 @@ class ReduceOp(enum.Enum):
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MIN: MPI.MIN,
             ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+# MPI has no arithmetic on MPI_C_BOOL; as in PyTorch, SUM and MAX of bools are "any", MIN and
+# PRODUCT are "all".
+_BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAND,
+             ReduceOp.PRODUCT: MPI.LAND}
+for _op in ReduceOp:  # an attribute read is 5x cheaper than hashing an Enum member
+    _op._mpi_op, _op._mpi_bool_op = _MPI_OPS[_op], _BOOL_OPS.get(_op)
+_AVG = ReduceOp.AVG
+_IN_PLACE = MPI.IN_PLACE
 
 
 def _mpi_op(op, array):
-    if not isinstance(op, ReduceOp):
-        raise TypeError(f"op must be a hpcgrad.distributed.ReduceOp, got {op!r}")
-    if op is ReduceOp.AVG and array.dtype.kind not in "fc":
-        raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {array.dtype}; "
+    try:
+        mpi_op = op._mpi_op
+    except AttributeError:
+        raise TypeError(f"op must be a hpcgrad.distributed.ReduceOp (SUM, AVG, MIN, MAX, "
+                        f"PRODUCT), got {op!r}") from None
+    dtype = array.dtype
+    if op is _AVG and not is_floating(dtype):
+        raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {dtype}; "
                          "use SUM and divide")
-    return _MPI_OPS[op]
+    if dtype.kind == "b":
+        return op._mpi_bool_op
+    return mpi_op
+
+
+def _finish_buffer(buf):
+    """The finish step for one received buffer: None when MPI wrote straight into the array."""
+    return buf.finish if buf.writable and buf.staged is not buf.array else None
+
+
+def _finish_average(buf, size):
+    """Divide the sum by ``size`` where MPI left it (in float32 when staged), then copy back."""
+    def finish():
+        buf.staged[...] /= size
+        buf.finish()
+    return finish
 
 
 class ProcessGroup:
@@ -51,6 +78,14 @@ class ProcessGroup:
     def rank(self):
         return self._rank
 
+    def free(self):
+        """Release the communicators (the group is unusable afterwards)."""
+        if self._checker is not None:
+            self._checker.comm.Free()
+            self._checker = None
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
     def size(self):
         return self._size
 
@@ -58,14 +93,14 @@ class ProcessGroup:
         return f"<ProcessGroup rank {self._rank} of {self._size}, world ranks {self.ranks}>"
 
     def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
-        """Number the call, build its description, and wrap the requests as Work."""
+        """Number the call, build its description (only formatted if needed), wrap as Work."""
         self._seq += 1
-        seq = self._seq
-        where = "" if peer is None else f" with rank {peer}"
+        seq, size = self._seq, self._size
 
         def describe():
+            where = "" if peer is None else f" with rank {peer}"
             return (f"{name}{where} #{seq} ({array.size} x {array.dtype}, shape "
-                    f"{list(array.shape)})")
+                    f"{list(array.shape)}) in a group of {size} ranks")
 
         return Work(requests, buffers, describe, self.timeout, finish, result)
 
@@ -73,27 +108,16 @@ class ProcessGroup:
         if self._checker is not None:
             self._checker.check(self._seq + 1, name, array, **extra)
 
-    def _finisher(self, buffers, after=None):
-        def finish():
-            for b in buffers:
-                b.finish()
-            if after is not None:
-                after()
-        return finish
-
     # --- collectives ------------------------------------------------------------------------
     def iallreduce(self, array, op=ReduceOp.SUM, result=None):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
-        self._check("allreduce", array, op=op.value)
+        if self._checker is not None:
+            self._checker.check(self._seq + 1, "allreduce", array, op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
         buf = MessageBuffer(array, writable=True)
-        request = self.comm.Iallreduce(MPI.IN_PLACE, buf.spec, mpi_op)
-        after = None
-        if op is ReduceOp.AVG:
-            def after():
-                array[...] /= self._size
-        return self._work("allreduce", array, [request], (buf,),
-                          self._finisher((buf,), after), result)
+        request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
+        finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
+        return self._work("allreduce", array, [request], (buf,), finish, result)
 
     def ibroadcast(self, array, src, result=None):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
@@ -101,47 +125,42 @@ class ProcessGroup:
         self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, writable=True)
         request = self.comm.Ibcast(buf.spec, root=src)
-        return self._work("broadcast", array, [request], (buf,), self._finisher((buf,)), result)
+        return self._work("broadcast", array, [request], (buf,), _finish_buffer(buf), result)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays are left as they are."""
         self._check_rank(dst, "dst")
-        self._check("reduce", array, dst=dst, op=op.value)
+        self._check("reduce", array, dst=dst, op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
-        buf = MessageBuffer(array, writable=self._rank == dst)
-        if self._rank == dst:
-            request = self.comm.Ireduce(MPI.IN_PLACE, buf.spec, mpi_op, root=dst)
+        root = self._rank == dst
+        buf = MessageBuffer(array, writable=root)
+        if root:
+            request = self.comm.Ireduce(_IN_PLACE, buf.spec, mpi_op, root=dst)
         else:
             request = self.comm.Ireduce(buf.spec, None, mpi_op, root=dst)
-        after = None
-        if op is ReduceOp.AVG and self._rank == dst:
-            def after():
-                array[...] /= self._size
-        return self._work("reduce", array, [request], (buf,), self._finisher((buf,), after),
-                          result)
+        finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
+        return self._work("reduce", array, [request], (buf,), finish, result)
 
     def iallgather(self, output, array, result=None, after=None):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
         self._check("allgather", array)
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
-        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True)
+        _expect_dtype(output, array, "all_gather output")
+        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         request = self.comm.Iallgather(send.spec, recv.spec)
         return self._work("allgather", array, [request], (send, recv),
-                          self._finisher((recv,), after), result)
+                          _then(_finish_buffer(recv), after), result)
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
-        self._check("reduce_scatter", array, op=op.value)
+        self._check("reduce_scatter", array, op=getattr(op, "value", str(op)))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
+        _expect_dtype(output, array, "reduce_scatter output")
         mpi_op = _mpi_op(op, array)
-        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True)
+        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
-        after = None
-        if op is ReduceOp.AVG:
-            def after():
-                output[...] /= self._size
-        return self._work("reduce_scatter", array, [request], (send, recv),
-                          self._finisher((recv,), after), result)
+        finish = _finish_average(recv, self._size) if op is _AVG else _finish_buffer(recv)
+        return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
 
     def ialltoall(self, output, array, result=None, after=None):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
@@ -150,17 +169,20 @@ class ProcessGroup:
             raise ValueError(f"all_to_all: input and output must both have shape "
                              f"({self._size}, ...) (one block per rank); got {list(array.shape)} "
                              f"and {list(output.shape)}")
-        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True)
+        _expect_dtype(output, array, "all_to_all output")
+        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         request = self.comm.Ialltoall(send.spec, recv.spec)
         return self._work("alltoall", array, [request], (send, recv),
-                          self._finisher((recv,), after), result)
+                          _then(_finish_buffer(recv), after), result)
 
     def ibarrier(self):
-        self._check("barrier", np.empty(0))
-        return self._work("barrier", np.empty(0), [self.comm.Ibarrier()], ())
+        """Complete once every rank of the group has started its barrier."""
+        self._check("barrier", _NOTHING)
+        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):
+        """Send ``array`` to group rank ``dst``; the buffer is owned by the Work until it completes."""
         self._check_peer(dst, "dst", "send to self would deadlock; use a local copy")
         buf = MessageBuffer(array)
         request = self.comm.Isend(buf.spec, dest=dst, tag=tag)
@@ -172,13 +194,13 @@ class ProcessGroup:
         The Work's result is the sender's rank unless ``result`` is given.
         """
         tag = MPI.ANY_TAG if tag is None else tag
+        buf = MessageBuffer(array, writable=True)
         if src is None:
             src = self.probe_source(tag)
         else:
             self._check_peer(src, "src", "receive from self would deadlock; use a local copy")
-        buf = MessageBuffer(array, writable=True)
         request = self.comm.Irecv(buf.spec, source=src, tag=tag)
-        return self._work("recv", array, [request], (buf,), self._finisher((buf,)),
+        return self._work("recv", array, [request], (buf,), _finish_buffer(buf),
                           src if result is None else result, peer=src)
 
     def probe_source(self, tag=MPI.ANY_TAG):
@@ -206,6 +228,25 @@ class _ProbeRequest:
 
     def Test(self):
         return self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, self.status)
+
+
+_NOTHING = np.empty(0)
+
+
+def _then(first, second):
+    """One finish step running ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def finish():
+        first()
+        second()
+    return finish
+
+
+def _expect_dtype(output, array, what):
+    if output.dtype != array.dtype:
+        raise TypeError(f"{what} has dtype {output.dtype}, expected the input's {array.dtype}")
 
 
 def _expect_shape(array, shape, what):
