@@ -125,7 +125,8 @@ def is_async(mode):
 
 
 def complete(work, mode, produced):
-    """Finish a call made in ``mode``; ``produced`` are the tensors its result() must hold."""
+    """Finish a call made in ``mode``; ``produced``: the tensors result() must hold (a list), or
+    the value it must equal (a receive's source rank)."""
     if not is_async(mode):
         assert work is None
         return
@@ -147,7 +148,10 @@ def complete(work, mode, produced):
     else:
         raise AssertionError(f"unknown mode {mode}")
     result = work.result()
-    assert len(result) == len(produced) and all(r is p for r, p in zip(result, produced))
+    if isinstance(produced, list):
+        assert len(result) == len(produced) and all(r is p for r, p in zip(result, produced))
+    else:
+        assert result == produced
 
 
 # --- one check per collective, on the default group or a sub-group -------------------------------
