@@ -11,3 +11,4 @@ from .functional import (abs, add, amax, cat, clamp, div, exp, flatten, gather, 
                          pow, relu, reshape, sigmoid, softmax, sqrt, squeeze, stack, sub, sum,
                          tanh, transpose, unsqueeze, var, where)
 from .tensor import Tensor  # noqa: E402,F401
+from . import checkpoint, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)

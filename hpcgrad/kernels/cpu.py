@@ -70,3 +70,30 @@ def scaled_copy_multi(dst, srcs, offsets, scale):
         typed.append(s.astype(dst.dtype, copy=False))
     _scaled_copy_multi(dst.reshape(-1), typed, np.asarray(offsets, dtype=np.int64),
                        dst.dtype.type(scale))
+
+
+@njit(cache=True, nogil=True)
+def _sgd_momentum_step(param, grad, buf, lr, momentum, grad_scale):
+    # The same operations, in the same order and rounding, as the numpy path in optim/sgd.py:
+    # buf = buf * momentum + grad * grad_scale; param = param + buf * -lr.
+    for i in range(param.size):
+        b = buf[i] * momentum + grad[i] * grad_scale if grad_scale != 1 else \
+            buf[i] * momentum + grad[i]
+        buf[i] = b
+        param[i] = param[i] + b * -lr
+
+
+@njit(cache=True, nogil=True)
+def _sgd_plain_step(param, grad, lr):
+    for i in range(param.size):
+        param[i] = param[i] + grad[i] * -lr
+
+
+def sgd_step(param, grad, buf, lr, momentum, dampening):
+    """One fused pass of SGD's update (``buf`` None: no momentum), in place on param and buf."""
+    p, g = param.reshape(-1), grad.reshape(-1)
+    t = p.dtype.type
+    if buf is None:
+        _sgd_plain_step(p, g, t(lr))
+    else:
+        _sgd_momentum_step(p, g, buf.reshape(-1), t(lr), t(momentum), t(1 - dampening))

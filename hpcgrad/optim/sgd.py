@@ -46,6 +46,8 @@ class SGD(Optimizer):
 
     def _dense_step(self, p, group):
         lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        if self._fused_step(p, group):
+            return
         d, owned = update_direction(p.data, dense_grad(p), group["weight_decay"], group["maximize"])
         if momentum != 0:
             state = self.state[p]
@@ -67,6 +69,24 @@ class SGD(Optimizer):
             else:
                 d, owned = buf, False
         add_scaled(p.data, d, -lr, owned)
+
+
+    def _fused_step(self, p, group):
+        """One numba pass instead of three numpy passes, for the common CPU case."""
+        grad = p.grad.data if not getattr(p.grad, "is_sparse", False) else None
+        if (grad is None or group["weight_decay"] or group["maximize"] or group["nesterov"]
+                or type(p.data) is not np.ndarray or type(grad) is not np.ndarray
+                or p.data.dtype != grad.dtype or p.data.dtype.kind != "f"
+                or not (p.data.flags.c_contiguous and grad.flags.c_contiguous)):
+            return False
+        buf = None
+        if group["momentum"] != 0:
+            buf = self.state[p].get("momentum_buffer")
+            if buf is None:
+                return False  # the first step copies the gradient: the numpy path does it
+        from ..kernels.cpu import sgd_step
+        sgd_step(p.data, grad, buf, group["lr"], group["momentum"], group["dampening"])
+        return True
 
 
 def _sparse_step(p, lr, maximize):
