@@ -14,9 +14,6 @@ _MAX_SLEEP = 1e-3
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
-_COMPLETION_LOCK = threading.Lock()
-
-
 class CommTimeoutError(RuntimeError):
     """A blocking wait on a collective or point-to-point operation ran past its timeout."""
 
@@ -155,6 +152,8 @@ class Work:
     """A pending operation. It owns its buffers until it completes, so MPI never sees freed memory.
 
     ``finish`` runs once after completion (copy staged data back, divide for AVG, split lists).
+    Thread-safe: MPI forbids two threads testing one request, so a per-Work lock admits one
+    tester at a time (``is_completed`` never blocks on it: it reports "not yet" instead).
     """
 
     def __init__(self, requests, buffers, describe, timeout, finish=None, result=None):
@@ -166,39 +165,46 @@ class Work:
         self._result = result
         self._completed = False
         self._future = None
+        self._lock = threading.Lock()
 
     def __repr__(self):
         return f"<Work {self._describe()} completed={self._completed}>"
 
     def is_completed(self):
         """True once the operation is done (tests the requests without blocking)."""
-        if not self._completed:
-            requests = self._requests
-            if requests[0].Test() if len(requests) == 1 else MPI.Request.Testall(requests):
-                self._complete()
+        if not self._completed and self._lock.acquire(False):
+            try:
+                if not self._completed:
+                    requests = self._requests
+                    if requests[0].Test() if len(requests) == 1 else \
+                            MPI.Request.Testall(requests):
+                        self._complete()
+            finally:
+                self._lock.release()
+            self._resolve_future()
         return self._completed
 
     def wait(self, timeout=None):
         """Block until done; ``timeout`` (s) overrides the group's; raises CommTimeoutError."""
         if not self._completed:
-            wait_requests(self._requests, self._timeout if timeout is None else timeout,
-                          self._describe)
-            self._complete()
+            with self._lock:
+                if not self._completed:
+                    wait_requests(self._requests, self._timeout if timeout is None else timeout,
+                                  self._describe)
+                    self._complete()
+            self._resolve_future()
         return True
 
     def _complete(self):
+        """Run the finish step (under the lock, once)."""
         if self._finish is not None:
-            with _COMPLETION_LOCK:  # two threads may see the requests done; finish only once
-                if self._completed:
-                    return
-                self._finish()
-                self._completed = True
-        elif self._completed:
-            return
-        else:
-            self._completed = True
+            self._finish()
+        self._completed = True
         self._buffers = ()  # MPI is done with them
-        if self._future is not None:
+
+    def _resolve_future(self):
+        # Outside the lock: a callback may call back into this Work.
+        if self._future is not None and self._completed:
             self._future._resolve(self._result)
 
     def result(self):
@@ -210,8 +216,7 @@ class Work:
         """A Future completed with ``result()``; its ``wait()`` waits for this Work."""
         if self._future is None:
             self._future = Future(wait_fn=self.wait)
-            if self._completed:
-                self._future._resolve(self._result)
+            self._resolve_future()
         return self._future
 
     def exception(self):

@@ -1,0 +1,182 @@
+"""Work handles and Futures: completion, then() chains, errors in callbacks, the timed wait."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hpcgrad.distributed as dist
+from hpcgrad.distributed import CommTimeoutError, Future, ReduceOp, Work
+from hpcgrad.distributed.work import default_timeout, wait_requests
+from hpcgrad.mpi import MPI
+
+
+# --- Future on its own (serial) -----------------------------------------------------------------
+def test_future_then_chains():
+    fut = Future()
+    doubled = fut.then(lambda f: f.value() * 2)
+    plus_one = doubled.then(lambda f: f.value() + 1)
+    assert not doubled.done()
+    fut.set_result(20)
+    assert doubled.wait() == 40 and plus_one.wait() == 41
+    assert fut.then(lambda f: f.value() - 1).wait() == 19  # on a done Future: runs at once
+
+
+def test_future_error_in_callback_surfaces_at_wait():
+    fut = Future()
+    failed = fut.then(lambda f: 1 / 0)
+    after = failed.then(lambda f: f.value())  # value() re-raises the error
+    fut.set_result(1)
+    with pytest.raises(ZeroDivisionError):
+        failed.wait()
+    with pytest.raises(ZeroDivisionError):
+        after.wait()
+    assert fut.wait() == 1  # the source Future is unaffected
+
+
+def test_future_exception_and_misuse():
+    fut = Future()
+    with pytest.raises(RuntimeError, match=r"Future.value\(\): not completed yet; call wait\(\)"):
+        fut.value()
+    with pytest.raises(RuntimeError, match=r"Future.wait\(\): nothing will complete this Future"):
+        fut.wait()
+    fut.set_exception(KeyError("boom"))
+    with pytest.raises(KeyError, match="boom"):
+        fut.wait()
+    with pytest.raises(RuntimeError, match="this Future is already completed"):
+        fut.set_result(1)
+
+
+def test_future_callbacks_run_once_in_order():
+    fut, seen = Future(), []
+    fut.add_done_callback(lambda f: seen.append(("a", f.value())))
+    fut.add_done_callback(lambda f: seen.append(("b", f.value())))
+    fut.set_result(7)
+    fut.add_done_callback(lambda f: seen.append(("c", f.value())))
+    assert seen == [("a", 7), ("b", 7), ("c", 7)]
+
+
+# --- Work on real MPI requests (serial: COMM_SELF) ----------------------------------------------
+def self_message(payload=3.0):
+    """A completed-on-arrival request pair on COMM_SELF."""
+    box = np.zeros(1)
+    recv = MPI.COMM_SELF.Irecv(box, source=0, tag=11)
+    send = MPI.COMM_SELF.Isend(np.array([payload]), dest=0, tag=11)
+    return [recv, send], box
+
+
+def test_work_completes_once_and_runs_finish_once():
+    requests, box = self_message()
+    finished = []
+    work = Work(requests, (box,), lambda: "test message", 5.0, lambda: finished.append(1), ["r"])
+    assert work.wait() is True and work.is_completed() and work.wait() is True
+    assert finished == [1] and box[0] == 3.0
+    assert work.result() == ["r"] and work._buffers == ()
+    assert work.get_future().done() and work.get_future().wait() == ["r"]
+    assert repr(work) == "<Work test message completed=True>"
+
+
+def test_work_future_before_completion():
+    requests, box = self_message()
+    work = Work(requests, (), lambda: "x", 5.0, None, [box])
+    chained = work.get_future().then(lambda f: f.value()[0][0] + 1)
+    assert work.get_future() is work.get_future()
+    assert chained.wait() == 4.0  # waiting on the chain waits for the Work
+
+
+def test_wait_times_out_with_the_description():
+    box = np.zeros(1)
+    request = MPI.COMM_SELF.Irecv(box, source=0, tag=12)  # nobody sends
+    work = Work([request], (box,), lambda: "recv with rank 0 #7 (1 x float64, shape [1])", 30.0)
+    start = time.monotonic()
+    with pytest.raises(CommTimeoutError, match=r"^recv with rank 0 #7 \(1 x float64, shape \[1\]\) "
+                                               r"did not complete within 0.2 s on rank 0: a peer "
+                                               r"rank never joined it"):
+        work.wait(timeout=0.2)  # overrides the group's 30 s
+    assert 0.2 <= time.monotonic() - start < 2
+    assert not work.is_completed()
+    request.Cancel()
+    request.Wait()
+
+
+def test_wait_requests_without_timeout_blocks_until_done():
+    requests, box = self_message(5.0)
+    wait_requests(requests, 0, lambda: "unused")
+    assert box[0] == 5.0
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 1800.0), ("2", 2.0), ("0", 0.0)])
+def test_default_timeout(monkeypatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv("HPCGRAD_COMM_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("HPCGRAD_COMM_TIMEOUT", raw)
+    assert default_timeout() == expected
+
+
+@pytest.mark.parametrize("raw, message", [("soon", "must be a number of seconds"),
+                                          ("-1", "must be >= 0, got -1.0")])
+def test_default_timeout_rejects(monkeypatch, raw, message):
+    monkeypatch.setenv("HPCGRAD_COMM_TIMEOUT", raw)
+    with pytest.raises(ValueError, match=f"HPCGRAD_COMM_TIMEOUT {message}"):
+        default_timeout()
+
+
+# --- Work from collectives (every size) ----------------------------------------------------------
+@pytest.mark.mpi
+def test_outstanding_operations_complete_in_any_order(world):
+    """Several async calls in flight at once, waited for in reverse order."""
+    n = dist.get_world_size()
+    arrays = [np.full(1000 * (k + 1), float(dist.get_rank() + k)) for k in range(4)]
+    works = [dist.all_reduce(a, async_op=True) for a in arrays]
+    gathered = [np.zeros(3, np.int64) for _ in range(n)]
+    works.append(dist.all_gather(gathered, np.full(3, dist.get_rank()), async_op=True))
+    for work in reversed(works):
+        work.wait()
+    for k, a in enumerate(arrays):
+        assert np.all(a == sum(r + k for r in range(n)))
+    assert [g[0] for g in gathered] == list(range(n))
+
+
+@pytest.mark.mpi
+def test_future_then_on_a_collective(world):
+    """The DDP comm-hook pattern: all_reduce, then divide in a callback."""
+    n = dist.get_world_size()
+    x = np.full(6, float(dist.get_rank() + 1))
+    fut = dist.all_reduce(x, async_op=True).get_future()
+    mean = fut.then(lambda f: f.value()[0] / n)
+    squared = mean.then(lambda f: f.value() ** 2)
+    expected = (n + 1) / 2
+    assert np.allclose(mean.wait(), expected) and np.allclose(squared.wait(), expected ** 2)
+    assert fut.value()[0] is x
+
+
+@pytest.mark.mpi
+def test_error_in_a_callback_leaves_the_work_done(world):
+    work = dist.all_reduce(np.ones(2), ReduceOp.MAX, async_op=True)
+    broken = work.get_future().then(lambda f: f.value()[5])
+    with pytest.raises(IndexError):
+        broken.wait()
+    assert work.is_completed() and work.exception() is None
+
+
+@pytest.mark.mpi
+def test_completion_from_two_threads(world):
+    """is_completed() polled from another thread while the main thread waits: finish runs once."""
+    x = np.full(1 << 16, 1.0)
+    work = dist.all_reduce(x, ReduceOp.AVG, async_op=True)
+    seen = []
+
+    def poll():
+        deadline = time.monotonic() + 20
+        while not work.is_completed() and time.monotonic() < deadline:
+            pass
+        seen.append(work.is_completed())
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    work.wait()
+    poller.join(timeout=20)
+    assert seen == [True]
+    assert np.all(x == 1.0)  # divided by the size exactly once
