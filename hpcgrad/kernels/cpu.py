@@ -6,6 +6,8 @@ import numpy as np
 from numba import njit, prange, vectorize
 from numba.typed import List
 
+from ._checks import check_scaled_copy, check_scaled_copy_multi
+
 # Below this many elements one thread copies faster than waking the OpenMP pool (measured in
 # benchmarks/ddp.py); it also keeps ranks that share a node from oversubscribing its cores.
 PARALLEL_MIN_ELEMENTS = 1 << 20
@@ -40,36 +42,46 @@ def scaled_copy(dst, src, scale):
 
     ``dst`` and ``src`` are contiguous arrays of one dtype and size (any shapes).
     """
+    check_scaled_copy(dst, src)
     d, s = dst.reshape(-1), src.reshape(-1)
-    if d.size != s.size:
-        raise ValueError(f"scaled_copy: destination has {d.size} elements, source {s.size}")
-    if not (dst.flags.c_contiguous and src.flags.c_contiguous):
-        raise ValueError("scaled_copy: both arrays must be contiguous")
     kernel = _scaled_copy_parallel if d.size >= PARALLEL_MIN_ELEMENTS else _scaled_copy_serial
     kernel(d, s, d.dtype.type(scale))
+
+
+@njit(cache=True, nogil=True)
+def _copy_at(dst, src, start, scale):
+    for i in range(src.size):
+        dst[start + i] = src[i] * scale
+
+
+@njit(cache=True, nogil=True)
+def _scaled_copy_multi_serial(dst, srcs, offsets, scale):
+    for t in range(len(srcs)):
+        _copy_at(dst, srcs[t], offsets[t], scale)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _scaled_copy_multi(dst, srcs, offsets, scale):
     for t in prange(len(srcs)):
-        src = srcs[np.int64(t)]
-        start = offsets[t]
-        for i in range(src.size):
-            dst[start + i] = src[i] * scale
+        _copy_at(dst, srcs[np.int64(t)], offsets[t], scale)
 
 
 def scaled_copy_multi(dst, srcs, offsets, scale):
-    """Copy several gradients into one flat bucket at ``offsets`` (scaled), in one launch."""
+    """Copy several gradients into one flat bucket at ``offsets`` (scaled), in one launch.
+
+    The sources go to disjoint ranges of the contiguous ``dst``; one thread does it all below
+    PARALLEL_MIN_ELEMENTS elements in total (as ``scaled_copy``), else one thread per source.
+    """
     flat = [np.ascontiguousarray(s).reshape(-1) for s in srcs]
-    for s, start in zip(flat, offsets):
-        if start + s.size > dst.size:
-            raise ValueError(f"scaled_copy_multi: a source of {s.size} elements at offset "
-                             f"{start} overruns the destination of {dst.size}")
+    offsets = check_scaled_copy_multi(dst, [s.size for s in flat], offsets)
+    if not flat:
+        return
     typed = List()
     for s in flat:
         typed.append(s.astype(dst.dtype, copy=False))
-    _scaled_copy_multi(dst.reshape(-1), typed, np.asarray(offsets, dtype=np.int64),
-                       dst.dtype.type(scale))
+    total = sum(s.size for s in flat)
+    kernel = _scaled_copy_multi if total >= PARALLEL_MIN_ELEMENTS else _scaled_copy_multi_serial
+    kernel(dst.reshape(-1), typed, np.asarray(offsets, dtype=np.int64), dst.dtype.type(scale))
 
 
 @njit(cache=True, nogil=True)

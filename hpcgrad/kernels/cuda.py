@@ -2,6 +2,8 @@
 
 from numba import cuda
 
+from ._checks import check_scaled_copy, check_scaled_copy_multi
+
 THREADS_PER_BLOCK = 256
 
 
@@ -14,9 +16,8 @@ def _scaled_copy_kernel(dst, src, scale):
 
 def scaled_copy(dst, src, scale):
     """``dst[...] = src * scale`` on the GPU (cupy arrays; numpy arrays under the simulator)."""
+    check_scaled_copy(dst, src)
     d, s = dst.reshape(-1), src.reshape(-1)
-    if d.size != s.size:
-        raise ValueError(f"scaled_copy: destination has {d.size} elements, source {s.size}")
     if d.size == 0:
         return
     blocks = (d.size + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
@@ -44,6 +45,7 @@ def scaled_copy_multi(dst, srcs, offsets, scale, xp=None):
     """Several gradients into one flat bucket at ``offsets`` (scaled), in one kernel launch."""
     import numpy as np
     xp = xp or np
+    offsets = check_scaled_copy_multi(dst, [s.size for s in srcs], offsets)
     flat = xp.concatenate([s.reshape(-1) for s in srcs]) if srcs else xp.zeros(0, dst.dtype)
     src_offsets = np.zeros(len(srcs) + 1, dtype=np.int64)
     src_offsets[1:] = np.cumsum([s.size for s in srcs])

@@ -1,0 +1,176 @@
+"""The reducer's fused divide-and-copy kernels against numpy: CPU (numba) here, CUDA under the simulator.
+
+Each check takes the kernel module (``hpcgrad.kernels.cpu`` or ``.cuda``), so the CUDA kernels run
+the very same checks: ``python tests/distributed/test_kernels.py`` with NUMBA_ENABLE_CUDASIM=1
+(numba reads it at import, hence a subprocess) runs every CASE through ``hpcgrad.kernels.cuda``.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+
+SMALL_PARALLEL_MIN = 64  # PARALLEL_MIN_ELEMENTS for the tests: both paths without 1M elements
+SCALES = (0.5, 1 / 3)  # exact and inexact in binary
+
+# name -> (dtype, destination shape, source shapes, offsets, destination size)
+COPY_CASES = {
+    "f32-small": ("float32", (7,)), "f64-small": ("float64", (3, 5)),
+    "f32-large": ("float32", (1000,)), "f64-large": ("float64", (10, 100)),
+    "f64-not-block-multiple": ("float64", (257,)), "empty": ("float64", (0,)),
+}
+MULTI_CASES = {
+    # total below SMALL_PARALLEL_MIN: the serial kernel; gaps between the sources stay untouched
+    "f32-small": ("float32", [(3,), (2, 2), (5,)], [0, 5, 20], 30),
+    # total above it: one thread per source
+    "f64-large": ("float64", [(100,), (4, 30), (1,), (60,)], [300, 0, 299, 130], 400),
+    "f64-one-empty-source": ("float64", [(4,), (0,), (6,)], [0, 4, 4], 10),
+    "f64-no-sources": ("float64", [], [], 5),
+}
+MULTI_ERRORS = {
+    "overrun": ([(4,), (3,)], [0, 8], "overruns the destination of 10"),
+    "negative offset": ([(3,)], [-1], "overruns the destination"),
+    "overlap": ([(4,), (3,)], [0, 2], "overlaps the one ending at 4"),
+    "missing offset": ([(4,), (3,)], [0], "2 sources but 1 offsets"),
+}
+
+
+def _random(shape, dtype, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def check_scaled_copy(impl, dtype, shape, scale, in_place=False, to_device=None):
+    """``dst[...] = src * scale`` equals numpy's product, bit for bit, in the destination's dtype.
+
+    ``to_device``: upload the in-place array first (the simulator copies each host argument in
+    and back out separately, so a host array passed twice would come back unchanged).
+    """
+    src = _random(shape, dtype, 1)
+    want = src * np.dtype(dtype).type(scale)
+    if in_place:
+        dst = src = src if to_device is None else to_device(src)
+    else:
+        dst = np.full(shape, np.nan, dtype)
+    impl.scaled_copy(dst, src, scale)
+    np.testing.assert_array_equal(dst if to_device is None else dst.copy_to_host(), want)
+
+
+def check_scaled_copy_multi(impl, dtype, shapes, offsets, size, scale):
+    """Each source lands scaled at its offset of the flat destination; nothing else changes."""
+    srcs = [_random(shape, dtype, i) for i, shape in enumerate(shapes)]
+    dst = np.full(size, -7.0, dtype)
+    want = dst.copy()
+    for src, start in zip(srcs, offsets):
+        want[start:start + src.size] = src.reshape(-1) * np.dtype(dtype).type(scale)
+    impl.scaled_copy_multi(dst, srcs, offsets, scale)
+    np.testing.assert_array_equal(dst, want)
+
+
+def check_errors(impl):
+    """Bad calls raise ValueError and leave the destination alone."""
+    dst = np.zeros(10)
+    with pytest.raises(ValueError, match="destination has 10 elements, source 9"):
+        impl.scaled_copy(dst, np.ones(9), 1.0)
+    strided = np.zeros((4, 6))[:, ::2].T  # reshape(-1) of it is a copy: must refuse, not no-op
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        impl.scaled_copy(strided, np.ones(strided.shape), 1.0)
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        impl.scaled_copy(np.zeros(12), np.ones((4, 6))[:, ::2], 1.0)
+    with pytest.raises(ValueError, match="destination must be C-contiguous"):
+        impl.scaled_copy_multi(np.zeros((6, 4))[:, ::2], [np.ones(3)], [0], 1.0)
+    for shapes, offsets, message in MULTI_ERRORS.values():
+        with pytest.raises(ValueError, match=message):
+            impl.scaled_copy_multi(dst, [np.ones(s) for s in shapes], offsets, 1.0)
+    assert not dst.any()
+
+
+# --- CPU ---------------------------------------------------------------------------------------
+@pytest.fixture
+def cpu(monkeypatch):
+    """hpcgrad.kernels.cpu with a small PARALLEL_MIN_ELEMENTS; ``cpu.launched`` names the kernels run."""
+    from hpcgrad.kernels import cpu
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", SMALL_PARALLEL_MIN)
+    launched = []
+    for name in ("_scaled_copy_serial", "_scaled_copy_parallel", "_scaled_copy_multi_serial",
+                 "_scaled_copy_multi"):
+        kernel = getattr(cpu, name)
+        monkeypatch.setattr(cpu, name, lambda *a, _k=kernel, _n=name: (launched.append(_n), _k(*a)))
+    monkeypatch.setattr(cpu, "launched", launched, raising=False)
+    return cpu
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("case", COPY_CASES)
+def test_cpu_scaled_copy(cpu, case, scale):
+    dtype, shape = COPY_CASES[case]
+    check_scaled_copy(cpu, dtype, shape, scale)
+    parallel = np.prod(shape) >= SMALL_PARALLEL_MIN
+    assert cpu.launched == ["_scaled_copy_parallel" if parallel else "_scaled_copy_serial"]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("case", MULTI_CASES)
+def test_cpu_scaled_copy_multi(cpu, case, scale):
+    dtype, shapes, offsets, size = MULTI_CASES[case]
+    check_scaled_copy_multi(cpu, dtype, shapes, offsets, size, scale)
+    total = sum(int(np.prod(s)) for s in shapes)
+    want = [] if not shapes else ["_scaled_copy_multi" if total >= SMALL_PARALLEL_MIN
+                                  else "_scaled_copy_multi_serial"]
+    assert cpu.launched == want
+
+
+@pytest.mark.parametrize("size", [10, 1000])
+def test_cpu_scaled_copy_in_place(cpu, size):
+    """The reducer divides a gradient that already is its bucket view in place."""
+    check_scaled_copy(cpu, "float64", (size,), 1 / 3, in_place=True)
+
+
+def test_cpu_scaled_copy_multi_converts_dtype(cpu):
+    dst = np.zeros(5)
+    cpu.scaled_copy_multi(dst, [np.arange(5, dtype=np.float32)], [0], 0.25)
+    np.testing.assert_array_equal(dst, np.arange(5) * 0.25)
+
+
+def test_cpu_errors(cpu):
+    check_errors(cpu)
+
+
+def test_dispatch_by_array_module(monkeypatch):
+    """hpcgrad.kernels sends numpy arrays to the CPU kernels."""
+    import hpcgrad.kernels as kernels
+    from hpcgrad.kernels import cpu
+    calls = []
+    monkeypatch.setattr(cpu, "scaled_copy", lambda *a: calls.append("copy"))
+    monkeypatch.setattr(cpu, "scaled_copy_multi", lambda *a: calls.append("multi"))
+    kernels.scaled_copy(np.zeros(3), np.ones(3), 2.0)
+    kernels.scaled_copy_multi(np.zeros(3), [np.ones(3)], [0], 2.0)
+    assert calls == ["copy", "multi"]
+
+
+# --- CUDA, under numba's simulator -------------------------------------------------------------
+def run_cuda_cases():
+    """Every case through hpcgrad.kernels.cuda (run as a script with NUMBA_ENABLE_CUDASIM=1)."""
+    from numba import config
+    assert config.ENABLE_CUDASIM, "set NUMBA_ENABLE_CUDASIM=1 before numba is imported"
+    from numba.cuda import to_device
+
+    from hpcgrad.kernels import cuda
+    for dtype, shape in COPY_CASES.values():
+        for scale in SCALES:
+            check_scaled_copy(cuda, dtype, shape, scale)
+    check_scaled_copy(cuda, "float64", (300,), 1 / 3, in_place=True, to_device=to_device)
+    for dtype, shapes, offsets, size in MULTI_CASES.values():
+        check_scaled_copy_multi(cuda, dtype, shapes, offsets, size, 1 / 3)
+    check_errors(cuda)
+    print("cuda kernels: all cases passed")
+
+
+def test_cuda_kernels_under_simulator(launch):
+    pytest.importorskip("numba.cuda")
+    job = launch([sys.executable, __file__], env={"NUMBA_ENABLE_CUDASIM": "1"}, timeout=120)
+    assert not job.failed, job.output
+    assert "all cases passed" in job.stdout
+
+
+if __name__ == "__main__":
+    run_cuda_cases()
