@@ -282,10 +282,8 @@ class Engine:
         """
         self._start_device_threads()
         graph_task = node_task.graph_task
-        queue = ReadyQueue()
-        graph_task.cpu_ready_queue = queue
+        queue = ReadyQueue()  # per call: several threads may run one GraphTask at once
         previous_device, _tls.worker_device = _tls.worker_device, CPU_DEVICE
-        graph_task.owner = CPU_DEVICE
         state = grad_mode._state
         queue.push(node_task, increment_outstanding)
         try:
@@ -306,7 +304,9 @@ class Engine:
                     graph_task.outstanding_tasks -= 1
         finally:
             _tls.worker_device = previous_device
-        if graph_task.completed():
+        with graph_task.mutex:
+            done = graph_task.completed()
+        if done:
             graph_task.mark_as_completed_and_run_post_processing()
 
     def thread_on_exception(self, graph_task, fn, exc):

@@ -1,0 +1,262 @@
+"""The RPC agent: MPI point-to-point transport, a progress thread, and a pool running requests.
+
+Note [RPC wire format]
+    A message is an envelope (pickled dict: kind, id, reply-to id, payload shapes and dtypes,
+    the pickled argument skeleton) sent with tag ENVELOPE_TAG, preceded by one MPI message per
+    array payload with a tag derived from the message id. Payloads are posted first, so when
+    the envelope arrives its payloads are already on their way; messages with the same tag
+    from one sender do not overtake each other, so payloads are received in order. Every
+    Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
+"""
+
+import itertools
+import pickle
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from mpi4py import MPI
+
+from ..buffers import MessageBuffer
+
+ENVELOPE_TAG = 1
+_PAYLOAD_TAG_BASE = 2
+_IDLE_SPIN_SECONDS = 2e-3   # keep polling without sleeping this long after the last message
+_MAX_SLEEP_SECONDS = 5e-4
+
+
+class RpcError(RuntimeError):
+    """An RPC failed on the remote side or could not be delivered."""
+
+
+class RpcTimeoutError(RpcError, TimeoutError):
+    """An RPC did not complete within its timeout."""
+
+
+class RpcFuture:
+    """The eventual result of an RPC (``wait(timeout)``, ``value()``, ``then(fn)``, ``done()``)."""
+
+    def __init__(self, describe=""):
+        self._event = threading.Event()
+        self._value = self._error = None
+        self._callbacks = []
+        self._lock = threading.Lock()
+        self.describe = describe
+
+    def done(self):
+        return self._event.is_set()
+
+    def set_result(self, value):
+        self._finish(value, None)
+
+    def set_exception(self, error):
+        self._finish(None, error)
+
+    def _finish(self, value, error):
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._value, self._error = value, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def wait(self, timeout=None):
+        if not self._event.wait(timeout):
+            raise RpcTimeoutError(f"{self.describe} timed out after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def value(self):
+        if not self.done():
+            raise RuntimeError("RpcFuture.value(): not completed yet; call wait()")
+        return self.wait()
+
+    def add_done_callback(self, callback):
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def then(self, callback):
+        chained = RpcFuture(self.describe)
+
+        def run(fut):
+            try:
+                chained.set_result(callback(fut))
+            except BaseException as exc:
+                chained.set_exception(exc)
+
+        self.add_done_callback(run)
+        return chained
+
+
+class MPIRpcAgent:
+    """Sends and serves RPCs for one rank over a private duplicate of COMM_WORLD."""
+
+    def __init__(self, name, comm, num_worker_threads=8):
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.name = name
+        self.names = self.comm.allgather(name)
+        if len(set(self.names)) != self.size:
+            raise ValueError(f"init_rpc: worker names must be unique, got {self.names}")
+        self._ids = itertools.count(1)
+        self._tag_window = max(min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767, 1 << 30)
+                               - _PAYLOAD_TAG_BASE, 1)
+        self._send_lock = threading.Lock()
+        self._pending_sends = []      # (requests, buffers) alive until MPI completes them
+        self._waiting = {}            # message id -> RpcFuture of its reply
+        self._waiting_lock = threading.Lock()
+        self._handlers = {}           # kind -> handler(src, envelope, obj) run on the pool
+        self._pool = ThreadPoolExecutor(num_worker_threads,
+                                        thread_name_prefix=f"hpcgrad-rpc-{self.rank}")
+        self._running = True
+        self._thread = threading.Thread(target=self._progress, daemon=True,
+                                        name=f"hpcgrad-rpc-progress-{self.rank}")
+        self._thread.start()
+
+    # --- sending --------------------------------------------------------------------------------
+    def _payload_tag(self, message_id):
+        return _PAYLOAD_TAG_BASE + message_id % self._tag_window
+
+    def send(self, dst, kind, body=b"", payloads=(), **fields):
+        """Post a message (nonblocking); returns its id. The agent owns the buffers until sent."""
+        message_id = next(self._ids)
+        self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
+        return message_id
+
+    def request(self, dst, kind, body=b"", payloads=(), describe="", **fields):
+        """Send and return an RpcFuture completed by the reply (set before the send: no race)."""
+        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})")
+        message_id = next(self._ids)
+        with self._waiting_lock:
+            self._waiting[message_id] = future
+        try:
+            self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
+        except BaseException:
+            with self._waiting_lock:
+                self._waiting.pop(message_id, None)
+            raise
+        return future
+
+    def _send_with_id(self, message_id, dst, kind, body, payloads, reply_to, fields):
+        if not 0 <= dst < self.size:
+            raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        envelope = dict(fields, kind=kind, id=message_id, reply_to=reply_to, body=body,
+                        specs=[(a.shape, a.dtype.str) for a in payloads])
+        data = np.frombuffer(pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        buffers = [MessageBuffer(a) for a in payloads]
+        tag = self._payload_tag(message_id)
+        with self._send_lock:
+            requests = [self.comm.Isend(b.spec, dest=dst, tag=tag) for b in buffers]
+            requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
+            self._pending_sends.append((requests, (buffers, data)))
+
+    def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
+        self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
+
+    def fail_pending(self, error):
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            future.set_exception(error)
+
+    def pending_count(self):
+        with self._waiting_lock:
+            return len(self._waiting)
+
+    # --- receiving ------------------------------------------------------------------------------
+    def register_handler(self, kind, handler, inline=False):
+        """``handler(src, envelope, payloads)`` for each message of ``kind``: on the pool, or
+        ``inline`` on the progress thread (quick handlers that must keep arrival order)."""
+        self._handlers[kind] = (handler, inline)
+
+    def _progress(self):
+        status = MPI.Status()
+        last_activity, delay = time.monotonic(), 0.0
+        while self._running:
+            busy = self._complete_sends()
+            if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
+                self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+                busy = True
+            if busy:
+                last_activity, delay = time.monotonic(), 0.0
+            elif time.monotonic() - last_activity > _IDLE_SPIN_SECONDS:
+                # Idle: sleep a little longer each time, so a quiet agent leaves the CPU free.
+                delay = min(max(delay * 2, 2e-5), _MAX_SLEEP_SECONDS)
+                time.sleep(delay)
+
+    def _complete_sends(self):
+        with self._send_lock:
+            if not self._pending_sends:
+                return False
+            still = [(reqs, bufs) for reqs, bufs in self._pending_sends
+                     if not MPI.Request.Testall(reqs)]
+            done = len(still) != len(self._pending_sends)
+            self._pending_sends = still
+            return done
+
+    def _receive(self, src, nbytes):
+        data = np.empty(nbytes, np.uint8)
+        self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
+        envelope = pickle.loads(data.tobytes())
+        tag = self._payload_tag(envelope["id"])
+        payloads = []
+        for shape, dtype in envelope["specs"]:
+            array = np.empty(shape, np.dtype(dtype))
+            self.comm.Recv(MessageBuffer(array, writable=True).spec, source=src, tag=tag)
+            payloads.append(array)
+        reply_to = envelope.get("reply_to")
+        if reply_to is not None:
+            with self._waiting_lock:
+                future = self._waiting.pop(reply_to, None)
+            if future is not None:
+                self._pool.submit(self._resolve, future, src, envelope, payloads)
+            return
+        handler, inline = self._handlers.get(envelope["kind"], (None, False))
+        if handler is None:
+            return
+        if inline:
+            self._run_handler(handler, src, envelope, payloads)
+        else:
+            self._pool.submit(self._run_handler, handler, src, envelope, payloads)
+
+    def _resolve(self, future, src, envelope, payloads):
+        try:
+            future.set_result((envelope, payloads))
+        except BaseException as exc:  # a callback failed: it must not kill the pool thread
+            traceback.print_exc()
+            del exc
+
+    def _run_handler(self, handler, src, envelope, payloads):
+        try:
+            handler(src, envelope, payloads)
+        except BaseException:
+            traceback.print_exc()  # handlers reply with errors themselves; this is a bug
+
+    # --- shutdown -------------------------------------------------------------------------------
+    def join(self, timeout):
+        """Every rank reaches this point (others' requests keep being served meanwhile)."""
+        request = self.comm.Ibarrier()
+        deadline = time.monotonic() + timeout if timeout else None
+        while not request.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
+                                      f"within {timeout:g} s")
+            time.sleep(1e-4)
+
+    def stop(self):
+        self._running = False
+        self._thread.join()
+        deadline = time.monotonic() + 10
+        while self._pending_sends and time.monotonic() < deadline:
+            self._complete_sends()
+            time.sleep(1e-4)
+        self._pool.shutdown(wait=True)
+        self.comm.Free()
