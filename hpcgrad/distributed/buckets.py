@@ -1,13 +1,14 @@
 """Group parameters into gradient buckets by size, per dtype and device (the seed's rules)."""
 
 from .. import backend
+from ..tensor import Tensor
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early
 
 
 def compute_bucket_assignment_by_size(tensors, bucket_size_limits, expect_sparse_gradient=None,
                                       tensor_indices=None):
-    """Lists of tensor indices, one per bucket.
+    """Lists of tensor indices, one per bucket (``tensors``: hpcgrad Tensors or arrays).
 
     Tensors of one (dtype, device) fill a bucket until it reaches the current size limit; the
     limits are taken in turn per key (the last one repeats). A tensor expecting a sparse
@@ -33,7 +34,10 @@ def compute_bucket_assignment_by_size(tensors, bucket_size_limits, expect_sparse
         if expect_sparse_gradient is not None and expect_sparse_gradient[index]:
             result.append([index])
             continue
-        data = getattr(tensor, "data", tensor)
+        if getattr(tensor, "is_sparse", False):
+            raise ValueError(f"compute_bucket_assignment_by_size: tensor {index} is sparse; "
+                             "buckets hold dense tensors (mark it in expect_sparse_gradient)")
+        data = tensor.data if isinstance(tensor, Tensor) else tensor
         key = (data.dtype, backend.device_of(data))
         bucket = open_buckets.setdefault(key, [[], 0])
         bucket[0].append(index)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import backend, kernels
 from ..autograd.engine import Engine
 from ..tensor import Tensor
-from .buckets import DEFAULT_FIRST_BUCKET_BYTES, compute_bucket_assignment_by_size
+from . import buckets as bucket_rules
 from ..sparse import SparseCOOTensor
 from .process_group import ReduceOp
 from .sparse_reduce import SparseAllGather
@@ -393,9 +393,10 @@ class Reducer:
             # the same order; an order missing some gradient keeps the current buckets.
             order, indices = self.rebuilt_param_indices, None
             if self.process_group.rank() == 0 and sorted(order) == list(range(len(self.params))):
-                indices = compute_bucket_assignment_by_size(
+                indices = bucket_rules.compute_bucket_assignment_by_size(
                     [self.params[i] for i in order],
-                    [DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap], self.expect_sparse, order)
+                    [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap],
+                    self.expect_sparse, order)
             indices = self.process_group.comm.bcast(indices, root=0)
             self.has_rebuilt_buckets = True
             self.rebuilt_param_indices = []

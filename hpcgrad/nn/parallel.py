@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ..autograd import grad_mode
-from ..distributed.buckets import DEFAULT_FIRST_BUCKET_BYTES, compute_bucket_assignment_by_size
+from ..distributed import buckets as bucket_rules
 from ..distributed.reducer import Reducer
 from ..tensor import Tensor
 from .module import Module
@@ -62,8 +62,8 @@ class DistributedDataParallel(Module):
         expect_sparse = [id(p) in sparse_weights for p in params]
         cap = int(bucket_cap_mb * (1 << 20))
         # Built in registration order, then reversed: gradients arrive roughly last-to-first.
-        indices = compute_bucket_assignment_by_size(params, [DEFAULT_FIRST_BUCKET_BYTES, cap],
-                                                    expect_sparse)
+        indices = bucket_rules.compute_bucket_assignment_by_size(
+            params, [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, cap], expect_sparse)
         object.__setattr__(self, "reducer", Reducer(
             params, list(reversed(indices)), self.process_group, expect_sparse, cap,
             find_unused_parameters, gradient_as_bucket_view, [n for n, _ in named]))
