@@ -68,7 +68,9 @@ class MessageBuffer:
 
     __slots__ = ("array", "staged", "writable", "spec")
 
-    def __init__(self, array, writable=False, name="tensor"):
+    def __init__(self, array, writable=False, name="tensor", upcast=False):
+        """``upcast``: send float16 as float32 even where MPI has a float16 type (for AVG, whose
+        sum would overflow 65504 before the division)."""
         if type(array) is np.ndarray:  # the hot path: one flags object, one dict lookup
             flags = array.flags
             if not flags.c_contiguous:
@@ -76,7 +78,7 @@ class MessageBuffer:
             if writable and not flags.writeable:
                 raise _read_only(name)
             mpi_type = _MPI_TYPES.get(array.dtype)
-            if mpi_type is not None:
+            if mpi_type is not None and not (upcast and array.dtype.name in _UPCAST):
                 self.array = self.staged = array
                 self.writable = writable
                 self.spec = [array, mpi_type]
@@ -94,7 +96,7 @@ class MessageBuffer:
             if not cuda_aware():
                 staged = cupy.asnumpy(array)
         dtype = staged.dtype
-        mpi_type = _MPI_TYPES.get(dtype)
+        mpi_type = None if upcast and dtype.name in _UPCAST else _MPI_TYPES.get(dtype)
         if mpi_type is None:
             if dtype.name not in _UPCAST:
                 raise TypeError(f"{name} has dtype {dtype}, which hpcgrad cannot send over MPI; "

@@ -52,7 +52,7 @@ def _finish_buffer(buf):
 
 
 def _finish_average(buf, size):
-    """Divide the sum by ``size`` where MPI left it (in float32 when staged), then copy back."""
+    """Divide the sum by ``size`` where MPI left it (float32 for float16 inputs), then copy back."""
     def finish():
         buf.staged[...] /= size
         buf.finish()
@@ -114,7 +114,7 @@ class ProcessGroup:
         if self._checker is not None:
             self._checker.check(self._seq + 1, "allreduce", array, op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
-        buf = MessageBuffer(array, writable=True)
+        buf = MessageBuffer(array, writable=True, upcast=op is _AVG)
         request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
         return self._work("allreduce", array, [request], (buf,), finish, result)
@@ -133,7 +133,7 @@ class ProcessGroup:
         self._check("reduce", array, dst=dst, op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
         root = self._rank == dst
-        buf = MessageBuffer(array, writable=root)
+        buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
         if root:
             request = self.comm.Ireduce(_IN_PLACE, buf.spec, mpi_op, root=dst)
         else:
@@ -157,7 +157,9 @@ class ProcessGroup:
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
         _expect_dtype(output, array, "reduce_scatter output")
         mpi_op = _mpi_op(op, array)
-        send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
+        avg = op is _AVG
+        send = MessageBuffer(array, upcast=avg)
+        recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
         finish = _finish_average(recv, self._size) if op is _AVG else _finish_buffer(recv)
         return self._work("reduce_scatter", array, [request], (send, recv), finish, result)

@@ -39,8 +39,15 @@ def dtype_param(name, *values, id=None):
 
 
 def dtype_mode_cases():
-    """Every dtype with every call mode."""
+    """Every dtype with every call mode (the full product: for the point-to-point ring)."""
     return [dtype_param(d, m, id=f"{d}-{m}") for d in DTYPE_NAMES for m in MODES]
+
+
+def rotated_cases(names):
+    """Every (name, dtype), with the mode rotating along both: each name meets every mode."""
+    return [dtype_param(d, name, MODES[(i + k) % len(MODES)],
+                        id=f"{name}-{d}-{MODES[(i + k) % len(MODES)]}")
+            for k, name in enumerate(names) for i, d in enumerate(DTYPE_NAMES)]
 
 
 def reduction_cases():

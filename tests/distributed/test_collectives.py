@@ -25,8 +25,7 @@ def test_reduction(name, dtype, op, mode):
     REDUCTIONS[name](dtype, op, mode)
 
 
-@pytest.mark.parametrize("name", MOVES)
-@pytest.mark.parametrize("dtype, mode", cases.dtype_mode_cases())
+@pytest.mark.parametrize("dtype, name, mode", cases.rotated_cases(MOVES))
 def test_data_movement(name, dtype, mode):
     MOVES[name](dtype, mode)
 
