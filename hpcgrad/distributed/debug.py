@@ -35,8 +35,8 @@ class CallChecker:
 
     def check(self, seq, name, array, **extra):
         from .work import wait_requests  # work imports nothing from here; keep it one-way
-        call = {"seq": seq, "op": name, "shape": list(array.shape), "dtype": str(array.dtype)}
-        call.update(extra)
+        call = dict(extra)  # e.g. src, dst, reduce_op; never overriding the fields below
+        call.update(seq=seq, op=name, shape=list(array.shape), dtype=str(array.dtype))
         encoded = json.dumps(call, sort_keys=True).encode()
         if len(encoded) > _SIGNATURE_BYTES:
             raise ValueError(f"call signature too long to check: {encoded[:80]!r}...")
@@ -45,7 +45,8 @@ class CallChecker:
         everyone = np.zeros((self.comm.Get_size(), _SIGNATURE_BYTES), np.uint8)
         request = self.comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
         wait_requests([request], self.timeout,
-                      lambda: f"{DEBUG_ENV}=DETAIL check before {name} #{seq}")
+                      lambda: f"{name} #{seq} ({array.size} x {array.dtype}, shape "
+                              f"{list(array.shape)}), at its {DEBUG_ENV}=DETAIL call check,")
         calls = [row.tobytes().rstrip(b"\0").decode() for row in everyone]
         if len(set(calls)) > 1:
             lines = "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls))

@@ -112,7 +112,8 @@ class ProcessGroup:
     def iallreduce(self, array, op=ReduceOp.SUM, result=None):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
         if self._checker is not None:
-            self._checker.check(self._seq + 1, "allreduce", array, op=getattr(op, "value", str(op)))
+            self._checker.check(self._seq + 1, "allreduce", array,
+                                reduce_op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
         buf = MessageBuffer(array, writable=True, upcast=op is _AVG)
         request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
@@ -130,7 +131,7 @@ class ProcessGroup:
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays are left as they are."""
         self._check_rank(dst, "dst")
-        self._check("reduce", array, dst=dst, op=getattr(op, "value", str(op)))
+        self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
         root = self._rank == dst
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
@@ -153,7 +154,7 @@ class ProcessGroup:
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
-        self._check("reduce_scatter", array, op=getattr(op, "value", str(op)))
+        self._check("reduce_scatter", array, reduce_op=getattr(op, "value", str(op)))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
         _expect_dtype(output, array, "reduce_scatter output")
         mpi_op = _mpi_op(op, array)
