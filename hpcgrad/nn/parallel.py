@@ -49,7 +49,8 @@ class DistributedDataParallel(Module):
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
         self._join = None  # (divide_by_initial_world_size) inside join()
-        self._iterations = 0
+        self._iterations = 0  # synced iterations, shadowed ones included: equal on all ranks
+        self._trained = 0  # synced iterations this rank ran itself: its model is current if max
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have "
@@ -112,6 +113,7 @@ class DistributedDataParallel(Module):
             self.reducer.prepare_for_backward(
                 _find_tensors(output) if self.find_unused_parameters else ())
             self._iterations += 1
+            self._trained += 1
         if active is not None:
             active.wait()  # a pending request must complete even when nobody needs its value
         return output
@@ -156,6 +158,8 @@ class DistributedDataParallel(Module):
             self._shadow_until_all_done()
         finally:
             self._join = None
+            # Outside join() the divisor is the world size again, not the last active count.
+            self.reducer.set_forward_pass_work_handle(None)
 
     def _announce_active(self):
         """Count the active ranks of this iteration (joined ranks answer 0)."""
@@ -181,7 +185,9 @@ class DistributedDataParallel(Module):
         self._iterations += 1
 
     def _sync_final_model(self):
-        mine = np.array([self._iterations * self.process_group.size()
+        # Joined ranks stopped updating: the model to keep is one of a rank that trained the
+        # most iterations itself (the lowest such rank), not of one that only shadowed them.
+        mine = np.array([self._trained * self.process_group.size()
                          + (self.process_group.size() - 1 - self.process_group.rank())])
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.process_group)
         authority = self.process_group.size() - 1 - int(mine[0] % self.process_group.size())
