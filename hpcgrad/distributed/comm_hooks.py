@@ -38,11 +38,17 @@ def fp16_compress_hook(state, bucket):
 
 
 def _to_bfloat16_bits(array):
-    """float32 -> the upper 16 bits, rounded to nearest even (bfloat16, kept as uint16)."""
+    """float32 -> the upper 16 bits, rounded to nearest even (bfloat16, kept as uint16).
+
+    A NaN is truncated with its quiet bit set instead: rounding its mantissa up would carry
+    into the exponent or wrap past the sign (0x7FFFFFFF -> -0), hiding the NaN.
+    """
     xp = backend.get_array_module(array)
     bits = xp.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) >> 16).astype(np.uint16)
+    rounded = ((bits + rounding) >> 16).astype(np.uint16)
+    quiet_nan = ((bits >> 16) | np.uint32(0x0040)).astype(np.uint16)
+    return xp.where(xp.isnan(array), quiet_nan, rounded)
 
 
 def _from_bfloat16_bits(bits):
