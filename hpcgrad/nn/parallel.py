@@ -71,19 +71,26 @@ class DistributedDataParallel(Module):
 
     # --- construction ---------------------------------------------------------------------------
     def _verify_same_parameters(self, named):
+        """Every rank raises, naming the first parameter (name, shape, dtype) where a rank's
+        model differs from the first rank's; the collective comes first, so nobody hangs."""
         mine = [(n, list(p.shape), str(p.dtype)) for n, p in named]
         everyone = self.process_group.comm.allgather(mine)
-        reference = everyone[0]
-        for rank, theirs in enumerate(everyone):
-            if len(theirs) != len(reference):
-                raise ValueError(f"DistributedDataParallel expects the same model on every rank: "
-                                 f"rank {rank} has {len(theirs)} parameters requiring grad, "
-                                 f"rank 0 has {len(reference)}")
-            for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
-                if (n0, s0, d0) != (n, s, d):
-                    raise ValueError(f"DistributedDataParallel expects the same model on every "
-                                     f"rank: rank {rank} has parameter {n} {s} {d} where rank 0 "
-                                     f"has {n0} {s0} {d0}")
+        reference, ranks = everyone[0], self.process_group.ranks
+        for rank, theirs in zip(ranks, everyone):
+            for i in range(max(len(theirs), len(reference))):
+                if i < len(theirs) and i < len(reference) and theirs[i] == reference[i]:
+                    continue
+                if i >= len(reference):
+                    problem = "has parameter {} {} {} that rank {} does not have".format(
+                        *theirs[i], ranks[0])
+                elif i >= len(theirs):
+                    problem = "lacks parameter {} {} {} of rank {}".format(*reference[i], ranks[0])
+                else:
+                    problem = "has parameter {} {} {} where rank {} has {} {} {}".format(
+                        *theirs[i], ranks[0], *reference[i])
+                raise ValueError("DistributedDataParallel expects the same model on every rank "
+                                 "(parameters requiring grad, in registration order): rank "
+                                 f"{rank} {problem}")
 
     def _sync_module_states(self):
         """Rank 0's parameters and buffers everywhere (a model may be initialized per rank)."""
