@@ -349,16 +349,20 @@ class Reducer:
 
     def ensure_prior_reduction_finished(self):
         if self.require_finalize:
-            missing = [self.names[b.variable_indices[k]] for b in self.buckets
-                       for k in range(len(b.variables)) if b.pending]
+            marked = set(self.ready_order)  # this unfinished iteration's ready parameters
+            missing = [self.names[i] for i in range(len(self.params)) if i not in marked]
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a "
                 "new one. This error indicates that your module has parameters that were not "
-                "used in producing loss. You can enable unused parameter detection by passing "
-                "the keyword argument `find_unused_parameters=True` to "
-                "`hpcgrad.nn.parallel.DistributedDataParallel`, and by making sure all `forward` "
-                "function outputs participate in calculating loss. Parameters in buckets that "
-                f"did not finish on rank {self.process_group.rank()}: {missing}")
+                "used in producing loss. You can enable unused parameter detection by (1) "
+                "passing the keyword argument `find_unused_parameters=True` to "
+                "`hpcgrad.nn.parallel.DistributedDataParallel`; (2) making sure all `forward` "
+                "function outputs participate in calculating loss. If you already have done the "
+                "above two steps, then the distributed data parallel module wasn't able to "
+                "locate the output tensors in the return value of your module's `forward` "
+                "function (tensors, lists, tuples and dicts of them are searched). Parameters "
+                f"which did not receive grad for rank {self.process_group.rank()}: "
+                f"{', '.join(missing)}")
 
     def _ready_twice_message(self, index):
         common = (f"Expected to mark a variable ready only once (parameter "
@@ -390,7 +394,8 @@ class Reducer:
             if self.has_rebuilt_buckets or self.find_unused_parameters:
                 return False
             # Rank 0 decides (every rank calls this bcast), so all launch the same buckets in
-            # the same order; an order missing some gradient keeps the current buckets.
+            # the same order; an order missing some gradient keeps the current buckets until
+            # a later iteration records a complete one.
             order, indices = self.rebuilt_param_indices, None
             if self.process_group.rank() == 0 and sorted(order) == list(range(len(self.params))):
                 indices = bucket_rules.compute_bucket_assignment_by_size(
@@ -398,10 +403,10 @@ class Reducer:
                     [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap],
                     self.expect_sparse, order)
             indices = self.process_group.comm.bcast(indices, root=0)
-            self.has_rebuilt_buckets = True
             self.rebuilt_param_indices = []
             if indices is None:
-                return False
+                return False  # as the seed: try again once a backward has recorded an order
+            self.has_rebuilt_buckets = True
             self.initialize_buckets(indices)
             return True
 
