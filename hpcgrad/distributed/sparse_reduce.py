@@ -11,15 +11,17 @@ from .work import wait_requests
 class SparseAllGather:
     """Start gathering every rank's rows of a sparse gradient; ``result()`` is their coalesced sum.
 
-    The row counts differ per rank, so they are exchanged first (a small blocking allgather),
-    then indices and values travel with nonblocking Iallgatherv.
+    The row counts differ per rank, so they are exchanged first (a small allgather, waited for
+    within the group's timeout), then indices and values travel with nonblocking Iallgatherv.
     """
 
     def __init__(self, process_group, grad):
         comm = process_group.comm
         self._timeout = process_group.timeout
         self._shape = grad.shape
-        nnz = comm.allgather(int(grad.indices.shape[0]))
+        counts = np.empty((process_group.size(), 1), dtype=np.int64)
+        process_group.iallgather(counts, np.array([grad.indices.shape[0]], np.int64)).wait()
+        nnz = [int(n) for n in counts[:, 0]]
         row = int(np.prod(grad.shape[1:], dtype=np.int64))
         xp = backend.get_array_module(grad.values)
         self._indices = xp.empty(sum(nnz), dtype=np.int64)
