@@ -9,6 +9,7 @@ callback on the engine that waits for every bucket and writes the averaged gradi
 
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
@@ -121,14 +122,26 @@ class Reducer:
         self.initialize_buckets(bucket_indices)
 
     def _make_autograd_hook(self, index):
+        # A weak reference: the hooks live on accumulators the reducer holds, so a strong one
+        # would be a cycle, and a dropped (say, failed) DDP would go on marking parameters of
+        # the model, under a new DDP too, until the cyclic collector happened to run. The seed
+        # removes its hooks in ~Reducer for this reason; __del__ does here.
+        reducer = weakref.ref(self)
+
         def hook(grad_inputs, grad_outputs):
-            self.autograd_hook(index)
+            alive = reducer()
+            if alive is not None:
+                alive.autograd_hook(index)
         return hook
 
     def remove_hooks(self):
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles = []
+
+    def __del__(self):
+        if getattr(self, "_hook_handles", None):
+            self.remove_hooks()
 
     # --- buckets ------------------------------------------------------------------------------
     def initialize_buckets(self, bucket_indices):
