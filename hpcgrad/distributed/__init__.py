@@ -7,4 +7,5 @@ from .api import (NON_GROUP_MEMBER, all_gather, all_gather_into_tensor, all_gath
                   new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, send)
 from .debug import CollectiveMismatchError  # noqa: F401
 from .process_group import ProcessGroup, ReduceOp  # noqa: F401
+from .progress import progress_thread, start_progress_thread, stop_progress_thread  # noqa: F401
 from .work import CommTimeoutError, Future, Work  # noqa: F401

@@ -42,8 +42,10 @@ def init_process_group(backend="mpi", timeout=None, **unused):
     """Start the default group over all MPI ranks (idempotent; the MPI is already running).
 
     ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
-    bounds every blocking wait. Rendezvous arguments of PyTorch (init_method, rank,
-    world_size, store) are accepted and ignored: mpiexec/srun already placed the ranks.
+    bounds every blocking wait. HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread
+    (Note [Communication progress] in progress.py). Rendezvous arguments of PyTorch
+    (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
+    placed the ranks.
     """
     global _default_group, _local
     if backend not in ("mpi", None):
@@ -57,6 +59,8 @@ def init_process_group(backend="mpi", timeout=None, **unused):
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
+        from .progress import start_from_env
+        start_from_env()
     return _default_group
 
 

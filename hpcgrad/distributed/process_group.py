@@ -6,7 +6,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from . import debug
+from . import debug, progress
 from .buffers import MessageBuffer, is_floating
 from .work import Work, wait_requests
 
@@ -102,7 +102,10 @@ class ProcessGroup:
             return (f"{name}{where} #{seq} ({array.size} x {array.dtype}, shape "
                     f"{list(array.shape)}) in a group of {size} ranks")
 
-        return Work(requests, buffers, describe, self.timeout, finish, result)
+        work = Work(requests, buffers, describe, self.timeout, finish, result)
+        if progress._thread is not None and array.nbytes >= progress._MIN_BYTES:
+            progress._thread.watch(work)  # Note [Communication progress]
+        return work
 
     def _check(self, name, array, **extra):
         if self._checker is not None:

@@ -180,3 +180,48 @@ def test_completion_from_two_threads(world):
     poller.join(timeout=20)
     assert seen == [True]
     assert np.all(x == 1.0)  # divided by the size exactly once
+
+
+# --- the progress thread (Note [Communication progress]) -----------------------------------------
+@pytest.fixture
+def progress_thread():
+    thread = dist.start_progress_thread(interval=1e-4)
+    yield thread
+    dist.stop_progress_thread()
+    assert dist.progress_thread() is None
+
+
+@pytest.mark.mpi
+def test_progress_thread_completes_work_nobody_waits_for(world, progress_thread):
+    """A 1 MB AVG all_reduce finishes (division included) while this thread only sleeps."""
+    assert dist.start_progress_thread() is progress_thread  # started once
+    x = np.full(1 << 17, float(dist.get_rank()))
+    work = dist.all_reduce(x, ReduceOp.AVG, async_op=True)
+    threads = []
+    chained = work.get_future().then(lambda f: threads.append(threading.current_thread().name))
+    small = dist.all_reduce(np.zeros(4), async_op=True)  # below 64 KB: not watched
+    assert work in progress_thread.pending() or work.is_completed()
+    assert small not in progress_thread.pending()
+    deadline = time.monotonic() + 20
+    while not work._completed and time.monotonic() < deadline:
+        time.sleep(1e-3)  # never enters MPI here
+    assert work._completed, "the progress thread did not complete the all_reduce"
+    n = dist.get_world_size()
+    assert np.all(x == (n - 1) / 2)
+    chained.wait()
+    assert threads == ["hpcgrad-progress"]  # the callback ran where the Work completed
+    small.wait()
+    assert progress_thread.pending() == []
+
+
+def test_progress_env(monkeypatch):
+    from hpcgrad.distributed import progress
+    monkeypatch.setenv(progress.PROGRESS_ENV, "yes")
+    with pytest.raises(ValueError, match="HPCGRAD_PROGRESS_THREAD must be 0 or 1, got 'yes'"):
+        progress.start_from_env()
+    monkeypatch.setenv(progress.PROGRESS_ENV, "1")
+    try:
+        progress.start_from_env()
+        assert dist.progress_thread() is not None
+    finally:
+        dist.stop_progress_thread()
