@@ -60,15 +60,19 @@ def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
     agent.fail_pending(RpcError("RPC agent shut down before the reply arrived"))
     agent.stop()
     _agent = None
+    from ..autograd import _uninstall
+    _uninstall()
     with _rref_lock:
         _rrefs.clear()
 
 
 def get_worker_info(worker_name=None):
+    """WorkerInfo(name, id) of this rank, or of the worker with that name (or rank)."""
     agent = _require_agent()
     if worker_name is None:
         return WorkerInfo(agent.name, agent.rank)
-    return WorkerInfo(worker_name, _rank_of(worker_name))
+    rank = _rank_of(worker_name)
+    return WorkerInfo(agent.names[rank], rank)
 
 
 def _rank_of(to):
@@ -108,7 +112,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
     """``rpc_async(...).wait()``: blocks until the result arrives, or raises past ``timeout``."""
-    return rpc_async(to, func, args, kwargs, timeout).wait(timeout or None)
+    return rpc_async(to, func, args, kwargs, timeout).wait()
 
 
 def _call(to, kind, obj, timeout):
@@ -120,8 +124,8 @@ def _call(to, kind, obj, timeout):
     name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
     reply = agent.request(dst, kind, body, payloads,
                           describe=f"RPC {name} to {agent.names[dst]} (rank {dst})",
-                          **_context_fields())
-    result = RpcFuture(reply.describe)
+                          timeout=timeout, **_context_fields())
+    result = RpcFuture(reply.describe, timeout)
 
     def unpack(fut):
         try:
@@ -134,7 +138,6 @@ def _call(to, kind, obj, timeout):
             result.set_exception(exc)
 
     reply.add_done_callback(unpack)
-    result._timeout = timeout
     return result
 
 
@@ -206,7 +209,7 @@ class RRef:
             created.wait(timeout or None)  # the remote() call's own error surfaces here
         if self.is_owner():
             return self.local_value()
-        return _call(self._owner, "fetch", self._id, timeout).wait(timeout or None)
+        return _call(self._owner, "fetch", self._id, timeout).wait()
 
     def __getstate__(self):
         return (self._owner, self._id)

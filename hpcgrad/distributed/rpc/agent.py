@@ -9,6 +9,7 @@ Note [RPC wire format]
     Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
 """
 
+import heapq
 import itertools
 import pickle
 import threading
@@ -38,12 +39,12 @@ class RpcTimeoutError(RpcError, TimeoutError):
 class RpcFuture:
     """The eventual result of an RPC (``wait(timeout)``, ``value()``, ``then(fn)``, ``done()``)."""
 
-    def __init__(self, describe=""):
+    def __init__(self, describe="", timeout=None):
         self._event = threading.Event()
         self._value = self._error = None
         self._callbacks = []
         self._lock = threading.Lock()
-        self.describe = describe
+        self.describe, self.timeout = describe, timeout
 
     def done(self):
         return self._event.is_set()
@@ -65,11 +66,16 @@ class RpcFuture:
             callback(self)
 
     def wait(self, timeout=None):
+        """The result (or raise the error). A request's own timeout ends it without ``timeout``."""
         if not self._event.wait(timeout):
             raise RpcTimeoutError(f"{self.describe} timed out after {timeout:g} s")
         if self._error is not None:
             raise self._error
         return self._value
+
+    def exception(self):
+        """The error it completed with (None if none, or not completed yet)."""
+        return self._error if self.done() else None
 
     def value(self):
         if not self.done():
@@ -84,7 +90,7 @@ class RpcFuture:
         callback(self)
 
     def then(self, callback):
-        chained = RpcFuture(self.describe)
+        chained = RpcFuture(self.describe, self.timeout)
 
         def run(fut):
             try:
@@ -112,6 +118,7 @@ class MPIRpcAgent:
         self._send_lock = threading.Lock()
         self._pending_sends = []      # (requests, buffers) alive until MPI completes them
         self._waiting = {}            # message id -> RpcFuture of its reply
+        self._deadlines = []          # heap of (deadline, message id) of requests with a timeout
         self._waiting_lock = threading.Lock()
         self._handlers = {}           # kind -> handler(src, envelope, obj) run on the pool
         self._pool = ThreadPoolExecutor(num_worker_threads,
@@ -131,12 +138,18 @@ class MPIRpcAgent:
         self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
         return message_id
 
-    def request(self, dst, kind, body=b"", payloads=(), describe="", **fields):
-        """Send and return an RpcFuture completed by the reply (set before the send: no race)."""
-        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})")
-        message_id = next(self._ids)
+    def request(self, dst, kind, body=b"", payloads=(), describe="", timeout=None, **fields):
+        """Send and return an RpcFuture completed by the reply (set before the send: no race).
+
+        Past ``timeout`` seconds (None or 0: never) the future fails with RpcTimeoutError and
+        the request is forgotten: a late reply is dropped.
+        """
+        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout)
+        message_id = future.message_id = next(self._ids)
         with self._waiting_lock:
             self._waiting[message_id] = future
+            if timeout:
+                heapq.heappush(self._deadlines, (time.monotonic() + timeout, message_id))
         try:
             self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
         except BaseException:
@@ -167,9 +180,32 @@ class MPIRpcAgent:
         for future in waiting.values():
             future.set_exception(error)
 
+    def cancel(self, future, error):
+        """Forget the request of ``future`` (a reply is dropped) and fail it with ``error``."""
+        with self._waiting_lock:
+            self._waiting.pop(getattr(future, "message_id", None), None)
+        future.set_exception(error)
+
     def pending_count(self):
+        """Requests still waiting for their reply."""
         with self._waiting_lock:
             return len(self._waiting)
+
+    def _expire_requests(self):
+        now = time.monotonic()
+        expired = []
+        with self._waiting_lock:
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][0] <= now:
+                future = self._waiting.pop(heapq.heappop(deadlines)[1], None)
+                if future is not None:
+                    expired.append(future)
+            if len(deadlines) > 2 * len(self._waiting) + 1024:  # drop answered requests
+                self._deadlines = [d for d in deadlines if d[1] in self._waiting]
+                heapq.heapify(self._deadlines)
+        for future in expired:
+            future.set_exception(RpcTimeoutError(f"{future.describe} timed out after "
+                                                 f"{future.timeout:g} s"))
 
     # --- receiving ------------------------------------------------------------------------------
     def register_handler(self, kind, handler, inline=False):
@@ -182,6 +218,8 @@ class MPIRpcAgent:
         last_activity, delay = time.monotonic(), 0.0
         while self._running:
             busy = self._complete_sends()
+            if self._deadlines and self._deadlines[0][0] <= time.monotonic():
+                self._expire_requests()
             if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
                 self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
                 busy = True

@@ -91,4 +91,5 @@ def decode(header, payloads, attach_recv=None):
 
 def _host(array):
     array = backend.to_device(array, backend.CPU)
-    return np.ascontiguousarray(array)
+    # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+    return array if array.flags.c_contiguous else np.array(array, order="C")
