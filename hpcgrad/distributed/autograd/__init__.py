@@ -10,16 +10,32 @@ or ``send``/``recv``) gets a SendRpcBackward on the sender and a RecvRpcBackward
 receiver, registered in the context under one message id; backward follows them back.
 All send/recv functions of a context are assumed to take part in its backward (PyTorch's
 FAST mode).
+
+SPMD pipelines use ``send``/``recv`` instead of RPC: every rank opens its own context; a tensor
+received inside a context joins that context, and its gradient goes back to the sender's.
+
+    with dist_autograd.context() as ctx:            # on every rank
+        h = x if rank == 0 else dist_autograd.recv(rank - 1)
+        h = stage(h)
+        if rank < last:
+            dist_autograd.send(h, rank + 1)
+            dist_autograd.wait_for_backward(ctx)    # until the gradients came back through here
+        else:
+            dist_autograd.backward(ctx, [loss_fn(h)])
+        grads = dist_autograd.get_gradients(ctx)
 """
 
+import concurrent.futures
 import contextlib
 import itertools
 import queue
 import threading
+import time
 
 from ...tensor import Tensor
+from ..rpc.agent import RpcError, RpcFuture, RpcTimeoutError
 from .context import container, current_context_id, set_current
-from .engine import dist_engine
+from .engine import dist_engine, fail_graph_task
 from .functions import RecvRpcBackward, SendRpcBackward
 
 _agent = None
@@ -46,6 +62,12 @@ def _install(agent):
     agent.register_handler("p2p", _serve_p2p, inline=True)  # arrival order is recv() order
 
 
+def _uninstall():
+    """Called by rpc.shutdown."""
+    global _agent
+    _agent = None
+
+
 # --- contexts ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def context():
@@ -69,7 +91,12 @@ def _release(context_id):
 
 
 def _serve_release(src, envelope, payloads):
-    container.release(envelope["context_id"])
+    """Release here, and on every rank this one reached in the context (nested RPCs)."""
+    ctx = container.release(envelope["context_id"])
+    if ctx is None:
+        return
+    for worker in sorted(ctx.known_workers - {src, _agent.rank}):
+        _agent.send(worker, "release", context_id=ctx.context_id)
 
 
 @contextlib.contextmanager
@@ -109,11 +136,16 @@ def attach_send(tensor):
 
 
 def attach_recv(tensor, ids, src):
-    """On the receiver: ``tensor`` becomes the output of a RecvRpcBackward toward ``src``."""
-    context_id, message_id = ids
-    ctx = container.get_or_create(context_id)
+    """On the receiver: ``tensor`` becomes the output of a RecvRpcBackward toward ``src``.
+
+    It joins the current context (an RPC runs in its caller's; an SPMD rank in its own), or,
+    on a thread without one (an RPC result arriving), the sender's context.
+    """
+    peer_context_id, message_id = ids
+    current = current_context_id()
+    ctx = container.get_or_create(peer_context_id if current is None else current)
     ctx.known_workers.add(src)
-    fn = RecvRpcBackward(ctx, message_id, src, tensor, _send_grad)
+    fn = RecvRpcBackward(ctx, peer_context_id, message_id, src, tensor, _send_grad)
     ctx.add_recv_function(message_id, fn)
     tensor.requires_grad, tensor.grad_fn, tensor._output_nr = True, fn, 0
     return tensor
@@ -126,11 +158,36 @@ def note_peer(dst):
         container.retrieve(context_id).known_workers.add(dst)
 
 
-def _send_grad(peer, context_id, message_id, array):
+def _send_grad(node, graph_task, array):
+    """RecvRpcBackward's gradient to its sender: an outstanding RPC of the running pass.
+
+    A failed or expired reply fails the running graph task at once (as PyTorch does), so no
+    rank waits for send functions that will never run.
+    """
     agent = _require_agent()
-    return agent.request(peer, "backward", payloads=[array], context_id=context_id,
-                         message_id=message_id,
-                         describe=f"backward to rank {peer} (context {context_id})")
+    ctx = getattr(graph_task, "dist_context", None) or node.context
+    from ..rpc.message import _host  # gradients are often broadcast views (strides 0)
+    reply = agent.request(node.peer, "backward", payloads=[_host(array)],
+                          context_id=node.peer_context_id, message_id=node.message_id,
+                          timeout=ctx.timeout, pass_timeout=ctx.timeout,
+                          describe=f"backward to rank {node.peer} (context "
+                                   f"{node.peer_context_id})")
+    result = RpcFuture(reply.describe, ctx.timeout)
+    result.message_id = reply.message_id  # cancel() forgets the request
+
+    def check(future):
+        try:
+            envelope, _ = future.value()
+            if envelope["kind"] == "error":
+                raise RpcError(envelope["error"])
+            result.set_result(None)
+        except BaseException as exc:  # noqa: BLE001  (goes to the graph task and the waiter)
+            result.set_exception(exc)
+            if graph_task is not None:
+                fail_graph_task(graph_task, exc)
+
+    reply.add_done_callback(check)
+    ctx.add_outstanding(result)
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -139,19 +196,62 @@ def backward(context_id, roots, retain_graph=False, timeout=DEFAULT_TIMEOUT):
 
     Gradients of leaves are accumulated in the context (``get_gradients``) on each rank.
     Returns when this rank's graph and every rank it sent gradients to are done; an error on
-    any rank is raised here as "Error on Node N: ...".
+    any rank is raised here as "Error on Node N: ..."; past ``timeout`` seconds (None: never)
+    an RpcTimeoutError names the rank still owing an answer. A context whose pass failed
+    refuses further gradients: use a fresh context.
     """
     _require_agent()
     ctx = container.retrieve(context_id)
-    dist_engine.execute(ctx, list(roots), retain_graph, lambda c: _wait_outstanding(c, timeout))
+    ctx.timeout, ctx.abandoned = timeout, False
+    dist_engine.execute(ctx, list(roots), retain_graph, lambda c: _wait_for_pass(c, timeout))
 
 
-def _wait_outstanding(ctx, timeout):
-    for future in ctx.take_outstanding():
-        future.wait(timeout)
-        envelope, _ = future.value()
-        if envelope["kind"] == "error":
-            raise RuntimeError(envelope["error"])
+def _wait_for_pass(ctx, timeout):
+    """The local graph (its send functions wait for other ranks), then every gradient sent on."""
+    deadline = time.monotonic() + timeout if timeout else None
+
+    def left():
+        return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+    pending = []
+    try:
+        try:
+            ctx.graph_task.future.result(left())
+        except concurrent.futures.TimeoutError:
+            raise _pass_timeout(ctx, ctx.take_outstanding(), timeout) from None
+        except BaseException as exc:
+            raise _node_error(exc) from exc
+        pending = ctx.take_outstanding()
+        for i, future in enumerate(pending):
+            try:
+                future.wait(left())
+            except RpcTimeoutError:
+                raise _pass_timeout(ctx, pending[i:], timeout) from None
+    except BaseException:
+        ctx.abandoned = True
+        error = RpcError(f"backward pass in context {ctx.context_id} was abandoned")
+        for future in pending + ctx.take_outstanding():
+            _agent.cancel(future, error)
+        raise
+
+
+def _pass_timeout(ctx, outstanding, timeout):
+    waiting = [f for f in outstanding if not f.done() or f.exception() is not None]
+    for f in outstanding:
+        _agent.cancel(f, RpcError(f"backward pass in context {ctx.context_id} timed out"))
+    what = (waiting[0].describe if waiting else
+            f"backward in context {ctx.context_id} (waiting for gradients from other ranks)")
+    return RpcTimeoutError(f"dist_autograd.backward: {what} timed out after {timeout:g} s")
+
+
+def _node_error(exc):
+    """``exc`` as "Error on Node N: ..." (N: where it was raised; remote errors already are)."""
+    text = str(exc)
+    kind = RpcTimeoutError if isinstance(exc, TimeoutError) else RpcError
+    if isinstance(exc, RpcError) and text.startswith("Error on Node"):
+        return kind(text)
+    notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
+    return kind(f"Error on Node {_agent.rank}: {type(exc).__name__}: {text}{notes}")
 
 
 def _serve_backward(src, envelope, payloads):
@@ -162,25 +262,31 @@ def _serve_backward(src, envelope, payloads):
         if error is None:
             agent.reply(src, envelope["id"], "done")
         else:
-            text = str(error) if str(error).startswith("Error on Node") else \
-                f"Error on Node {agent.rank}: {type(error).__name__}: {error}"
-            agent.reply(src, envelope["id"], "error", error=text)
+            agent.reply(src, envelope["id"], "error", error=str(_node_error(error)))
 
     try:
         ctx = container.retrieve(ctx_id)
+        if ctx.abandoned:
+            raise RuntimeError(f"a backward pass in context {ctx_id} failed or timed out on "
+                               "this rank earlier; run backward in a fresh context")
+        ctx.timeout = envelope.get("pass_timeout")  # bounds the gradients this rank sends on
         send_function = ctx.send_functions[envelope["message_id"]]
         send_function.grads = [Tensor._make(payloads[0], False, None, 0)]
         with context_guard(ctx_id):
             dist_engine.execute_send_function(ctx, send_function, False, on_done)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001  (answered to the peer)
         on_done(exc)
 
 
 def wait_for_backward(context_id, timeout=DEFAULT_TIMEOUT):
-    """On a rank that did not call backward: wait until the pass has finished its part here."""
-    if not container.retrieve(context_id).backward_done.wait(timeout):
-        raise TimeoutError(f"no backward pass finished on this rank for context {context_id} "
-                           f"within {timeout:g} s")
+    """On a rank that did not call backward: wait until the pass has finished its part here
+    (its local graph and every gradient it sent on); raises the error if that part failed."""
+    ctx = container.retrieve(context_id)
+    if not ctx.backward_done.wait(timeout):
+        raise RpcTimeoutError(f"wait_for_backward: no backward pass reached this rank in "
+                              f"context {context_id} within {timeout:g} s")
+    if ctx.backward_error is not None:
+        raise _node_error(ctx.backward_error)
 
 
 # --- SPMD point to point --------------------------------------------------------------------------
@@ -196,7 +302,8 @@ def send(tensor, dst):
 
 
 def recv(src, timeout=DEFAULT_TIMEOUT):
-    """The next tensor ``send`` by rank ``src`` (its backward returns the gradient to ``src``)."""
+    """The next tensor ``send`` by rank ``src``; inside a context it joins that context, and
+    backward returns its gradient to ``src``."""
     agent = _require_agent()
     if src == agent.rank:
         raise ValueError("receive from self would deadlock")

@@ -18,7 +18,10 @@ class DistAutogradContext:
         self.graph_task = None
         self._outstanding = []     # futures of gradients sent to peers (RecvRpcBackward)
         self.known_workers = set()
-        self.backward_done = threading.Event()
+        self.timeout = None         # of the current pass: bounds the RPCs it sends
+        self.abandoned = False      # a pass failed or timed out here: late messages are refused
+        self.backward_error = None  # why this rank's part of the last pass failed
+        self.backward_done = threading.Event()  # this rank's part of a pass ended (peers)
 
     def add_send_function(self, message_id, fn):
         with self._lock:
@@ -51,6 +54,13 @@ class DistAutogradContext:
         with self._lock:
             pending, self._outstanding = self._outstanding, []
             return pending
+
+    def finish_pass(self, error):
+        """This rank's part of a backward pass ended (``error`` None on success)."""
+        self.backward_error = error
+        if error is not None:
+            self.abandoned = True
+        self.backward_done.set()
 
 
 class DistAutogradContainer:

@@ -48,20 +48,21 @@ class DistEngine:
             return len(self._initialized)
 
     # --- the caller's side ------------------------------------------------------------------------
-    def execute(self, context, roots, retain_graph, wait_outstanding):
+    def execute(self, context, roots, retain_graph, wait):
+        """Backward from ``roots`` in ``context``; ``wait(context)`` blocks until every rank's part
+        is done (it raises on errors and timeouts). Cleans up on every outcome."""
         root_edges, grads = self._validate_roots(roots)
         graph_root = GraphRoot(root_edges, grads)
         with self._lock:
             if context.context_id in self._initialized:
                 raise RuntimeError(f"a backward pass is already running in context "
                                    f"{context.context_id}; run one backward per context")
+            self.compute_dependencies(context, graph_root, retain_graph)
             self._initialized.add(context.context_id)
         try:
-            self.compute_dependencies(context, graph_root, retain_graph)
             self.engine.run_until_ready_queue_empty(
                 NodeTask(context.graph_task, graph_root, InputBuffer()), True)
-            context.graph_task.future.result()
-            wait_outstanding(context)
+            wait(context)
         finally:
             self.cleanup(context)
 
@@ -120,40 +121,50 @@ class DistEngine:
             for edge in recv_edges:  # leaves for dependency counting, but they must run
                 graph_task.exec_info.setdefault(edge.node, ExecInfo()).needed = True
         graph_task.owner = CPU_DEVICE
+        graph_task.dist_context = context  # RecvRpcBackward files its reply under this context
         context.graph_task = graph_task
 
     # --- a peer's side ----------------------------------------------------------------------------
     def execute_send_function(self, context, send_function, retain_graph, on_done):
-        """Run ``send_function`` (its gradients set); ``on_done(error)`` when this rank's part is."""
+        """Run ``send_function`` (its gradients set); ``on_done(error)`` when this rank's part is.
+
+        The first gradient of a pass computes the dependencies (under the lock, so a second
+        gradient arriving meanwhile finds them ready) and answers only when the whole local
+        graph and every RPC it sent on are done; later gradients just run their send function.
+        """
+        error = None
         with self._lock:
             first = context.context_id not in self._initialized
             if first:
-                self._initialized.add(context.context_id)
+                try:
+                    self.compute_dependencies(context, GraphRoot([], []), retain_graph)
+                    self._initialized.add(context.context_id)
+                except BaseException as exc:  # noqa: BLE001  (answered to the peer)
+                    error = exc
+            graph_task = context.graph_task
+        if error is not None or graph_task is None:
+            on_done(error or RuntimeError(f"context {context.context_id} has no backward pass "
+                                          "running on this rank"))
+            return
         if not first:
-            # The first contact's completion covers this one (its task counts every send).
+            # The first gradient's answer covers this one (its task counts every send).
             self.engine.run_until_ready_queue_empty(
-                NodeTask(context.graph_task, send_function, InputBuffer()), False)
+                NodeTask(graph_task, send_function, InputBuffer()), False)
             on_done(None)
             return
-        try:
-            self.compute_dependencies(context, GraphRoot([], []), retain_graph)
-        except BaseException as exc:
-            self.cleanup(context)
-            on_done(exc)
-            return
-        graph_task = context.graph_task
 
         def after_graph(future):
             error = future.exception()
             if error is not None:
-                self.cleanup(context)
-                on_done(error)
-                return
-            wait_all(context.take_outstanding(), lambda err: finish(err))
+                finish(error)
+            else:
+                wait_all(context.take_outstanding(), finish)
 
         def finish(error):
+            if error is not None:
+                context.abandoned = True  # before cleanup: late gradients must not restart it
             self.cleanup(context)
-            context.backward_done.set()
+            context.finish_pass(error)
             on_done(error)
 
         graph_task.future.add_done_callback(after_graph)
@@ -165,6 +176,17 @@ class DistEngine:
         context.take_outstanding()
         with self._lock:
             self._initialized.discard(context.context_id)
+
+
+def fail_graph_task(graph_task, error):
+    """Fail ``graph_task`` from outside its Nodes (a gradient sent on failed): its waiters wake."""
+    with graph_task.mutex:
+        graph_task.has_error = True
+        if graph_task.error is None:
+            graph_task.error = error
+        first, graph_task.future_completed = not graph_task.future_completed, True
+    if first:
+        graph_task.future.set_exception(error)
 
 
 def wait_all(futures, callback):

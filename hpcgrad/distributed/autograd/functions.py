@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from ...autograd.engine import current_graph_task
 from ...autograd.graph import Node
 from ...tensor import Tensor
 
@@ -25,14 +26,20 @@ class SendRpcBackward(Node):
 
 
 class RecvRpcBackward(Node):
-    """On the receiver: a leaf of its local backward that ships the gradient to the sender."""
+    """On the receiver: a leaf of its local backward that ships the gradient to the sender.
 
-    __slots__ = ("context", "message_id", "peer", "send_grad")
+    ``peer_context_id`` and ``message_id`` name the sender's SendRpcBackward. The gradient's
+    reply is an outstanding RPC of the context whose backward runs this Node (normally
+    ``context``; with SPMD send/recv, the receiver's own context).
+    """
 
-    def __init__(self, context, message_id, peer, tensor, send_grad):
+    __slots__ = ("context", "peer_context_id", "message_id", "peer", "send_grad")
+
+    def __init__(self, context, peer_context_id, message_id, peer, tensor, send_grad):
         super().__init__([])
-        self.context, self.message_id, self.peer = context, message_id, peer
-        self.send_grad = send_grad  # (peer, context id, message id, array) -> future of the reply
+        self.context, self.peer_context_id = context, peer_context_id
+        self.message_id, self.peer = message_id, peer
+        self.send_grad = send_grad  # (this node, running graph task, array) -> None
         self.input_metadata = [(tensor.data.shape, tensor.data.dtype, tensor.device)]
 
     def name(self):
@@ -43,6 +50,5 @@ class RecvRpcBackward(Node):
         if grad is None:
             shape, dtype, _ = self.input_metadata[0]
             grad = Tensor._make(np.zeros(shape, dtype), False, None, 0)
-        future = self.send_grad(self.peer, self.context.context_id, self.message_id, grad.data)
-        self.context.add_outstanding(future)
+        self.send_grad(self, current_graph_task(), grad.data)
         return []
