@@ -63,7 +63,7 @@ def test_tensor_indices_keep_the_ready_order():
 
 def test_tensors_may_be_hpcgrad_tensors():
     import hpcgrad as hg
-    tensors = [hg.zeros(2, dtype="float64"), hg.zeros(1, dtype="float64"), hg.zeros(3, dtype="float64")]
+    tensors = [hg.zeros(n, dtype="float64") for n in (2, 1, 3)]
     assert assign(tensors, [24]) == [[0, 1], [2]]
 
 
@@ -107,13 +107,16 @@ def test_random_cases_match_torch():
     rng = np.random.default_rng(0)
     for _ in range(500):
         n = int(rng.integers(1, 12))
-        dtypes = rng.choice(["float16", "float32", "float64"], n) if rng.random() < 0.5 else ["float32"] * n
+        dtypes = ["float32"] * n
+        if rng.random() < 0.5:
+            dtypes = list(rng.choice(["float16", "float32", "float64"], n))
         arrays = [np.zeros(int(k), d) for k, d in zip(rng.integers(0, 40, n), dtypes)]
         limits = [int(x) for x in rng.integers(1, 120, rng.integers(1, 4))]
         sparse = [bool(x) for x in rng.random(n) < 0.2] if rng.random() < 0.5 else None
         indices = [int(i) for i in rng.permutation(n)] if rng.random() < 0.5 else None
-        ours, theirs = assign(arrays, limits, sparse, indices), torch_assign(arrays, limits, sparse, indices)
-        case = (list(dtypes), [a.size for a in arrays], limits, sparse, indices)
+        ours = assign(arrays, limits, sparse, indices)
+        theirs = torch_assign(arrays, limits, sparse, indices)
+        case = (dtypes, [a.size for a in arrays], limits, sparse, indices)
         if indices is None or len(set(dtypes)) == 1:
             assert ours == theirs, case
         else:

@@ -1,4 +1,4 @@
-"""The reducer's fused divide-and-copy kernels against numpy: CPU (numba) here, CUDA under the simulator.
+"""The reducer's fused divide-and-copy kernels against numpy: CPU (numba), CUDA under the simulator.
 
 Each check takes the kernel module (``hpcgrad.kernels.cpu`` or ``.cuda``), so the CUDA kernels run
 the very same checks: ``python tests/distributed/test_kernels.py`` with NUMBA_ENABLE_CUDASIM=1
@@ -87,7 +87,7 @@ def check_errors(impl):
 # --- CPU ---------------------------------------------------------------------------------------
 @pytest.fixture
 def cpu(monkeypatch):
-    """hpcgrad.kernels.cpu with a small PARALLEL_MIN_ELEMENTS; ``cpu.launched`` names the kernels run."""
+    """hpcgrad.kernels.cpu, PARALLEL_MIN_ELEMENTS small; ``cpu.launched``: the kernels run."""
     from hpcgrad.kernels import cpu
     monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", SMALL_PARALLEL_MIN)
     launched = []
