@@ -16,7 +16,7 @@ import numpy as np
 from .. import backend, kernels
 from ..autograd.engine import Engine
 from ..tensor import Tensor
-from . import buckets as bucket_rules
+from . import api, buckets as bucket_rules
 from ..sparse import SparseCOOTensor
 from .process_group import ReduceOp
 from .sparse_reduce import SparseAllGather
@@ -415,7 +415,10 @@ class Reducer:
                     [self.params[i] for i in order],
                     [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap],
                     self.expect_sparse, order)
-            indices = self.process_group.comm.bcast(indices, root=0)
+            box = [indices]
+            api.broadcast_object_list(box, src=self.process_group.ranks[0],
+                                      group=self.process_group)
+            indices = box[0]
             self.rebuilt_param_indices = []
             if indices is None:
                 return False  # as the seed: try again once a backward has recorded an order

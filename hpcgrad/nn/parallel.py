@@ -74,7 +74,8 @@ class DistributedDataParallel(Module):
         """Every rank raises, naming the first parameter (name, shape, dtype) where a rank's
         model differs from the first rank's; the collective comes first, so nobody hangs."""
         mine = [(n, list(p.shape), str(p.dtype)) for n, p in named]
-        everyone = self.process_group.comm.allgather(mine)
+        everyone = [None] * self.process_group.size()
+        dist.all_gather_object(everyone, mine, group=self.process_group)  # timed, checked
         reference, ranks = everyone[0], self.process_group.ranks
         for rank, theirs in zip(ranks, everyone):
             for i in range(max(len(theirs), len(reference))):
