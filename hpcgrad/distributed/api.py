@@ -135,31 +135,24 @@ def _group_rank(group, world_rank, what):
     return group.ranks.index(world_rank)
 
 
-def _finish(work, async_op):
-    if async_op:
-        return work
-    work.wait()
-    return None
-
-
 # --- collectives --------------------------------------------------------------------------
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group, in place on every rank. All ranks call it."""
-    return _finish(_group(group).iallreduce(as_array(tensor), op, result=[tensor]), async_op)
+    return _group(group).iallreduce(as_array(tensor), op, [tensor], not async_op)
 
 
 def broadcast(tensor, src, group=None, async_op=False):
     """Every rank's ``tensor`` becomes rank ``src``'s. All ranks call it."""
     g = _group(group)
-    return _finish(g.ibroadcast(as_array(tensor), _group_rank(g, src, "src"), result=[tensor]),
-                   async_op)
+    return g.ibroadcast(as_array(tensor), _group_rank(g, src, "src"), result=[tensor],
+                        blocking=not async_op)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce into rank ``dst``'s ``tensor`` in place. All ranks call it."""
     g = _group(group)
-    return _finish(g.ireduce(as_array(tensor), _group_rank(g, dst, "dst"), op, result=[tensor]),
-                   async_op)
+    return g.ireduce(as_array(tensor), _group_rank(g, dst, "dst"), op, result=[tensor],
+                     blocking=not async_op)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -180,8 +173,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
         for target, block in zip(targets, gathered):
             target[...] = block
 
-    return _finish(g.iallgather(gathered, array, result=tensor_list, after=scatter_to_list),
-                   async_op)
+    return g.iallgather(gathered, array, result=tensor_list, after=scatter_to_list,
+                        blocking=not async_op)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -189,7 +182,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     g = _group(group)
     array, output = as_array(input_tensor), as_array(output_tensor)
     view = _blocks(output, g.size(), array.shape, "all_gather_into_tensor output")
-    return _finish(g.iallgather(view, array, result=[output_tensor]), async_op)
+    return g.iallgather(view, array, result=[output_tensor], blocking=not async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
@@ -205,7 +198,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
             raise ValueError(f"reduce_scatter: every entry of input_list must match the output "
                              f"({list(out.shape)}, {out.dtype}); got {list(t.shape)}, {t.dtype}")
     stacked = backend.get_array_module(out).stack(inputs)
-    return _finish(g.ireduce_scatter(out, stacked, op, result=[output]), async_op)
+    return g.ireduce_scatter(out, stacked, op, result=[output], blocking=not async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -213,7 +206,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     g = _group(group)
     out = as_array(output)
     view = _blocks(as_array(input), g.size(), out.shape, "reduce_scatter_tensor input")
-    return _finish(g.ireduce_scatter(out, view, op, result=[output]), async_op)
+    return g.ireduce_scatter(out, view, op, result=[output], blocking=not async_op)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -238,8 +231,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         for target, block in zip(outputs, recv):
             target[...] = block
 
-    return _finish(g.ialltoall(recv, send, result=output_tensor_list, after=scatter_to_list),
-                   async_op)
+    return g.ialltoall(recv, send, result=output_tensor_list, after=scatter_to_list,
+                       blocking=not async_op)
 
 
 def all_to_all_single(output, input, group=None, async_op=False):
@@ -250,13 +243,13 @@ def all_to_all_single(output, input, group=None, async_op=False):
         raise ValueError(f"all_to_all_single: dim 0 ({array.shape[0]}) must split into "
                          f"{g.size()} equal blocks")
     shape = (g.size(), array.shape[0] // g.size()) + array.shape[1:]
-    return _finish(g.ialltoall(_blocks(out, g.size(), shape[1:], "all_to_all_single output"),
-                               array.reshape(shape), result=[output]), async_op)
+    return g.ialltoall(_blocks(out, g.size(), shape[1:], "all_to_all_single output"),
+                       array.reshape(shape), result=[output], blocking=not async_op)
 
 
 def barrier(group=None, async_op=False):
     """Wait until every rank of the group has called barrier."""
-    return _finish(_group(group).ibarrier(), async_op)
+    return _group(group).ibarrier(blocking=not async_op)
 
 
 # --- point to point ------------------------------------------------------------------------

@@ -37,13 +37,13 @@ def _mpi_op(op, array):
     except AttributeError:
         raise TypeError(f"op must be a hpcgrad.distributed.ReduceOp (SUM, AVG, MIN, MAX, "
                         f"PRODUCT), got {op!r}") from None
-    dtype = array.dtype
-    if op is _AVG and not is_floating(dtype):
-        raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {dtype}; "
+    kind = array.dtype.kind
+    if kind == "f" or (kind in "iu" and op is not _AVG):  # the common cases first
+        return mpi_op
+    if op is _AVG and not is_floating(array.dtype):
+        raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {array.dtype}; "
                          "use SUM and divide")
-    if dtype.kind == "b":
-        return op._mpi_bool_op
-    return mpi_op
+    return op._mpi_bool_op if kind == "b" else mpi_op
 
 
 def _finish_buffer(buf):
@@ -92,19 +92,29 @@ class ProcessGroup:
     def __repr__(self):
         return f"<ProcessGroup rank {self._rank} of {self._size}, world ranks {self.ranks}>"
 
-    def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
-        """Number the call, build its description (only formatted if needed), wrap as Work."""
+    def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None,
+              blocking=False):
+        """Number the call and wrap its requests as Work; or, ``blocking``, wait and return None.
+
+        A blocking call builds no Work (its buffers live in the caller's frame meanwhile): the
+        objects a Work needs cost microseconds per call once the data moved has evicted the
+        interpreter's caches (measured with benchmarks/comm.py; Note [Cost per call]).
+        """
         self._seq += 1
-        seq, size = self._seq, self._size
-
-        def describe():
-            where = "" if peer is None else f" with rank {peer}"
-            return (f"{name}{where} #{seq} ({array.size} x {array.dtype}, shape "
-                    f"{list(array.shape)}) in a group of {size} ranks")
-
-        work = Work(requests, buffers, describe, self.timeout, finish, result)
-        if progress._thread is not None and array.nbytes >= progress._MIN_BYTES:
-            progress._thread.watch(work)  # Note [Communication progress]
+        what = (name, peer, self._seq, array, self._size)
+        thread = progress._thread
+        watched = thread is not None and array.nbytes >= progress._MIN_BYTES
+        if blocking and not watched:
+            wait_requests(requests, self.timeout, what)
+            if finish is not None:
+                finish()
+            return None
+        work = Work(requests, buffers, what, self.timeout, finish, result)
+        if watched:
+            thread.watch(work)  # Note [Communication progress]
+        if blocking:
+            work.wait()
+            return None
         return work
 
     def _check(self, name, array, **extra):
@@ -112,26 +122,28 @@ class ProcessGroup:
             self._checker.check(self._seq + 1, name, array, **extra)
 
     # --- collectives ------------------------------------------------------------------------
-    def iallreduce(self, array, op=ReduceOp.SUM, result=None):
+    def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
         if self._checker is not None:
             self._checker.check(self._seq + 1, "allreduce", array,
                                 reduce_op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
-        buf = MessageBuffer(array, writable=True, upcast=op is _AVG)
+        # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
+        buf = MessageBuffer(array, True, "tensor", op is _AVG)
         request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
-        return self._work("allreduce", array, [request], (buf,), finish, result)
+        return self._work("allreduce", array, [request], (buf,), finish, result, None, blocking)
 
-    def ibroadcast(self, array, src, result=None):
+    def ibroadcast(self, array, src, result=None, blocking=False):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
         self._check_rank(src, "src")
         self._check("broadcast", array, src=src)
-        buf = MessageBuffer(array, writable=True)
-        request = self.comm.Ibcast(buf.spec, root=src)
-        return self._work("broadcast", array, [request], (buf,), _finish_buffer(buf), result)
+        buf = MessageBuffer(array, True)
+        request = self.comm.Ibcast(buf.spec, src)
+        return self._work("broadcast", array, [request], (buf,), _finish_buffer(buf), result,
+                          None, blocking)
 
-    def ireduce(self, array, dst, op=ReduceOp.SUM, result=None):
+    def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays are left as they are."""
         self._check_rank(dst, "dst")
         self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", str(op)))
@@ -143,9 +155,10 @@ class ProcessGroup:
         else:
             request = self.comm.Ireduce(buf.spec, None, mpi_op, root=dst)
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
-        return self._work("reduce", array, [request], (buf,), finish, result)
+        return self._work("reduce", array, [request], (buf,), finish, result,
+                          blocking=blocking)
 
-    def iallgather(self, output, array, result=None, after=None):
+    def iallgather(self, output, array, result=None, after=None, blocking=False):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
         self._check("allgather", array)
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
@@ -153,9 +166,10 @@ class ProcessGroup:
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         request = self.comm.Iallgather(send.spec, recv.spec)
         return self._work("allgather", array, [request], (send, recv),
-                          _then(_finish_buffer(recv), after), result)
+                          _then(_finish_buffer(recv), after), result,
+                          blocking=blocking)
 
-    def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None):
+    def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
         self._check("reduce_scatter", array, reduce_op=getattr(op, "value", str(op)))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
@@ -166,9 +180,10 @@ class ProcessGroup:
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
         finish = _finish_average(recv, self._size) if op is _AVG else _finish_buffer(recv)
-        return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
+        return self._work("reduce_scatter", array, [request], (send, recv), finish, result,
+                          blocking=blocking)
 
-    def ialltoall(self, output, array, result=None, after=None):
+    def ialltoall(self, output, array, result=None, after=None, blocking=False):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
         self._check("alltoall", array)
         if array.shape[:1] != (self._size,) or output.shape != array.shape:
@@ -179,12 +194,14 @@ class ProcessGroup:
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         request = self.comm.Ialltoall(send.spec, recv.spec)
         return self._work("alltoall", array, [request], (send, recv),
-                          _then(_finish_buffer(recv), after), result)
+                          _then(_finish_buffer(recv), after), result,
+                          blocking=blocking)
 
-    def ibarrier(self):
+    def ibarrier(self, blocking=False):
         """Complete once every rank of the group has started its barrier."""
         self._check("barrier", _NOTHING)
-        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
+        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], (),
+                          blocking=blocking)
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):

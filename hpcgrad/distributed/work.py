@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
-_HOT_POLLS = 200  # ~100 us of polling before the first sched_yield
+_HOT_POLLS = 20000  # ~100 us of polling before the first sched_yield
 _SPIN_SECONDS = 0.05
 _MAX_SLEEP = 1e-3
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -31,8 +31,20 @@ def default_timeout():
     return value
 
 
+def describe_call(what):
+    """An operation's name for errors, from a callable or ProcessGroup's tuple
+    (name, peer, call number, array, group size), formatted only when an error needs it."""
+    if callable(what):
+        return what()
+    name, peer, seq, array, size = what
+    where = "" if peer is None else f" with rank {peer}"
+    return (f"{name}{where} #{seq} ({array.size} x {array.dtype}, shape {list(array.shape)}) "
+            f"in a group of {size} ranks")
+
+
 def wait_requests(requests, timeout, describe):
-    """Wait for all ``requests``; past ``timeout`` seconds raise CommTimeoutError(describe()).
+    """Wait for all ``requests``; past ``timeout`` s raise CommTimeoutError naming ``describe``
+    (a callable or a describe_call tuple).
 
     Note [Waiting without hanging]
     MPI_Wait cannot time out, so we poll with Test. MPICH advances a nonblocking collective only
@@ -48,6 +60,8 @@ def wait_requests(requests, timeout, describe):
     """
     if len(requests) == 1:
         test = requests[0].Test
+        if test():  # small operations are often done by now: return at once
+            return
     elif all(isinstance(r, MPI.Request) for r in requests):
         def test():
             return MPI.Request.Testall(requests)
@@ -64,7 +78,7 @@ def wait_requests(requests, timeout, describe):
     while not test():
         elapsed = time.monotonic() - start
         if timeout and elapsed > timeout:
-            raise CommTimeoutError(f"{describe()} did not complete within {timeout:g} s on rank "
+            raise CommTimeoutError(f"{describe_call(describe)} did not complete within {timeout:g} s on rank "
                                    f"{MPI.COMM_WORLD.Get_rank()}: a peer rank never joined it, "
                                    f"or joined a different operation{_detail_hint()}")
         if elapsed < _SPIN_SECONDS:
@@ -157,20 +171,27 @@ class Work:
     """A pending operation. It owns its buffers until it completes, so MPI never sees freed memory.
 
     ``finish`` runs once after completion (copy staged data back, divide for AVG, split lists).
+    ``describe`` names the operation in errors (see describe_call).
     Thread-safe: MPI forbids two threads testing one request, so a per-Work lock admits one
     tester at a time (``is_completed`` never blocks on it: it reports "not yet" instead).
     """
 
+    __slots__ = ("_requests", "_buffers", "_what", "_timeout", "_finish", "_result",
+                 "_completed", "_future", "_lock")
+
     def __init__(self, requests, buffers, describe, timeout, finish=None, result=None):
         self._requests = requests
         self._buffers = buffers
-        self._describe = describe
+        self._what = describe
         self._timeout = timeout
         self._finish = finish
         self._result = result
         self._completed = False
         self._future = None
         self._lock = threading.Lock()
+
+    def _describe(self):
+        return describe_call(self._what)
 
     def __repr__(self):
         return f"<Work {self._describe()} completed={self._completed}>"

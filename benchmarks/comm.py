@@ -1,0 +1,199 @@
+"""all_reduce bus bandwidth: hpcgrad.distributed against raw mpi4py (and torch gloo with --torch).
+
+Every rank reduces one float32 buffer (zeros, so sums never overflow or go denormal) in place,
+through ``hpcgrad.distributed.all_reduce(buf)`` and through ``comm.Allreduce(MPI.IN_PLACE, buf)``
+on the same buffer in the same run (and, to tell MPICH's nonblocking path from hpcgrad's own cost,
+``comm.Iallreduce(MPI.IN_PLACE, buf).Wait()`` as "raw-i"); with ``--torch`` also
+``torch.distributed.all_reduce`` (gloo) on a tensor sharing that buffer. The implementations
+alternate within every repetition (their order flips each time), so drift hits them alike.
+
+One repetition: barrier, then ``k`` back-to-back calls timed together (k > 1 for small messages,
+so a latency is not one clock tick); time per call = elapsed / k, the largest over the ranks.
+Figures are medians over the repetitions.
+
+    bus bandwidth = 2 (n - 1) / n * bytes / time    (n ranks; what a ring allreduce moves per link)
+
+Usage (2 ranks; the figures quoted in README.rst come from this line):
+    /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py
+    /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --torch   # + gloo
+    /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --quick   # smoke run
+
+Targets (issue 5): hpcgrad >= 95% of raw mpi4py's bandwidth at 1 MB and above; added latency
+under 20 us for small messages.
+"""
+
+import os
+
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_name] = "1"  # nothing here computes; keep BLAS pools from competing with MPI
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import hpcgrad.distributed as dist  # noqa: E402
+from hpcgrad.mpi import MPI  # noqa: E402
+
+KB, MB = 1 << 10, 1 << 20
+SMALL = 64 * KB  # up to here the table's headline is latency, above it bandwidth
+
+
+def sizes(quick):
+    top = 4 * MB if quick else 64 * MB
+    out, n = [], 4 * KB
+    while n <= top:
+        out.append(n)
+        n *= 4
+    return out
+
+
+def calls_per_repetition(nbytes):
+    """Enough back-to-back calls that one repetition lasts ~1 ms or more (1 for large buffers)."""
+    return max(1, min(200, (256 * KB) // nbytes))
+
+
+def setup_torch(comm):
+    """torch.distributed with gloo over the MPI ranks (rank 0 picks a free port); None if absent."""
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                             rank=comm.Get_rank(), world_size=comm.Get_size())
+    return torch, tdist
+
+
+def implementations(buf, comm, torch_mods):
+    impls = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
+             "raw-i": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
+             "hpcgrad": lambda: dist.all_reduce(buf)}
+    if torch_mods is not None:
+        torch, tdist = torch_mods
+        tensor = torch.from_numpy(buf)  # shares buf's memory
+        impls["gloo"] = lambda: tdist.all_reduce(tensor)
+    return impls
+
+
+def measure_size(nbytes, comm, torch_mods, repeats, warmup):
+    """{impl: median seconds per call} for one buffer size."""
+    buf = np.zeros(nbytes // 4, np.float32)
+    impls = implementations(buf, comm, torch_mods)
+    names = list(impls)
+    k = calls_per_repetition(nbytes)
+    times = {name: [] for name in names}
+    for rep in range(warmup + repeats):
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            run = impls[name]
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                run()
+            elapsed = (time.perf_counter() - t0) / k
+            if rep >= warmup:
+                times[name].append(elapsed)
+    # A collective ends when its slowest rank is done: take each repetition's maximum.
+    result = {}
+    for name in names:
+        mine = np.array(times[name])
+        slowest = np.empty_like(mine)
+        comm.Allreduce(mine, slowest, op=MPI.MAX)
+        result[name] = statistics.median(slowest.tolist())
+    return result
+
+
+def busbw(nbytes, seconds, nranks):
+    return 2 * (nranks - 1) / nranks * nbytes / seconds / 1e9
+
+
+def human(nbytes):
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def print_table(rows, nranks, with_torch):
+    head = (f"{'size':>7} {'raw us':>9} {'raw-i us':>9} {'hpcgrad us':>11} {'+us':>6} "
+            f"{'raw GB/s':>9} {'hpcgrad GB/s':>13} {'hpcgrad/raw':>12}")
+    if with_torch:
+        head += f" {'gloo us':>9} {'gloo GB/s':>10} {'gloo/raw':>9}"
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        n, t = row["bytes"], row["seconds"]
+        raw, hpc = t["raw"], t["hpcgrad"]
+        line = (f"{human(n):>7} {raw * 1e6:9.1f} {t['raw-i'] * 1e6:9.1f} {hpc * 1e6:11.1f} "
+                f"{(hpc - raw) * 1e6:6.1f} "
+                f"{busbw(n, raw, nranks):9.3f} {busbw(n, hpc, nranks):13.3f} {raw / hpc:12.2f}")
+        if with_torch:
+            gloo = t["gloo"]
+            line += f" {gloo * 1e6:9.1f} {busbw(n, gloo, nranks):10.3f} {raw / gloo:9.2f}"
+        print(line)
+
+
+def verdict(rows):
+    big = [row["seconds"]["raw"] / row["seconds"]["hpcgrad"] for row in rows if row["bytes"] >= MB]
+    small = [(row["seconds"]["hpcgrad"] - row["seconds"]["raw"]) * 1e6 for row in rows
+             if row["bytes"] <= SMALL]
+    lines = []
+    if big:
+        lines.append(f"hpcgrad/raw at >= 1 MB: min {min(big):.2f} (target >= 0.95: "
+                     f"{'met' if min(big) >= 0.95 else 'MISSED'})")
+    if small:
+        lines.append(f"added latency at <= 64 KB: max {max(small):.1f} us (target < 20 us: "
+                     f"{'met' if max(small) < 20 else 'MISSED'})")
+    return lines
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=None, help="timed repetitions per size "
+                   "(default 21; --quick: 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    p.add_argument("--quick", action="store_true", help="4 KB to 4 MB, 5 repetitions")
+    p.add_argument("--torch", action="store_true", help="also torch.distributed gloo (skipped, "
+                   "with a note, when torch is not installed)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    repeats = args.repeats or (5 if args.quick else 21)
+    dist.init_process_group()
+    comm = MPI.COMM_WORLD.Dup()  # raw traffic on its own communicator, as hpcgrad's group has
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    torch_mods = setup_torch(comm) if args.torch else None
+    if rank == 0:
+        print(f"all_reduce float32 in place, {nranks} ranks, {MPI.Get_library_version().splitlines()[0]}; "
+              f"medians of {repeats} repetitions")
+        if args.torch and torch_mods is None:
+            print("(--torch: torch is not installed; gloo left out)")
+    rows = [{"bytes": n, "seconds": measure_size(n, comm, torch_mods, repeats, args.warmup)}
+            for n in sizes(args.quick)]
+    if rank == 0:
+        print_table(rows, nranks, torch_mods is not None)
+        for line in verdict(rows):
+            print(line)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": nranks, "repeats": repeats, "rows": rows}, f, indent=2)
+    if torch_mods is not None:
+        torch_mods[1].destroy_process_group()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
