@@ -177,8 +177,9 @@ def main(argv=None):
     rank, nranks = comm.Get_rank(), comm.Get_size()
     torch_mods = setup_torch(comm) if args.torch else None
     if rank == 0:
-        print(f"all_reduce float32 in place, {nranks} ranks, {MPI.Get_library_version().splitlines()[0]}; "
-              f"medians of {repeats} repetitions")
+        library = MPI.Get_library_version().splitlines()[0]
+        print(f"all_reduce float32 in place, {nranks} ranks, {library}; medians of {repeats} "
+              "repetitions")
         if args.torch and torch_mods is None:
             print("(--torch: torch is not installed; gloo left out)")
     rows = [{"bytes": n, "seconds": measure_size(n, comm, torch_mods, repeats, args.warmup)}

@@ -23,7 +23,7 @@ Per size and strategy, medians over ``--repeats`` runs of:
 Usage (no mpiexec: the script launches its two 2-rank jobs itself):
     /work/venv/bin/python benchmarks/progress.py
     /work/venv/bin/python benchmarks/progress.py --quick
-A single job, run by hand:  mpiexec -n 2 python benchmarks/progress.py --worker --strategies none,poll
+One job by hand:  mpiexec -n 2 python benchmarks/progress.py --worker --strategies none,poll
 """
 
 import os
@@ -184,7 +184,8 @@ def print_table(rows):
     key = (lambda r: (COMPUTE_ORDER.index(r["compute_kind"]), r["size_mb"],
                       STRATEGY_ORDER.index(r["strategy"])))
     for row in sorted(rows, key=key):
-        print(f"{row['compute_kind']:>7} {row['size_mb']:>4}MB {row['strategy']:>9} {row['chunks']:>7} "
+        print(f"{row['compute_kind']:>7} {row['size_mb']:>4}MB {row['strategy']:>9} "
+              f"{row['chunks']:>7} "
               f"{row['compute'] * 1e3:11.1f} {row['comm'] * 1e3:8.1f} {row['total'] * 1e3:9.1f} "
               f"{row['overlap']:8.2f}")
 

@@ -166,7 +166,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     for t in targets:
         if t.shape != array.shape or t.dtype != array.dtype:
             raise ValueError(f"all_gather: every entry of tensor_list must match the input "
-                             f"({list(array.shape)}, {array.dtype}); got {list(t.shape)}, {t.dtype}")
+                             f"({list(array.shape)}, {array.dtype}); got {list(t.shape)}, "
+                             f"{t.dtype}")
     gathered = _empty(array, (g.size(),) + array.shape)
 
     def scatter_to_list():

@@ -144,7 +144,7 @@ class ProcessGroup:
                           None, blocking)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
-        """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays are left as they are."""
+        """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
         self._check_rank(dst, "dst")
         self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
@@ -205,7 +205,7 @@ class ProcessGroup:
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):
-        """Send ``array`` to group rank ``dst``; the buffer is owned by the Work until it completes."""
+        """Send ``array`` to group rank ``dst``; the Work owns the buffer until it completes."""
         self._check_peer(dst, "dst", "send to self would deadlock; use a local copy")
         buf = MessageBuffer(array)
         request = self.comm.Isend(buf.spec, dest=dst, tag=tag)

@@ -78,9 +78,10 @@ def wait_requests(requests, timeout, describe):
     while not test():
         elapsed = time.monotonic() - start
         if timeout and elapsed > timeout:
-            raise CommTimeoutError(f"{describe_call(describe)} did not complete within {timeout:g} s on rank "
-                                   f"{MPI.COMM_WORLD.Get_rank()}: a peer rank never joined it, "
-                                   f"or joined a different operation{_detail_hint()}")
+            raise CommTimeoutError(f"{describe_call(describe)} did not complete within "
+                                   f"{timeout:g} s on rank {MPI.COMM_WORLD.Get_rank()}: a peer "
+                                   f"rank never joined it, or joined a different operation"
+                                   f"{_detail_hint()}")
         if elapsed < _SPIN_SECONDS:
             _yield()
         else:

@@ -1,4 +1,4 @@
-"""Differentiable collectives: values and gradients against the same computation done in one process.
+"""Differentiable collectives: values and gradients against the same computation in one process.
 
 Each rank runs its part (its own inputs, its own loss) through hpcgrad.distributed.nn and calls
 backward on its loss; the gradient each rank gets must be the gradient of the *sum* of all ranks'

@@ -1,4 +1,4 @@
-"""Object collectives, and sub-groups from new_group: members, non-members, src/dst as world ranks."""
+"""Object collectives; sub-groups from new_group: members, non-members, src/dst as world ranks."""
 
 import numpy as np
 import pytest
@@ -64,14 +64,16 @@ def test_object_collectives_are_numbered_like_the_others(world):
 GROUP_CHECKS = {
     "all_reduce-SUM": lambda g: cases.check_all_reduce("float32", ReduceOp.SUM, "sync-tensor", g),
     "all_reduce-AVG": lambda g: cases.check_all_reduce("float64", ReduceOp.AVG, "wait-tensor", g),
-    "all_reduce-MAX-int": lambda g: cases.check_all_reduce("int32", ReduceOp.MAX, "future-tensor", g),
+    "all_reduce-MAX-int": lambda g: cases.check_all_reduce("int32", ReduceOp.MAX, "future-tensor",
+                                                           g),
     "reduce": lambda g: cases.check_reduce("float16", ReduceOp.PRODUCT, "poll-array", g),
     "reduce_scatter": lambda g: cases.check_reduce_scatter("int64", ReduceOp.MIN, "sync-array", g),
     "reduce_scatter_tensor": lambda g: cases.check_reduce_scatter_tensor(
         "float32", ReduceOp.SUM, "wait-tensor", g),
     "broadcast": lambda g: cases.check_broadcast("float64", "future-tensor", g),
     "all_gather": lambda g: cases.check_all_gather("bool", "sync-tensor", g),
-    "all_gather_into_tensor": lambda g: cases.check_all_gather_into_tensor("int32", "poll-array", g),
+    "all_gather_into_tensor": lambda g: cases.check_all_gather_into_tensor("int32", "poll-array",
+                                                                           g),
     "all_to_all": lambda g: cases.check_all_to_all("float32", "wait-tensor", g),
     "all_to_all_single": lambda g: cases.check_all_to_all_single("float64", "sync-array", g),
     "barrier": lambda g: cases.check_barrier("wait-array", g),
@@ -113,7 +115,8 @@ def test_non_member_error(sub_group):
         return
     assert dist.get_rank(group) == -1 and dist.get_world_size(group) == -1
     message = (rf"world rank {dist.get_rank()} is not a member of this group \(new_group\(\) "
-               r"returned NON_GROUP_MEMBER here\); only the ranks passed to new_group\(\) may use it")
+               r"returned NON_GROUP_MEMBER here\); only the ranks passed to new_group\(\) "
+               r"may use it")
     for call in (lambda: dist.all_reduce(np.zeros(2), group=group),
                  lambda: dist.broadcast(np.zeros(2), ranks[0], group=group),
                  lambda: dist.barrier(group=group),
@@ -163,7 +166,8 @@ def test_new_group_of_everyone_and_of_one():
 @pytest.mark.mpi
 def test_new_group_with_a_rank_outside_the_world():
     size = dist.get_world_size()
-    with pytest.raises(ValueError, match=rf"new_group: rank {size} is not in the world \(size {size}\)"):
+    with pytest.raises(ValueError, match=rf"new_group: rank {size} is not in the world "
+                                         rf"\(size {size}\)"):
         dist.new_group([0, size])
 
 

@@ -1,4 +1,4 @@
-"""Point-to-point on a ring (peers (rank + 1) % size): every dtype and call mode, tags, any source."""
+"""Point-to-point on a ring (peers (rank + 1) % size): dtypes, call modes, tags, any source."""
 
 import numpy as np
 import pytest
@@ -85,7 +85,8 @@ def test_receive_from_any_source():
 
 @pytest.mark.mpi(min_size=3)
 def test_sub_group_peers_are_world_ranks():
-    """In the group of world ranks 1..n-1, world rank 1 sends to world rank n-1 (group ranks 0 and n-2)."""
+    """In the group of world ranks 1..n-1, world rank 1 sends to world rank n-1 (group ranks
+    0 and n-2)."""
     rank, size = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(1, size)))
     try:
