@@ -48,6 +48,7 @@ def init_rpc(name, rank=None, world_size=None, num_worker_threads=8):
         _agent.register_handler(kind, handler)
     from ..autograd import _install  # the backward pass rides on the same agent
     _install(_agent)
+    _agent.start()  # only now: a request arriving earlier would find no handler
     return _agent
 
 

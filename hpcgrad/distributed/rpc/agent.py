@@ -123,9 +123,14 @@ class MPIRpcAgent:
         self._handlers = {}           # kind -> handler(src, envelope, obj) run on the pool
         self._pool = ThreadPoolExecutor(num_worker_threads,
                                         thread_name_prefix=f"hpcgrad-rpc-{self.rank}")
-        self._running = True
+        self._running = False
         self._thread = threading.Thread(target=self._progress, daemon=True,
                                         name=f"hpcgrad-rpc-progress-{self.rank}")
+
+    def start(self):
+        """Start serving: call after every handler is registered (a message that arrives
+        earlier waits inside MPI, instead of meeting a rank that cannot handle it yet)."""
+        self._running = True
         self._thread.start()
 
     # --- sending --------------------------------------------------------------------------------
@@ -210,7 +215,8 @@ class MPIRpcAgent:
     # --- receiving ------------------------------------------------------------------------------
     def register_handler(self, kind, handler, inline=False):
         """``handler(src, envelope, payloads)`` for each message of ``kind``: on the pool, or
-        ``inline`` on the progress thread (quick handlers that must keep arrival order)."""
+        ``inline`` on the progress thread (quick handlers that must keep arrival order).
+        Register before ``start()``."""
         self._handlers[kind] = (handler, inline)
 
     def _progress(self):
@@ -259,6 +265,9 @@ class MPIRpcAgent:
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
         if handler is None:
+            self.reply(src, envelope["id"], "error", error_type="RpcError", worker=self.name,
+                       rank=self.rank, traceback="",
+                       error=f"rank {self.rank} has no handler for {envelope['kind']!r} messages")
             return
         if inline:
             self._run_handler(handler, src, envelope, payloads)
