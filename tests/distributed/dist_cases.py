@@ -43,28 +43,19 @@ def dtype_mode_cases():
     return [dtype_param(d, m, id=f"{d}-{m}") for d in DTYPE_NAMES for m in MODES]
 
 
-def rotated_cases(names):
-    """Every (name, dtype), with the mode rotating along both: each name meets every mode."""
-    return [dtype_param(d, name, MODES[(i + k) % len(MODES)],
-                        id=f"{name}-{d}-{MODES[(i + k) % len(MODES)]}")
-            for k, name in enumerate(names) for i, d in enumerate(DTYPE_NAMES)]
+def mode_for(*indices):
+    """The call mode for a case: rotates with every index, so each factor meets every mode."""
+    return MODES[sum(indices) % len(MODES)]
 
 
 def reduction_cases():
-    """Every (dtype, op) that makes sense, each with one call mode.
+    """Every (dtype, op) that makes sense, as (dtype, op, dtype index, op index).
 
-    The mode index is (dtype index + op index) mod 5, a Latin square: every dtype and every op
-    meets every mode without the full product. AVG on integers and bools is an error case
-    (test_collectives.test_avg_needs_floats).
+    AVG on integers and bools is an error case (test_collectives.test_avg_needs_floats).
     """
-    cases = []
-    for i, d in enumerate(DTYPE_NAMES):
-        for j, op in enumerate(ReduceOp):
-            if op is ReduceOp.AVG and d not in FLOAT_NAMES:
-                continue
-            mode = MODES[(i + j) % len(MODES)]
-            cases.append(dtype_param(d, op, mode, id=f"{d}-{op.name}-{mode}"))
-    return cases
+    return [dtype_param(d, op, i, j, id=f"{d}-{op.name}")
+            for i, d in enumerate(DTYPE_NAMES) for j, op in enumerate(ReduceOp)
+            if op is not ReduceOp.AVG or d in FLOAT_NAMES]
 
 
 # --- data and references --------------------------------------------------------------------

@@ -19,15 +19,19 @@ MOVES = {"broadcast": cases.check_broadcast, "all_gather": cases.check_all_gathe
          "all_to_all": cases.check_all_to_all, "all_to_all_single": cases.check_all_to_all_single}
 
 
-@pytest.mark.parametrize("name", REDUCTIONS)
-@pytest.mark.parametrize("dtype, op, mode", cases.reduction_cases())
-def test_reduction(name, dtype, op, mode):
-    REDUCTIONS[name](dtype, op, mode)
+@pytest.mark.parametrize("dtype, op, i, j", cases.reduction_cases())
+def test_reductions(dtype, op, i, j):
+    """Each reduction on (dtype, op); the call mode rotates with dtype, op and collective."""
+    for k, check in enumerate(REDUCTIONS.values()):
+        check(dtype, op, cases.mode_for(i, j, k))
 
 
-@pytest.mark.parametrize("dtype, name, mode", cases.rotated_cases(MOVES))
-def test_data_movement(name, dtype, mode):
-    MOVES[name](dtype, mode)
+@pytest.mark.parametrize("dtype, i", [cases.dtype_param(d, i) for i, d in
+                                      enumerate(cases.DTYPE_NAMES)])
+def test_data_movement(dtype, i):
+    """Each data-moving collective on dtype; the call mode rotates with dtype and collective."""
+    for k, check in enumerate(MOVES.values()):
+        check(dtype, cases.mode_for(i, k))
 
 
 @pytest.mark.parametrize("mode", cases.MODES)
