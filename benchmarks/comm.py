@@ -148,7 +148,7 @@ def verdict(rows):
              if row["bytes"] <= SMALL]
     lines = []
     if big:
-        lines.append(f"hpcgrad/raw at >= 1 MB: min {min(big):.2f} (target >= 0.95: "
+        lines.append(f"hpcgrad/raw at >= 1 MB: min {min(big):.3f} (target >= 0.95: "
                      f"{'met' if min(big) >= 0.95 else 'MISSED'})")
     if small:
         lines.append(f"added latency at <= 64 KB: max {max(small):.1f} us (target < 20 us: "
