@@ -18,6 +18,10 @@ Usage (2 ranks; the figures quoted in README.rst come from this line):
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --torch   # + gloo
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --quick   # smoke run
 
+Per-call overhead alone (one process, no peer): ``python benchmarks/comm.py --overhead`` times a
+4 KB all_reduce against ``comm.Iallreduce(...).Wait()`` in a loop (hot caches) and with a 4 MB
+array rewritten before every call (cold caches, as after a large transfer or a layer's compute).
+
 Targets (issue 5): hpcgrad >= 95% of raw mpi4py's bandwidth at 1 MB and above; added latency
 under 20 us for small messages.
 """
@@ -156,6 +160,31 @@ def verdict(rows):
     return lines
 
 
+def overhead(repeats):
+    """Median extra microseconds of dist.all_reduce over Iallreduce+Wait, hot and cold, at size 1."""
+    comm = dist.init_process_group().comm
+    buf = np.zeros(1024, np.float32)
+    junk = np.zeros(1 << 20, np.float32)
+    impls = {"raw-i": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
+             "hpcgrad": lambda: dist.all_reduce(buf)}
+    out = {}
+    for case in ("hot", "cold"):
+        times = {name: [] for name in impls}
+        for _ in range(repeats):
+            for name, run in impls.items():
+                if case == "cold":
+                    junk += 1  # evicts the interpreter's working set from L1/L2
+                t0 = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - t0)
+        med = {name: statistics.median(t) for name, t in times.items()}
+        out[case] = med
+        print(f"{case:>4}: Iallreduce+Wait {med['raw-i'] * 1e6:6.2f} us, hpcgrad all_reduce "
+              f"{med['hpcgrad'] * 1e6:6.2f} us: +{(med['hpcgrad'] - med['raw-i']) * 1e6:.2f} us "
+              "per call")
+    return out
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,11 +195,18 @@ def parse_args(argv):
     p.add_argument("--torch", action="store_true", help="also torch.distributed gloo (skipped, "
                    "with a note, when torch is not installed)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--overhead", action="store_true", help="one process: hpcgrad's per-call cost "
+                   "over Iallreduce+Wait, hot and cold caches (5000 calls each)")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.overhead:
+        if MPI.COMM_WORLD.Get_size() != 1:
+            raise SystemExit("--overhead runs in one process: python benchmarks/comm.py --overhead")
+        overhead(args.repeats or 5000)
+        return
     repeats = args.repeats or (5 if args.quick else 21)
     dist.init_process_group()
     comm = MPI.COMM_WORLD.Dup()  # raw traffic on its own communicator, as hpcgrad's group has
