@@ -8,7 +8,9 @@ from mpi4py import MPI
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
-_HOT_POLLS = 20000  # ~100 us of polling before the first sched_yield
+_HOT_POLLS = 200  # ~60 us of polling before the clock is first read
+_POLLS_PER_CLOCK = 64
+_BATCHES_PER_YIELD = 4  # unless ranks share cores: a yield per 256 polls, ~80 us (MPICH: 1000)
 _SPIN_SECONDS = 0.05
 _MAX_SLEEP = 1e-3
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -59,12 +61,14 @@ def wait_requests(requests, timeout, describe):
     while its ranks are inside MPI, so a rank that sleeps between polls stalls the steps its
     peers need; two ranks that sleep in turn lock into that rhythm and stay there (measured:
     a 64 KB all_reduce on 2 ranks went from 40 us to 3 ms per call once the ranks had slept
-    once, with the previous 1 ms spin then 1 ms sleeps). So we poll back to back for
-    _SPIN_SECONDS, as MPICH's own Wait does. Where the node runs more ranks than it has cores
-    (tests at 3 ranks on 2 cores), each poll after the first _HOT_POLLS is followed by
-    sched_yield, so the rank we wait for gets to run; otherwise never: under load from other
-    processes, a yield hands the core away for a whole time slice (measured: a 4 KB all_reduce
-    at 2 ranks went from 6 to 160 us while other jobs ran). Only a wait that has already lasted
+    once, with the previous 1 ms spin then 1 ms sleeps). So for _SPIN_SECONDS we poll as
+    MPICH's own Wait does: back to back, with a sched_yield every 256 polls (MPICH yields every
+    1000 of its cheaper polls). Yielding more often costs a whole time slice each
+    time other processes load the machine (measured: 16-64 KB all_reduce at 2 ranks from ~20
+    to ~160 us with a yield after every poll), never yielding costs one when the peer is the
+    one descheduled (a 1 MB all_reduce took 10 ms instead of 0.3). Where the node runs more
+    ranks than it has cores (tests at 3 ranks on 2 cores) every poll after the first
+    _HOT_POLLS yields, so the rank we wait for gets to run. Only a wait that has already lasted
     _SPIN_SECONDS, i.e. a peer is computing or stuck, sleeps between polls, for at most 0.2% of
     the time waited so far (capped at _MAX_SLEEP), which bounds what a step arriving late can
     lose. ``timeout`` 0 (or None) means no limit: plain MPI Waitall.
@@ -86,18 +90,30 @@ def wait_requests(requests, timeout, describe):
         MPI.Request.Waitall(requests)
         return
     start = time.monotonic()
-    while not test():
+    batches = 0
+    while True:
+        # A batch of polls between looks at the clock: the poll rate is what moves a large
+        # transfer along (each poll advances it by a step).
+        if _share_cores:
+            for _ in range(_POLLS_PER_CLOCK):
+                if test():
+                    return
+                _yield()
+        else:
+            for _ in range(_POLLS_PER_CLOCK):
+                if test():
+                    return
+        batches += 1
         elapsed = time.monotonic() - start
         if timeout and elapsed > timeout:
             raise CommTimeoutError(f"{describe_call(describe)} did not complete within "
                                    f"{timeout:g} s on rank {MPI.COMM_WORLD.Get_rank()}: a peer "
                                    f"rank never joined it, or joined a different operation"
                                    f"{_detail_hint()}")
-        if elapsed < _SPIN_SECONDS:
-            if _share_cores:
-                _yield()
-        else:
+        if elapsed >= _SPIN_SECONDS:
             time.sleep(min(_MAX_SLEEP, elapsed * 2e-3))
+        elif batches % _BATCHES_PER_YIELD == 0:
+            _yield()
 
 
 def _detail_hint():
