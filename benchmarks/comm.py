@@ -9,7 +9,8 @@ alternate within every repetition (their order flips each time), so drift hits t
 
 One repetition: barrier, then ``k`` back-to-back calls timed together (k > 1 for small messages,
 so a latency is not one clock tick); time per call = elapsed / k, the largest over the ranks.
-Figures are medians over the repetitions.
+Figures are medians over the repetitions; each repetition sweeps every size, so load from other
+processes spreads over all rows.
 
     bus bandwidth = 2 (n - 1) / n * bytes / time    (n ranks; what a ring allreduce moves per link)
 
@@ -91,32 +92,41 @@ def implementations(buf, comm, torch_mods):
     return impls
 
 
-def measure_size(nbytes, comm, torch_mods, repeats, warmup):
-    """{impl: median seconds per call} for one buffer size."""
-    buf = np.zeros(nbytes // 4, np.float32)
-    impls = implementations(buf, comm, torch_mods)
-    names = list(impls)
-    k = calls_per_repetition(nbytes)
-    times = {name: [] for name in names}
+def measure(all_sizes, comm, torch_mods, repeats, warmup):
+    """[{"bytes": n, "seconds": {impl: median seconds per call}}] for every size.
+
+    Repetitions are the outer loop and sizes the inner one, so a burst of load from other
+    processes (this machine is shared) lands on every size alike instead of on one row.
+    """
+    cases = []
+    for nbytes in all_sizes:
+        buf = np.zeros(nbytes // 4, np.float32)
+        cases.append((nbytes, implementations(buf, comm, torch_mods), buf))
+    times = {(nbytes, name): [] for nbytes, impls, _ in cases for name in impls}
     for rep in range(warmup + repeats):
-        order = names if rep % 2 == 0 else names[::-1]
-        for name in order:
-            run = impls[name]
-            comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                run()
-            elapsed = (time.perf_counter() - t0) / k
-            if rep >= warmup:
-                times[name].append(elapsed)
-    # A collective ends when its slowest rank is done: take each repetition's maximum.
-    result = {}
-    for name in names:
-        mine = np.array(times[name])
-        slowest = np.empty_like(mine)
-        comm.Allreduce(mine, slowest, op=MPI.MAX)
-        result[name] = statistics.median(slowest.tolist())
-    return result
+        for nbytes, impls, _ in cases:
+            names = list(impls) if rep % 2 == 0 else list(impls)[::-1]
+            k = calls_per_repetition(nbytes)
+            for name in names:
+                run = impls[name]
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    run()
+                elapsed = (time.perf_counter() - t0) / k
+                if rep >= warmup:
+                    times[nbytes, name].append(elapsed)
+    rows = []
+    for nbytes, impls, _ in cases:
+        row = {"bytes": nbytes, "seconds": {}}
+        for name in impls:
+            # A collective ends when its slowest rank is done: each repetition's maximum.
+            mine = np.array(times[nbytes, name])
+            slowest = np.empty_like(mine)
+            comm.Allreduce(mine, slowest, op=MPI.MAX)
+            row["seconds"][name] = statistics.median(slowest.tolist())
+        rows.append(row)
+    return rows
 
 
 def busbw(nbytes, seconds, nranks):
@@ -218,8 +228,7 @@ def main(argv=None):
               "repetitions")
         if args.torch and torch_mods is None:
             print("(--torch: torch is not installed; gloo left out)")
-    rows = [{"bytes": n, "seconds": measure_size(n, comm, torch_mods, repeats, args.warmup)}
-            for n in sizes(args.quick)]
+    rows = measure(sizes(args.quick), comm, torch_mods, repeats, args.warmup)
     if rank == 0:
         print_table(rows, nranks, torch_mods is not None)
         for line in verdict(rows):

@@ -4,7 +4,6 @@ Ranks given as ``src``/``dst`` are world ranks, whatever the group, as in PyTorc
 """
 
 import datetime
-import os
 import pickle
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy as np
 from .. import backend
 from .buffers import as_array
 from .process_group import ProcessGroup, ReduceOp
-from .work import default_timeout, set_ranks_share_cores
+from .work import default_timeout
 
 _default_group = None
 _local = None  # (local rank, local size) from the shared-memory split
@@ -60,17 +59,9 @@ def init_process_group(backend="mpi", timeout=None, **unused):
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
-        set_ranks_share_cores(_local[1] > _usable_cores())
         from .progress import start_from_env
         start_from_env()
     return _default_group
-
-
-def _usable_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def is_initialized():

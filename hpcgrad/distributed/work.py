@@ -8,20 +8,11 @@ from mpi4py import MPI
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
-_HOT_POLLS = 200  # ~60 us of polling before the clock is first read
+_HOT_POLLS = 32
 _POLLS_PER_CLOCK = 64
-_BATCHES_PER_YIELD = 4  # unless ranks share cores: a yield per 256 polls, ~80 us (MPICH: 1000)
 _SPIN_SECONDS = 0.05
 _MAX_SLEEP = 1e-3
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-_share_cores = True  # more ranks than cores on this node? (set by init_process_group)
-
-
-def set_ranks_share_cores(value):
-    """Whether waiting ranks should yield their core between polls (Note [Waiting without
-    hanging]); init_process_group sets it from the ranks per node and the usable cores."""
-    global _share_cores
-    _share_cores = bool(value)
 
 
 class CommTimeoutError(RuntimeError):
@@ -58,20 +49,23 @@ def wait_requests(requests, timeout, describe):
 
     Note [Waiting without hanging]
     MPI_Wait cannot time out, so we poll with Test. MPICH advances a nonblocking collective only
-    while its ranks are inside MPI, so a rank that sleeps between polls stalls the steps its
-    peers need; two ranks that sleep in turn lock into that rhythm and stay there (measured:
-    a 64 KB all_reduce on 2 ranks went from 40 us to 3 ms per call once the ranks had slept
-    once, with the previous 1 ms spin then 1 ms sleeps). So for _SPIN_SECONDS we poll as
-    MPICH's own Wait does: back to back, with a sched_yield every 256 polls (MPICH yields every
-    1000 of its cheaper polls). Yielding more often costs a whole time slice each
-    time other processes load the machine (measured: 16-64 KB all_reduce at 2 ranks from ~20
-    to ~160 us with a yield after every poll), never yielding costs one when the peer is the
-    one descheduled (a 1 MB all_reduce took 10 ms instead of 0.3). Where the node runs more
-    ranks than it has cores (tests at 3 ranks on 2 cores) every poll after the first
-    _HOT_POLLS yields, so the rank we wait for gets to run. Only a wait that has already lasted
-    _SPIN_SECONDS, i.e. a peer is computing or stuck, sleeps between polls, for at most 0.2% of
-    the time waited so far (capped at _MAX_SLEEP), which bounds what a step arriving late can
-    lose. ``timeout`` 0 (or None) means no limit: plain MPI Waitall.
+    while its ranks are inside MPI, so how a rank waits decides how fast its peers finish:
+    - Sleeping between polls stalls the steps the peers need, and two ranks that sleep in turn
+      lock into that rhythm: a 64 KB all_reduce on 2 ranks went from 40 us to 3 ms per call
+      with a 1 ms spin, then 1 ms sleeps (as first written).
+    - Never yielding the core is as bad when two ranks share one (3 ranks on 2 cores, or 2
+      ranks that other processes' load pushed onto one core): the poller runs out its time
+      slice while the rank it waits for cannot run. 2 ranks pinned to one core
+      (``taskset -c 0 mpiexec -n 2``), 4 KB all_reduce: 13 ms with Test in a bare loop; 824 us
+      with a yield every 4096 polls; 171 us with 200 polls before yielding on every poll;
+      64 us yielding on every poll after the first 32; MPI_Allreduce itself 19 us. With a
+      core each, yielding on every poll costs ~0.3 us per poll and changed no figure of
+      benchmarks/comm.py beyond its noise.
+    So: _HOT_POLLS polls back to back (~10 us: small operations finish there, with no system
+    call), then sched_yield after every poll; once a wait has lasted _SPIN_SECONDS (a peer is
+    computing, or stuck) it sleeps between polls, for at most 0.2% of the time waited so far
+    (capped at _MAX_SLEEP), which bounds what a step arriving late can lose. The clock is read
+    once per _POLLS_PER_CLOCK polls. ``timeout`` 0 (or None) means no limit: MPI Waitall.
     """
     if len(requests) == 1:
         test = requests[0].Test
@@ -83,27 +77,18 @@ def wait_requests(requests, timeout, describe):
     else:
         def test():
             return all([r.Test() for r in requests])
-    for _ in range(_HOT_POLLS):  # most operations finish here: no clock, no system call
+    for _ in range(_HOT_POLLS):
         if test():
             return
     if not timeout and all(isinstance(r, MPI.Request) for r in requests):
         MPI.Request.Waitall(requests)
         return
     start = time.monotonic()
-    batches = 0
     while True:
-        # A batch of polls between looks at the clock: the poll rate is what moves a large
-        # transfer along (each poll advances it by a step).
-        if _share_cores:
-            for _ in range(_POLLS_PER_CLOCK):
-                if test():
-                    return
-                _yield()
-        else:
-            for _ in range(_POLLS_PER_CLOCK):
-                if test():
-                    return
-        batches += 1
+        for _ in range(_POLLS_PER_CLOCK):
+            if test():
+                return
+            _yield()
         elapsed = time.monotonic() - start
         if timeout and elapsed > timeout:
             raise CommTimeoutError(f"{describe_call(describe)} did not complete within "
@@ -112,8 +97,6 @@ def wait_requests(requests, timeout, describe):
                                    f"{_detail_hint()}")
         if elapsed >= _SPIN_SECONDS:
             time.sleep(min(_MAX_SLEEP, elapsed * 2e-3))
-        elif batches % _BATCHES_PER_YIELD == 0:
-            _yield()
 
 
 def _detail_hint():
