@@ -8,7 +8,7 @@ from mpi4py import MPI
 from .. import backend
 from . import debug, progress
 from .buffers import MessageBuffer, is_floating
-from .work import Work, wait_requests
+from .work import Work, wait_requests, watchdog
 
 
 class ReduceOp(enum.Enum):
@@ -99,36 +99,40 @@ class ProcessGroup:
     # all_reduce at size 1 over comm.Iallreduce(...).Wait(), in a loop (hot) and with a 4 MB
     # array rewritten before each call (cold): +9.5 us hot, +26-38 us cold as first written
     # (a Work, its Lock and a describe closure per call, keyword arguments, a 1 ms spin then
-    # sleeps); +1.8 us hot, +8-9 us cold now. A blocking call builds no Work (its buffers live in
-    # the caller's frame meanwhile), an error describes its call from a tuple formatted only
-    # then, and the all_reduce path passes arguments by position (a keyword call cost ~1 us
-    # cold). At 2 ranks (benchmarks/comm.py) that is +3-4 us at 4-64 KB.
-    def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None,
-              blocking=False):
-        """Number the call and wrap its requests as Work; or, ``blocking``, wait and return None
-        (Note [Cost per call])."""
+    # sleeps); +1.9 us hot, +6.4-7.1 us cold now. A blocking call builds no Work and runs the
+    # blocking MPI function (Note [Blocking calls] in work.py), an error describes its call
+    # from a tuple formatted only then, and the all_reduce path passes arguments by position
+    # (a keyword call cost ~1 us cold).
+    def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
+        """Number the call and wrap its requests as Work (Note [Cost per call])."""
         self._seq += 1
-        what = (name, peer, self._seq, array, self._size)
-        thread = progress._thread
-        watched = thread is not None and array.nbytes >= progress._MIN_BYTES
-        if blocking and not watched:
-            wait_requests(requests, self.timeout, what)
-            if finish is not None:
-                finish()
-            return None
-        work = Work(requests, buffers, what, self.timeout, finish, result)
-        if watched:
-            thread.watch(work)  # Note [Communication progress]
-        if blocking:
-            work.wait()
-            return None
+        work = Work(requests, buffers, (name, peer, self._seq, array, self._size), self.timeout,
+                    finish, result)
+        if progress._thread is not None and array.nbytes >= progress._MIN_BYTES:
+            progress._thread.watch(work)  # Note [Communication progress]
         return work
+
+    def _blocking(self, name, array, finish, call, *args):
+        """Number the call and run the blocking MPI ``call(*args)`` under the watchdog."""
+        self._seq += 1
+        if self.timeout:
+            key = watchdog.arm(self.timeout, (name, None, self._seq, array, self._size))
+            try:
+                call(*args)
+            finally:
+                watchdog.disarm(key)
+        else:
+            call(*args)
+        if finish is not None:
+            finish()
 
     def _check(self, name, array, **extra):
         if self._checker is not None:
             self._checker.check(self._seq + 1, name, array, **extra)
 
     # --- collectives ------------------------------------------------------------------------
+    # Each collective below posts the nonblocking MPI call and returns a Work, or, with
+    # ``blocking``, runs the blocking MPI call and returns None (Note [Blocking calls]).
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
         if self._checker is not None:
@@ -137,18 +141,23 @@ class ProcessGroup:
         mpi_op = _mpi_op(op, array)
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
-        request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
-        return self._work("allreduce", array, [request], (buf,), finish, result, None, blocking)
+        if blocking:
+            return self._blocking("allreduce", array, finish, self.comm.Allreduce, _IN_PLACE,
+                                  buf.spec, mpi_op)
+        request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
+        return self._work("allreduce", array, [request], (buf,), finish, result)
 
     def ibroadcast(self, array, src, result=None, blocking=False):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
         self._check_rank(src, "src")
         self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, True)
+        finish = _finish_buffer(buf)
+        if blocking:
+            return self._blocking("broadcast", array, finish, self.comm.Bcast, buf.spec, src)
         request = self.comm.Ibcast(buf.spec, src)
-        return self._work("broadcast", array, [request], (buf,), _finish_buffer(buf), result,
-                          None, blocking)
+        return self._work("broadcast", array, [request], (buf,), finish, result)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
@@ -157,13 +166,13 @@ class ProcessGroup:
         mpi_op = _mpi_op(op, array)
         root = self._rank == dst
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
-        if root:
-            request = self.comm.Ireduce(_IN_PLACE, buf.spec, mpi_op, root=dst)
-        else:
-            request = self.comm.Ireduce(buf.spec, None, mpi_op, root=dst)
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
-        return self._work("reduce", array, [request], (buf,), finish, result,
-                          blocking=blocking)
+        send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
+        if blocking:
+            return self._blocking("reduce", array, finish, self.comm.Reduce, send, recv, mpi_op,
+                                  dst)
+        request = self.comm.Ireduce(send, recv, mpi_op, dst)
+        return self._work("reduce", array, [request], (buf,), finish, result)
 
     def iallgather(self, output, array, result=None, after=None, blocking=False):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
@@ -171,10 +180,12 @@ class ProcessGroup:
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
+        finish = _then(_finish_buffer(recv), after)
+        if blocking:
+            return self._blocking("allgather", array, finish, self.comm.Allgather, send.spec,
+                                  recv.spec)
         request = self.comm.Iallgather(send.spec, recv.spec)
-        return self._work("allgather", array, [request], (send, recv),
-                          _then(_finish_buffer(recv), after), result,
-                          blocking=blocking)
+        return self._work("allgather", array, [request], (send, recv), finish, result)
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
@@ -185,10 +196,12 @@ class ProcessGroup:
         avg = op is _AVG
         send = MessageBuffer(array, upcast=avg)
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
+        finish = _finish_average(recv, self._size) if avg else _finish_buffer(recv)
+        if blocking:
+            return self._blocking("reduce_scatter", array, finish, self.comm.Reduce_scatter_block,
+                                  send.spec, recv.spec, mpi_op)
         request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
-        finish = _finish_average(recv, self._size) if op is _AVG else _finish_buffer(recv)
-        return self._work("reduce_scatter", array, [request], (send, recv), finish, result,
-                          blocking=blocking)
+        return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
 
     def ialltoall(self, output, array, result=None, after=None, blocking=False):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
@@ -199,16 +212,19 @@ class ProcessGroup:
                              f"and {list(output.shape)}")
         _expect_dtype(output, array, "all_to_all output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
+        finish = _then(_finish_buffer(recv), after)
+        if blocking:
+            return self._blocking("alltoall", array, finish, self.comm.Alltoall, send.spec,
+                                  recv.spec)
         request = self.comm.Ialltoall(send.spec, recv.spec)
-        return self._work("alltoall", array, [request], (send, recv),
-                          _then(_finish_buffer(recv), after), result,
-                          blocking=blocking)
+        return self._work("alltoall", array, [request], (send, recv), finish, result)
 
     def ibarrier(self, blocking=False):
         """Complete once every rank of the group has started its barrier."""
         self._check("barrier", _NOTHING)
-        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], (),
-                          blocking=blocking)
+        if blocking:
+            return self._blocking("barrier", _NOTHING, None, self.comm.Barrier)
+        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):

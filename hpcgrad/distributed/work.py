@@ -99,6 +99,80 @@ def wait_requests(requests, timeout, describe):
             time.sleep(min(_MAX_SLEEP, elapsed * 2e-3))
 
 
+class Watchdog:
+    """Bounds blocking MPI calls, which cannot be interrupted: past its deadline, a call still
+    running is reported as a CommTimeoutError and the job is aborted (Note [Blocking calls]).
+
+    Note [Blocking calls]
+    A collective called without async_op runs the blocking MPI function (MPI_Allreduce, ...),
+    not its nonblocking twin and a Test loop: MPICH's blocking collectives use other algorithms
+    and wait better than any loop of ours when ranks share cores. Measured (benchmarks/comm.py,
+    2 ranks): with a Test loop, 1 MB all_reduce reached 0.92-0.93 of MPI_Allreduce on a quiet
+    machine, and under other jobs' load 4-64 KB calls took 60-100 us where MPI_Allreduce took
+    20-50 us (as did MPI_Iallreduce + MPI_Wait: the nonblocking algorithm, not our loop). A
+    blocking call cannot time out, so this thread watches it, like PyTorch's NCCL watchdog:
+    the error names the operation, its size and call number, and since a collective some rank
+    never joined leaves MPI unusable, the job ends (MPI_Abort) instead of raising. Waits on
+    Work (async_op=True), DETAIL checks and point-to-point keep the polling wait, whose
+    CommTimeoutError can be caught.
+    """
+
+    def __init__(self, interval=0.1):
+        self.interval = interval
+        self._armed = {}  # thread id -> (deadline, timeout, what)
+        self._thread = None
+        self._lock = threading.Lock()
+        self.on_expire = _abort_job  # tests replace it
+
+    def arm(self, timeout, what):
+        """Watch the calling thread's next blocking call; returns the key for disarm()."""
+        if self._thread is None:
+            self._start()
+        key = threading.get_ident()
+        self._armed[key] = (time.monotonic() + timeout, timeout, what)
+        return key
+
+    def disarm(self, key):
+        self._armed.pop(key, None)
+
+    def _start(self):
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hpcgrad-watchdog",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self):
+        while True:
+            time.sleep(self.interval)
+            now = time.monotonic()
+            for key, entry in list(self._armed.items()):
+                deadline, timeout, what = entry
+                if now > deadline and self._armed.get(key) is entry:
+                    self._armed.pop(key, None)
+                    self.on_expire(CommTimeoutError(
+                        f"{describe_call(what)} did not complete within {timeout:g} s on rank "
+                        f"{MPI.COMM_WORLD.Get_rank()}: a peer rank never joined it, or joined a "
+                        f"different operation{_detail_hint()}"))
+
+
+def _abort_job(error):
+    """Print ``error`` as '[rank N] ...' lines and abort every rank (the caller is stuck in MPI)."""
+    import sys
+    prefix = f"[rank {MPI.COMM_WORLD.Get_rank()}] "
+    sys.stdout.flush()
+    sys.stderr.write(f"{prefix}blocking call timed out (watchdog) -> MPI_Abort(COMM_WORLD, 1)\n"
+                     f"{prefix}{type(error).__module__}.{type(error).__qualname__}: {error}\n")
+    sys.stderr.flush()
+    try:
+        MPI.COMM_WORLD.Abort(1)
+    finally:
+        os._exit(1)
+
+
+watchdog = Watchdog()
+
+
 def _detail_hint():
     if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
         return ""  # the checks ran: the peer is missing, not calling something else

@@ -100,6 +100,24 @@ def test_wait_times_out_with_the_description():
     request.Wait()
 
 
+def test_watchdog_reports_a_blocking_call_past_its_deadline(monkeypatch):
+    """Note [Blocking calls]: the report (normally followed by MPI_Abort) names the call."""
+    from hpcgrad.distributed.work import Watchdog
+    dog = Watchdog(interval=0.02)
+    reports = []
+    dog.on_expire = reports.append
+    key = dog.arm(0.1, ("allreduce", None, 4, np.zeros((2, 3), np.float32), 2))
+    time.sleep(0.4)  # a blocking MPI call that never returns, as far as the watchdog can tell
+    dog.disarm(key)
+    assert len(reports) == 1 and isinstance(reports[0], CommTimeoutError)
+    assert str(reports[0]).startswith("allreduce #4 (6 x float32, shape [2, 3]) in a group of 2 "
+                                      "ranks did not complete within 0.1 s on rank 0")
+    key = dog.arm(0.1, ("barrier", None, 5, np.zeros(0), 2))
+    dog.disarm(key)  # returned in time: nothing to report
+    time.sleep(0.2)
+    assert len(reports) == 1
+
+
 def test_wait_requests_without_timeout_blocks_until_done():
     requests, box = self_message(5.0)
     wait_requests(requests, 0, lambda: "unused")
