@@ -42,8 +42,10 @@ def init_process_group(backend="mpi", timeout=None, **unused):
     """Start the default group over all MPI ranks (idempotent; the MPI is already running).
 
     ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
-    bounds every blocking wait. HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread
-    (Note [Communication progress] in progress.py). Rendezvous arguments of PyTorch
+    bounds every wait: ``Work.wait()`` raises CommTimeoutError, and a blocking collective that
+    overruns it is reported and aborts the job (Note [Blocking calls] in work.py).
+    HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread (Note [Communication progress]
+    in progress.py). Rendezvous arguments of PyTorch
     (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
     placed the ranks.
     """
