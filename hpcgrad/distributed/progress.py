@@ -3,29 +3,36 @@
 Note [Communication progress]
 MPICH moves a nonblocking collective forward only while some thread of the rank is inside an MPI
 call; between calls a 4-64 MB all_reduce just sits there, and runs at the final wait. We measured
-four ways to keep it moving (benchmarks/progress.py: 2 ranks, float32 Iallreduce against about as
-long of compute, overlap = (compute + comm - total) / comm, medians of 7-9 runs; the machine is a
-noisy 2-core VM, so read the figures to +-0.15):
+four ways to keep it moving with ``python benchmarks/progress.py`` (2 ranks, float32 Iallreduce
+against about as long of compute; overlap = (compute + comm - total) / comm; medians of 9 per
+run; the figures are the middle of 3 runs on a shared 2-core VM, the range in brackets):
 
-  while the cores idle (sleep chunks: a GPU kernel, or waiting for data)     4 MB   16 MB   64 MB
-    nothing between chunks                                                   0.01    0.04    0.00
-    Work.is_completed() after every 1 ms chunk (polling from hooks)          0.11    0.03   -0.01
-    MPIR_CVAR_ASYNC_PROGRESS=1 (MPICH's thread)                              0.86    0.72    0.61
-      ...but its busy thread made every figure slower: 64 MB alone 37 -> 56 ms, total no better
-    this thread, polling every 200 us                                        0.85    0.73    0.54
-  while both cores compute (one matmul thread per rank)
-    nothing / polling / this thread                                    all within 0 +- 0.2
-    MPIR_CVAR_ASYNC_PROGRESS=1: compute 2-4x slower (64 MB total 69 -> 171 ms)
+  overlap while the cores idle (sleep: a GPU kernel, or waiting for data)
+                                               4 MB              16 MB             64 MB
+    nothing between chunks                     0.05              0.00             -0.05
+    Work.is_completed() after each 1 ms chunk  0.11              0.04              0.02
+    MPIR_CVAR_ASYNC_PROGRESS=1 (MPICH thread)  0.83 [0.56-0.86]  0.67 [0.67-0.72]  0.61 [0.60-0.72]
+    this thread, a test every 200 us           0.77 [0.60-0.85]  0.69 [0.44-0.73]  0.51 [0.47-0.54]
+      total time, 16 MB: 13.5 ms with nothing, 8.7 ms with this thread, 14.1 ms with MPICH's
+  overlap while both cores compute (matmul, one BLAS thread per rank)
+    nothing, polling, this thread              all within -0.2 .. +0.1
+    MPIR_CVAR_ASYNC_PROGRESS=1                 compute 2-4x slower: 64 MB total 71 -> 171 ms
 
 Polling between chunks of compute is too coarse: each Test advances a large transfer by one
 step, and it needs hundreds. MPICH's progress thread spins on a core of its own, which a rank per
-core does not have. A Python thread that tests the pending Work every 200 us hides 55-85% of the
-all_reduce when the cores have time to spare. When every core computes nothing can hide it: on one
-node the all_reduce is itself CPU work (copies and sums through shared memory), and it takes the
-same time whenever it runs. So the thread is opt-in: ``start_progress_thread()`` or
-HPCGRAD_PROGRESS_THREAD=1 (read by init_process_group); the DDP reducer's buckets and every other
-operation on at least _MIN_BYTES are watched while it runs. Between nodes, where the network does
-the copying, this is the case the thread is for.
+core does not have, so its overlap is bought with slower compute and a slower all_reduce (its
+totals were never better than doing nothing). A Python thread that tests the pending Work every
+200 us hides half to three quarters of the all_reduce when the cores have time to spare. When
+every core computes, nothing can hide it: on one node the all_reduce is itself CPU work (copies
+and sums through shared memory) and takes the same time whenever it runs. A thread that only
+pokes the progress engine (Iprobe on a private communicator; "probe" in the benchmark) did as
+well; testing the request is better still in one way: the Work completes (its finish step and
+callbacks run, e.g. a comm hook's decompression) as soon as the data is there.
+
+The thread is opt-in: ``start_progress_thread()`` or HPCGRAD_PROGRESS_THREAD=1 (read by
+init_process_group); while it runs, every operation on at least _MIN_BYTES started through a
+ProcessGroup (the DDP reducer's buckets included) is watched. Between nodes, where the network
+does the copying, the cores are free for compute and this is the case the thread is for.
 
 The thread tests a Work with ``Work.is_completed()``, which never blocks and never tests a
 request another thread is already waiting on (MPI forbids that; see Work). Whatever completes
