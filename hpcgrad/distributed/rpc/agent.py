@@ -7,6 +7,18 @@ Note [RPC wire format]
     the envelope arrives its payloads are already on their way; messages with the same tag
     from one sender do not overtake each other, so payloads are received in order. Every
     Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
+
+Note [Progress thread and the GIL]
+    The progress thread sleeps between every two polls, also while messages are flowing. A
+    thread that polls in a Python loop keeps the GIL except for the instant of each MPI call,
+    and a thread waiting for the GIL (the pool thread that must run a request, the caller woken
+    by its reply) only wins it when its 5 ms switch interval expires: hops cost milliseconds.
+    Sleeping releases the GIL for real. Sleeps start at 10 us (the thread's timer slack is set
+    to 1 ns, or Linux would round them up to 60 us), and double up to 0.5 ms once the agent has
+    been quiet for 2 ms. Replies are resolved on the progress thread itself (one handoff fewer:
+    the waiter wakes directly), so callbacks on an RPC future must be quick and never block.
+    Measured on the 1x8 round trip of benchmarks/dist_autograd.py, 3,000 iterations, 2 ranks
+    on 2 busy cores: 22-38 s wall before (polling loop, replies via the pool), 9-13 s after.
 """
 
 import heapq
@@ -24,8 +36,18 @@ from ..buffers import MessageBuffer
 
 ENVELOPE_TAG = 1
 _PAYLOAD_TAG_BASE = 2
-_IDLE_SPIN_SECONDS = 2e-3   # keep polling without sleeping this long after the last message
+_IDLE_SPIN_SECONDS = 2e-3   # poll at the shortest interval this long after the last message
+_MIN_SLEEP_SECONDS = 1e-5   # then back off, doubling, to the longest
 _MAX_SLEEP_SECONDS = 5e-4
+
+
+def _allow_short_sleeps():
+    """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass
 
 
 class RpcError(RuntimeError):
@@ -220,8 +242,10 @@ class MPIRpcAgent:
         self._handlers[kind] = (handler, inline)
 
     def _progress(self):
+        """Poll for messages and complete sends until stopped; Note [Progress thread and the GIL]."""
+        _allow_short_sleeps()
         status = MPI.Status()
-        last_activity, delay = time.monotonic(), 0.0
+        last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
         while self._running:
             busy = self._complete_sends()
             if self._deadlines and self._deadlines[0][0] <= time.monotonic():
@@ -230,11 +254,10 @@ class MPIRpcAgent:
                 self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
                 busy = True
             if busy:
-                last_activity, delay = time.monotonic(), 0.0
+                last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
             elif time.monotonic() - last_activity > _IDLE_SPIN_SECONDS:
-                # Idle: sleep a little longer each time, so a quiet agent leaves the CPU free.
-                delay = min(max(delay * 2, 2e-5), _MAX_SLEEP_SECONDS)
-                time.sleep(delay)
+                delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+            time.sleep(delay)  # even when busy: Note [Progress thread and the GIL]
 
     def _complete_sends(self):
         with self._send_lock:
@@ -260,8 +283,8 @@ class MPIRpcAgent:
         if reply_to is not None:
             with self._waiting_lock:
                 future = self._waiting.pop(reply_to, None)
-            if future is not None:
-                self._pool.submit(self._resolve, future, src, envelope, payloads)
+            if future is not None:  # resolved here: Note [Progress thread and the GIL]
+                self._resolve(future, src, envelope, payloads)
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
         if handler is None:
