@@ -5,7 +5,8 @@ through ``hpcgrad.distributed.all_reduce(buf)`` and through ``comm.Allreduce(MPI
 on the same buffer in the same run (and, to tell MPICH's nonblocking path from hpcgrad's own cost,
 ``comm.Iallreduce(MPI.IN_PLACE, buf).Wait()`` as "raw-i"); with ``--torch`` also
 ``torch.distributed.all_reduce`` (gloo) on a tensor sharing that buffer. The implementations
-alternate within every repetition (their order flips each time), so drift hits them alike.
+take turns within every repetition (the order rotates, so each runs first, on a buffer the
+other sizes have evicted from the caches, equally often).
 
 One repetition: barrier, then ``k`` back-to-back calls timed together (k > 1 for small messages,
 so a latency is not one clock tick); time per call = elapsed / k, the largest over the ranks.
@@ -105,7 +106,8 @@ def measure(all_sizes, comm, torch_mods, repeats, warmup):
     times = {(nbytes, name): [] for nbytes, impls, _ in cases for name in impls}
     for rep in range(warmup + repeats):
         for nbytes, impls, _ in cases:
-            names = list(impls) if rep % 2 == 0 else list(impls)[::-1]
+            names = list(impls)
+            names = names[rep % len(names):] + names[:rep % len(names)]  # each goes first in turn
             k = calls_per_repetition(nbytes)
             for name in names:
                 run = impls[name]

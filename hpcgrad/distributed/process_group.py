@@ -74,6 +74,9 @@ class ProcessGroup:
         self.ranks = list(ranks) if ranks is not None else list(range(self._size))
         self._seq = 0
         self._checker = debug.CallChecker(comm, timeout) if debug.detail_enabled() else None
+        self._inflight = None  # the blocking call under way, for the watchdog
+        if timeout:
+            watchdog.watch(self)
 
     def rank(self):
         return self._rank
@@ -115,14 +118,11 @@ class ProcessGroup:
     def _blocking(self, name, array, finish, call, *args):
         """Number the call and run the blocking MPI ``call(*args)`` under the watchdog."""
         self._seq += 1
-        if self.timeout:
-            key = watchdog.arm(self.timeout, (name, None, self._seq, array, self._size))
-            try:
-                call(*args)
-            finally:
-                watchdog.disarm(key)
-        else:
+        self._inflight = (name, None, self._seq, array, self._size)
+        try:
             call(*args)
+        finally:
+            self._inflight = None
         if finish is not None:
             finish()
 

@@ -100,20 +100,28 @@ def test_wait_times_out_with_the_description():
     request.Wait()
 
 
-def test_watchdog_reports_a_blocking_call_past_its_deadline(monkeypatch):
+def test_watchdog_reports_a_blocking_call_past_its_deadline():
     """Note [Blocking calls]: the report (normally followed by MPI_Abort) names the call."""
     from hpcgrad.distributed.work import Watchdog
+
+    class Group:  # what the watchdog reads of a ProcessGroup
+        _inflight, timeout = None, 0.1
+
     dog = Watchdog(interval=0.02)
     reports = []
     dog.on_expire = reports.append
-    key = dog.arm(0.1, ("allreduce", None, 4, np.zeros((2, 3), np.float32), 2))
+    group = Group()
+    dog.watch(group)
+    group._inflight = ("allreduce", None, 4, np.zeros((2, 3), np.float32), 2)
     time.sleep(0.4)  # a blocking MPI call that never returns, as far as the watchdog can tell
-    dog.disarm(key)
+    group._inflight = None
     assert len(reports) == 1 and isinstance(reports[0], CommTimeoutError)
     assert str(reports[0]).startswith("allreduce #4 (6 x float32, shape [2, 3]) in a group of 2 "
                                       "ranks did not complete within 0.1 s on rank 0")
-    key = dog.arm(0.1, ("barrier", None, 5, np.zeros(0), 2))
-    dog.disarm(key)  # returned in time: nothing to report
+    for seq in range(5, 25):  # calls that each return in time: nothing to report
+        group._inflight = ("barrier", None, seq, np.zeros(0), 2)
+        time.sleep(0.01)
+    group._inflight = None
     time.sleep(0.2)
     assert len(reports) == 1
 
