@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 
 from .. import backend
+from ..tensor import Tensor
 from .buffers import as_array
 from .process_group import ProcessGroup, ReduceOp
 from .work import default_timeout
@@ -140,7 +141,10 @@ def _group_rank(group, world_rank, what):
 # --- collectives --------------------------------------------------------------------------
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group, in place on every rank. All ranks call it."""
-    return _group(group).iallreduce(as_array(tensor), op, [tensor], not async_op)
+    g = _group(group)
+    if not async_op and g.allreduce_now(tensor.data if type(tensor) is Tensor else tensor, op):
+        return None
+    return g.iallreduce(as_array(tensor), op, [tensor], not async_op)
 
 
 def broadcast(tensor, src, group=None, async_op=False):

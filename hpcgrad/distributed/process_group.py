@@ -6,7 +6,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from . import debug, progress
+from . import buffers, debug, progress
 from .buffers import MessageBuffer, is_floating
 from .work import Work, wait_requests, watchdog
 
@@ -99,13 +99,14 @@ class ProcessGroup:
     # What a call costs in Python is what it costs with cold caches: the data a collective moves
     # (or the compute between calls) evicts the interpreter's working set, and then every object
     # built and every call made misses. `python benchmarks/comm.py --overhead` times a 4 KB
-    # all_reduce at size 1 over comm.Iallreduce(...).Wait(), in a loop (hot) and with a 4 MB
-    # array rewritten before each call (cold): +9.5 us hot, +26-38 us cold as first written
-    # (a Work, its Lock and a describe closure per call, keyword arguments, a 1 ms spin then
-    # sleeps); +1.9 us hot, +6.4-7.1 us cold now. A blocking call builds no Work and runs the
-    # blocking MPI function (Note [Blocking calls] in work.py), an error describes its call
-    # from a tuple formatted only then, and the all_reduce path passes arguments by position
-    # (a keyword call cost ~1 us cold).
+    # all_reduce at size 1 over comm.Allreduce, in a loop (hot) and with a 4 MB array rewritten
+    # before each call (cold): as first written (a Work, its Lock and a describe closure per
+    # call, keyword arguments, the polling wait) +9.4 us hot, +26-27 us cold; now +0.8 us hot,
+    # +3.0-3.6 us cold. A blocking call builds no Work and runs the blocking MPI function (Note
+    # [Blocking calls] in work.py), an error describes its call from a tuple formatted only
+    # then, arguments go by position (a keyword call cost ~1 us cold), and the common
+    # all_reduce takes allreduce_now, a third of the Python steps of the general path (which
+    # stayed at +6.4-7.1 us cold).
     def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
         """Number the call and wrap its requests as Work (Note [Cost per call])."""
         self._seq += 1
@@ -131,6 +132,27 @@ class ProcessGroup:
             self._checker.check(self._seq + 1, name, array, **extra)
 
     # --- collectives ------------------------------------------------------------------------
+    def allreduce_now(self, array, op):
+        """Blocking all_reduce of a host array of a native MPI type, in place, when nothing
+        needs the general path (AVG, bools, staging, DETAIL checks, an error to report):
+        the common case in a third of the Python steps (Note [Cost per call]). Returns False
+        if it did nothing."""
+        if type(array) is not np.ndarray or op is _AVG or self._checker is not None:
+            return False
+        mpi_op = getattr(op, "_mpi_op", None)
+        mpi_type = buffers._MPI_TYPES.get(array.dtype)  # read here: tests swap the map
+        flags = array.flags
+        if (mpi_op is None or mpi_type is None or array.dtype.kind == "b"
+                or not flags.c_contiguous or not flags.writeable):
+            return False
+        self._seq += 1
+        self._inflight = ("allreduce", None, self._seq, array, self._size)
+        try:
+            self.comm.Allreduce(_IN_PLACE, [array, mpi_type], mpi_op)
+        finally:
+            self._inflight = None
+        return True
+
     # Each collective below posts the nonblocking MPI call and returns a Work, or, with
     # ``blocking``, runs the blocking MPI call and returns None (Note [Blocking calls]).
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
