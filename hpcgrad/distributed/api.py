@@ -175,13 +175,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
                              f"({list(array.shape)}, {array.dtype}); got {list(t.shape)}, "
                              f"{t.dtype}")
     gathered = _empty(array, (g.size(),) + array.shape)
-
-    def scatter_to_list():
-        for target, block in zip(targets, gathered):
-            target[...] = block
-
-    return g.iallgather(gathered, array, result=tensor_list, after=scatter_to_list,
-                        blocking=not async_op)
+    return g.iallgather(gathered, array, result=tensor_list,
+                        after=_copy_blocks(gathered, targets), blocking=not async_op)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -233,12 +228,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     xp = backend.get_array_module(inputs[0])
     send = xp.stack(inputs)
     recv = xp.empty_like(send)
-
-    def scatter_to_list():
-        for target, block in zip(outputs, recv):
-            target[...] = block
-
-    return g.ialltoall(recv, send, result=output_tensor_list, after=scatter_to_list,
+    return g.ialltoall(recv, send, result=output_tensor_list, after=_copy_blocks(recv, outputs),
                        blocking=not async_op)
 
 
@@ -322,6 +312,14 @@ def _pickled(obj):
 # --- helpers -----------------------------------------------------------------------------------
 def _empty(array, shape):
     return backend.get_array_module(array).empty(shape, dtype=array.dtype)
+
+
+def _copy_blocks(blocks, targets):
+    """A finish step: block r of ``blocks`` into ``targets[r]`` once the operation completes."""
+    def finish():
+        for target, block in zip(targets, blocks):
+            target[...] = block
+    return finish
 
 
 def _blocks(array, size, block_shape, what):
