@@ -1,0 +1,35 @@
+"""Shared helpers of the ports of PyTorch's TestAutograd: tensors, comparisons, gradient collection."""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+
+
+def arr(x):
+    """The numpy array behind a Tensor (or a number/array as given)."""
+    if isinstance(x, hg.Tensor):
+        return np.asarray(x.detach().data)
+    return np.asarray(x)
+
+
+def assert_close(actual, expected, rtol=1e-7, atol=1e-7, msg=""):
+    """Values (Tensors, arrays or numbers) equal within tolerance, shapes equal; NaNs must match."""
+    a, e = arr(actual), arr(expected)
+    assert a.shape == np.broadcast_shapes(a.shape, e.shape), f"{msg}: shape {a.shape} vs {e.shape}"
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, equal_nan=True, err_msg=msg)
+
+
+def leaf(data, requires_grad=True, dtype=np.float64):
+    """A float64 leaf (PyTorch's tests mostly use double for gradcheck-level exactness)."""
+    return hg.tensor(np.asarray(data, dtype=dtype), requires_grad=requires_grad)
+
+
+def randn(*shape, requires_grad=True, seed=0):
+    rng = np.random.default_rng(seed)
+    return leaf(rng.standard_normal(shape), requires_grad)
+
+
+def torch_or_skip():
+    """torch, or skip the test: for checks against PyTorch itself (CI installs torch 2.13 CPU)."""
+    return pytest.importorskip("torch")
