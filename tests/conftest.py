@@ -25,7 +25,22 @@ def pytest_configure(config):
         config.option.timeout_method = "thread"
 
 
+def _uses_torch(code, depth=0):
+    """True when a test's code names torch (a global, ``importorskip("torch")``, ``torch_or_skip``)."""
+    names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
+    if names & {"torch", "torch_or_skip"}:
+        return True
+    return depth < 2 and any(_uses_torch(c, depth + 1) for c in code.co_consts
+                             if hasattr(c, "co_names"))
+
+
 def pytest_collection_modifyitems(config, items):
+    # Count the tests that compare with PyTorch itself, so the summary can say how many ran.
+    for item in items:
+        code = getattr(getattr(item, "obj", None), "__code__", None)
+        if code is not None and (_uses_torch(code)
+                                 or getattr(getattr(item, "module", None), "torch", None) is not None):
+            item.add_marker("torch_reference")
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return  # importing cupy only to skip nothing would cost seconds
@@ -131,3 +146,28 @@ def launch():
     if comm_world().Get_size() > 1:
         pytest.skip("launches its own processes; runs in the serial suite")
     return run_job
+
+
+_torch_outcomes = {}
+
+
+def pytest_runtest_logreport(report):
+    if "torch_reference" in report.keywords and (report.when == "call" or report.outcome != "passed"):
+        _torch_outcomes.setdefault(report.nodeid, report.outcome)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line: how many PyTorch-comparison tests ran here (CI installs torch 2.13.0 CPU)."""
+    if not _torch_outcomes:
+        return
+    counts = {}
+    for outcome in _torch_outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    try:
+        import torch
+        have = f"torch {torch.__version__}"
+    except ImportError:
+        have = "torch not installed: pip install -e '.[reference]'"
+    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    terminalreporter.write_line(f"PyTorch reference tests ({have}): {len(_torch_outcomes)} "
+                                f"compared with PyTorch: {detail}")
