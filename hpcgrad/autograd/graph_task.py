@@ -119,11 +119,14 @@ class GraphTask:
             self.has_error = True
             if first:
                 self.error = exc
+            # Test-and-set under the mutex, as mark_as_completed_and_run_post_processing does
+            # (the seed's future_completed_.exchange(true)): whichever of the two gets here first
+            # completes the future; the other must not, or Future raises InvalidStateError.
+            complete, self.future_completed = not self.future_completed, True
         if first and node is not None and node.metadata_stack:
             sys.stderr.write(f"Traceback of forward call that caused the error in {node.name()}:\n"
                              f"{node.metadata_stack}")
-        if not self.future_completed:
-            self.future_completed = True
+        if complete:
             self.future.set_exception(exc)
 
     def mark_as_completed_and_run_post_processing(self):

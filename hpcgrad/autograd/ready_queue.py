@@ -26,13 +26,17 @@ _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class ReadyQueue:
-    """Thread-safe priority queue: shutdown first, then deeper reentrant tasks, then later Nodes.
+    """Thread-safe priority queue: shutdown, wake-ups, then deeper reentrant tasks, then later Nodes.
 
     Later Nodes (greater sequence_nr) were created later in forward, so backward meets them first.
     Entries are ``(kind, -depth, -sequence_nr, tiebreak, task)``: the unique tiebreak means tasks
-    themselves are never compared. A consumer announces itself in ``_waiters`` under the lock
-    before its last emptiness check; a producer reads ``_waiters`` after pushing; so a push
-    cannot slip between the check and the sleep unnoticed.
+    themselves are never compared. ``kind`` follows the seed's CompareNodeTaskTime: 0 shutdown,
+    1 an empty task (no Node: the wake-up the engine sends an owner thread whose GraphTask
+    finished elsewhere, so it stops waiting at once whatever the depths), 2 a Node.
+
+    A consumer announces itself in ``_waiters`` under the lock before its last emptiness check;
+    a producer reads ``_waiters`` after pushing; so a push cannot slip between the check and the
+    sleep unnoticed.
     """
 
     def __init__(self):
@@ -51,13 +55,15 @@ class ReadyQueue:
             if increment_outstanding:
                 with gt.mutex:
                     gt.outstanding_tasks += 1
-            entry = (1, -gt.reentrant_depth, -task.fn.sequence_nr if task.fn is not None else 1,
-                     next(self._tiebreak), task)
+            if task.fn is None:
+                entry = (1, 0, 0, next(self._tiebreak), task)
+            else:
+                entry = (2, -gt.reentrant_depth, -task.fn.sequence_nr, next(self._tiebreak), task)
         self._push_entry(entry)
 
     def push_ready(self, graph_task, fn, inputs, _new=tuple.__new__):
         """``push`` for the engine's hot path: a Node task already counted as outstanding."""
-        self._push_entry((1, -graph_task.reentrant_depth, -fn.sequence_nr, next(self._tiebreak),
+        self._push_entry((2, -graph_task.reentrant_depth, -fn.sequence_nr, next(self._tiebreak),
                           _new(NodeTask, (graph_task, fn, inputs, False))))
 
     def _push_entry(self, entry):

@@ -1,5 +1,10 @@
 """The engine's reusable pieces: ReadyQueue order, InputBuffer, and running a prepared GraphTask."""
 
+import concurrent.futures
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -113,3 +118,104 @@ def test_device_work_runs_on_the_device_thread_and_wakes_the_owner(monkeypatch):
                    True)
     np.testing.assert_allclose(x.grad.data, [3.0, 3.0])
     assert threads == ["hpcgrad-autograd-cuda:0"]
+
+
+def test_ready_queue_wake_up_task_comes_right_after_shutdown():
+    """The seed's CompareNodeTaskTime: shutdown, empty (wake-up) tasks, then depth, then seq."""
+    queue = ReadyQueue()
+    nodes = [task(0, 5), task(1, 1), task(0, 9), task(1, 3)]
+    for t in nodes[:2]:
+        queue.push(t)
+    wake_shallow = NodeTask(GraphTask(False, False, 0, None), None, None)
+    wake_deep = NodeTask(GraphTask(False, False, 2, None), None, None)
+    queue.push(wake_shallow)
+    for t in nodes[2:]:
+        queue.push(t)
+    queue.push(wake_deep)
+    queue.push_shutdown_task()
+    assert queue.pop().is_shutdown
+    # Empty tasks among themselves keep push order (the seed's comparator calls them equal).
+    assert queue.pop() is wake_shallow
+    assert queue.pop() is wake_deep
+    order = [(t.graph_task.reentrant_depth, t.fn.sequence_nr) for t in
+             (queue.pop() for _ in nodes)]
+    assert order == [(1, 3), (1, 1), (0, 9), (0, 5)]
+    assert queue.empty()
+
+
+def test_ready_queue_wake_up_task_before_node_of_same_depth_via_push_ready():
+    """``push_ready`` (the engine's hot path) orders its Nodes after a queued wake-up task."""
+    queue = ReadyQueue()
+    graph_task = GraphTask(False, False, 0, None)
+    queue.push_ready(graph_task, Node(sequence_nr=0), None)
+    queue.push_ready(graph_task, Node(sequence_nr=7), None)
+    wake = NodeTask(graph_task, None, None)
+    queue.push(wake)
+    assert queue.pop() is wake
+    assert [queue.pop().fn.sequence_nr for _ in range(2)] == [7, 0]
+
+
+class _CountingFuture(concurrent.futures.Future):
+    """A Future that counts how often it was completed (the second attempt raises)."""
+
+    def __init__(self):
+        super().__init__()
+        self.completions = 0
+
+    def set_result(self, result):
+        self.completions += 1
+        super().set_result(result)
+
+    def set_exception(self, exception):
+        self.completions += 1
+        super().set_exception(exception)
+
+
+class _SlowReadGraphTask(GraphTask):
+    """Reading ``future_completed`` gives up the GIL for a moment: a test-and-set that is not
+    under the mutex then loses the race almost every time instead of once in a million."""
+
+    @property
+    def future_completed(self):
+        value = self.__dict__["_future_completed"]
+        time.sleep(0.002)
+        return value
+
+    @future_completed.setter
+    def future_completed(self, value):
+        self.__dict__["_future_completed"] = value
+
+
+def test_graph_task_set_exception_races_completion_without_double_completing():
+    """set_exception and mark_as_completed_and_run_post_processing test-and-set under the mutex.
+
+    Run from two threads many times: the future is completed once, never twice
+    (a second ``set_*`` on a done Future raises InvalidStateError).
+    """
+    for i in range(100):
+        graph_task = _SlowReadGraphTask(False, False, 0, None)
+        graph_task.future = _CountingFuture()
+        barrier = threading.Barrier(2)
+        errors = []
+
+        def run(action, delay=0.0):
+            barrier.wait(timeout=10)
+            time.sleep(delay)  # vary which side takes the mutex first
+            try:
+                action()
+            except BaseException as exc:  # noqa: BLE001 -- reported by the assert below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(
+                       lambda: graph_task.set_exception(ArithmeticError("node failed"), None),)),
+                   threading.Thread(target=run, args=(
+                       graph_task.mark_as_completed_and_run_post_processing, (i % 3) * 0.001))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+        assert errors == []
+        assert graph_task.future.done()
+        assert graph_task.future.completions == 1
+        assert graph_task.has_error
