@@ -7,6 +7,7 @@ import numpy as np
 
 from . import backend
 from .autograd import function as _function
+from .autograd import grad_mode as _grad_mode
 from .autograd.graph import AccumulateGrad, _add_hook, make_edge
 
 _accumulator_lock = threading.Lock()
@@ -30,7 +31,7 @@ class Tensor:
     """A numpy/cupy array that can record the operations applied to it for backward."""
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_output_nr", "_grad_accumulator",
-                 "_hooks", "_retains_grad", "__weakref__")
+                 "_hooks", "_post_acc_hooks", "_retains_grad", "__weakref__")
     __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
     __hash__ = object.__hash__
     is_sparse = False  # see hpcgrad.sparse for the row-sparse gradient type
@@ -38,6 +39,7 @@ class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _as_array(data, dtype)
         self.grad = self.grad_fn = self._grad_accumulator = self._hooks = None
+        self._post_acc_hooks = None
         self._output_nr = 0
         self._retains_grad = False
         self.requires_grad = False
@@ -54,7 +56,7 @@ class Tensor:
         t.requires_grad = requires_grad
         t.grad_fn = grad_fn
         t._output_nr = output_nr
-        t.grad = t._grad_accumulator = t._hooks = None
+        t.grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
         t._retains_grad = False
         return t
 
@@ -108,7 +110,7 @@ class Tensor:
         return self.data.item()
 
     def numpy(self):
-        if self.requires_grad:
+        if self.requires_grad and _grad_mode._state.enabled:  # allowed under no_grad, as PyTorch
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
         return backend.to_device(self.data, backend.CPU)
@@ -186,6 +188,19 @@ class Tensor:
             if acc is not None:
                 acc._tensor_pre_hooks = self._hooks
         return _add_hook(self._hooks, hook, 0)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """``hook(tensor)`` runs after backward has accumulated this leaf's ``.grad`` (returns None).
+
+        For optimizer steps fused into backward; registered on leaves only, as in PyTorch.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if self._post_acc_hooks is None:
+            self._post_acc_hooks = {}
+        return _add_hook(self._post_acc_hooks, hook)
 
     def retain_grad(self):
         """Keep this non-leaf tensor's gradient in ``.grad`` after backward."""

@@ -2,25 +2,43 @@
 
 from ..backend import get_array_module
 from .engine import Engine, get_default_engine  # noqa: F401
-from .function import Function  # noqa: F401
+from .function import Function, once_differentiable  # noqa: F401
+from .graph import GradientEdge, make_edge
 from .grad_mode import (detect_anomaly, enable_grad, is_anomaly_enabled,  # noqa: F401
                         is_grad_enabled, no_grad, set_detect_anomaly, set_grad_enabled)
 
 
 def _tensors(x):
     from ..tensor import Tensor
-    if isinstance(x, Tensor):
+    if isinstance(x, (Tensor, GradientEdge)):
         return (x,)
     if x is None:
         return ()
     return tuple(x)
 
 
+def _edge_metadata(edge):
+    """(shape, dtype) of the gradient that flows into a GradientEdge."""
+    metadata = edge.node.input_metadata[edge.output_nr]
+    if metadata is None:
+        raise RuntimeError(f"the gradient edge {edge} carries no tensor")
+    return metadata[0], metadata[1]
+
+
 def _make_grads(outputs, grad_outputs):
     from ..tensor import Tensor
     grads = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
-        if g is None:
+        if isinstance(out, GradientEdge):
+            if g is None:
+                raise RuntimeError(f"output {i} is a GradientEdge: pass its gradient in "
+                                   "grad_outputs (there is no tensor to build one from)")
+            shape, dtype = _edge_metadata(out)
+            g = g if isinstance(g, Tensor) else Tensor(g, dtype=dtype)
+            if g.shape != shape:
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
+                                   f"{list(g.shape)} and output[{i}] has a shape of {list(shape)}.")
+        elif g is None:
             if out.requires_grad and out.data.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs "
                                    f"(output {i} has shape {list(out.shape)}); pass a gradient "
@@ -38,6 +56,9 @@ def _make_grads(outputs, grad_outputs):
 def _root_edges(outputs):
     edges = []
     for i, out in enumerate(outputs):
+        if isinstance(out, GradientEdge):
+            edges.append(make_edge(out.node, out.output_nr))
+            continue
         if not out.requires_grad:
             raise RuntimeError(f"element {i} of tensors does not require grad and does not have "
                                "a grad_fn")
@@ -48,6 +69,9 @@ def _root_edges(outputs):
 def _input_edges(inputs, accumulate_grad):
     edges = []
     for t in inputs:
+        if isinstance(t, GradientEdge):
+            edges.append(make_edge(t.node, t.output_nr))
+            continue
         if not t.requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
         if accumulate_grad and t.grad_fn is not None:
@@ -78,8 +102,19 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
-         allow_unused=False):
-    """Gradients of ``outputs`` with respect to ``inputs``, returned (``.grad`` is not touched)."""
+         only_inputs=True, allow_unused=None, materialize_grads=False):
+    """Gradients of ``outputs`` with respect to ``inputs``, returned (``.grad`` is not touched).
+
+    ``outputs`` and ``inputs`` are tensors or GradientEdges (``graph.get_gradient_edge``).
+    ``allow_unused`` (default: ``materialize_grads``) returns None for an input the outputs do
+    not depend on; ``materialize_grads=True`` returns zeros for it instead.
+    """
+    from ..tensor import Tensor
+    if materialize_grads and allow_unused is False:
+        raise ValueError("Expected allow_unused to be True or not passed when "
+                         "materialize_grads=True, but got: allow_unused=False.")
+    if allow_unused is None:
+        allow_unused = materialize_grads
     outputs = _tensors(outputs)
     inputs = _tensors(inputs)
     grad_outputs = (_tensors(grad_outputs) if grad_outputs is not None
@@ -100,6 +135,13 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                    "the desired behavior.")
     if not create_graph:
         result = [g if g is None or g.grad_fn is None else g.detach() for g in result]
+    if materialize_grads:
+        if any(g is None and isinstance(t, GradientEdge) for g, t in zip(result, inputs)):
+            raise RuntimeError("materialize_grads cannot be used when the given input is a "
+                               "GradientEdge")
+        result = [g if g is not None else
+                  Tensor._make(get_array_module(t.data).zeros_like(t.data), True, None, 0)
+                  for g, t in zip(result, inputs)]
     return tuple(result)
 
 

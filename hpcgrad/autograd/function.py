@@ -3,8 +3,9 @@
 import numpy as np
 
 from .. import backend
-from . import grad_mode
+from . import grad_mode, saved_hooks
 from .graph import Node
+from .saved_hooks import PackedSaved
 
 # Set by hpcgrad.tensor, which imports this module (a Tensor is built from Function ops).
 Tensor = None
@@ -30,6 +31,9 @@ class _NullContext:
     def set_materialize_grads(self, value):
         pass
 
+    def mark_dirty(self, *tensors):
+        pass  # nothing is recorded, so nothing can be invalidated
+
     def __setattr__(self, name, value):
         pass
 
@@ -54,7 +58,10 @@ class BackwardNode(Node):
     _forward_cls = None
     # Defaults at class level: only what a Function changes is stored per Node.
     _non_differentiable = ()
-    _saved_outputs = False
+    _non_diff_outputs = None            # indices of outputs marked non-differentiable
+    _materialize_non_diff_grads = True  # PyTorch's ctx._materialize_non_diff_grads
+    _saved_outputs = False              # some saved entry needs _unpack (an output, or packed)
+    _builtin = False                    # set per class by _FunctionMeta
     materialize_grads = True
 
     # --- ctx API --------------------------------------------------------------------------
@@ -68,21 +75,35 @@ class BackwardNode(Node):
         if saved is None:
             raise RuntimeError(_RELEASED_MSG)
         if self._saved_outputs:
-            saved = tuple(Tensor._make(s.data, True, self, s.output_nr)
-                          if type(s) is _SavedOutput else s for s in saved)
+            saved = tuple(_unpack(s, self) for s in saved)
         return saved
 
     def mark_non_differentiable(self, *outputs):
+        """These outputs (returned by forward) do not require grad; backward gets zeros for them."""
         self._non_differentiable = outputs
 
     def set_materialize_grads(self, value):
+        """False: backward receives None (not zeros) for outputs that got no gradient."""
         self.materialize_grads = bool(value)
 
+    def mark_dirty(self, *tensors):
+        raise NotImplementedError("ctx.mark_dirty: in-place ops and version counters are not built "
+                                  "in hpcgrad yet (README); return a new array from forward instead")
+
     def _materialize(self, grads):
-        """Undefined incoming gradients become zeros (unless set_materialize_grads(False))."""
+        """Undefined gradients of tensor outputs become zeros (unless set_materialize_grads(False)).
+
+        Non-tensor outputs have no metadata and always get None, as in PyTorch; outputs marked
+        non-differentiable get zeros unless ``ctx._materialize_non_diff_grads = False``.
+        """
+        non_diff = self._non_diff_outputs
         for i, g in enumerate(grads):
             if g is None:
-                shape, dtype, device = self.input_metadata[i]
+                metadata = self.input_metadata[i]
+                if metadata is None or (non_diff and i in non_diff
+                                        and not self._materialize_non_diff_grads):
+                    continue
+                shape, dtype, device = metadata
                 grads[i] = Tensor._zeros(shape, dtype, device)
 
     # --- Node API -------------------------------------------------------------------------
@@ -93,6 +114,11 @@ class BackwardNode(Node):
         if self.materialize_grads:
             for g in grads:
                 if g is None:
+                    if self._builtin and all(g is None for g in grads):
+                        # Note [Undefined gradients]: a built-in op that got no gradient at all
+                        # passes none on (PyTorch's any_grad_defined); zeros here would reach
+                        # .grad of leaves that got no gradient, and an optimizer would step them.
+                        return [None] * len(self.next_edges)
                     self._materialize(grads)
                     break
         result = self._forward_cls.backward(self, *grads)
@@ -126,6 +152,26 @@ class BackwardNode(Node):
         return out
 
 
+def _unpack(saved, node):
+    """A saved entry as backward sees it: a saved output rebuilt, a packed one unpacked."""
+    kind = type(saved)
+    if kind is _SavedOutput:
+        return Tensor._make(saved.data, True, node, saved.output_nr)
+    if kind is PackedSaved:
+        value = saved.unpack(saved.packed)
+        if not isinstance(value, Tensor):
+            raise TypeError("saved_tensors_hooks: the unpack hook must return a Tensor, got "
+                            f"{type(value).__name__}")
+        return value
+    return saved
+
+
+def _is_tensor_output(o):
+    """Arrays (numpy, cupy, numpy scalars) and Tensors become output Tensors; anything else is
+    returned as is (PyTorch's non-tensor outputs: ints, strings, None, objects)."""
+    return (isinstance(o, (Tensor, np.ndarray, np.generic)) or backend.is_gpu_array(o))
+
+
 def _record(cls, args, needs):
     """Run forward without grad and attach a new BackwardNode to its outputs."""
     edges = [a._gradient_edge() if need else None for a, need in zip(args, needs)]
@@ -143,15 +189,24 @@ def _record(cls, args, needs):
     results = []
     metadata = node.input_metadata
     non_diff = node._non_differentiable
+    non_diff_outputs = None
     saved = node._saved
+    seen = None  # id(forward's object) -> its output Tensor, for an object returned twice
     for i, o in enumerate(outs):
-        if o is None:
-            results.append(None)
+        if not _is_tensor_output(o):
+            results.append(o)
             metadata.append(None)
             continue
-        t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
+        t = seen.get(id(o)) if seen else None
+        if t is None:
+            t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
+            if seen is None:
+                seen = {}
+            seen[id(o)] = t
         data = t.data
-        if data.dtype.kind in "fc" and not (non_diff and any(o is nd for nd in non_diff)):
+        if non_diff and any(o is nd for nd in non_diff):
+            non_diff_outputs = (non_diff_outputs or set()) | {i}
+        elif data.dtype.kind in "fc" and t.grad_fn is None:
             t.requires_grad, t.grad_fn = True, node
             if saved and any(s is o for s in saved):
                 saved = tuple(_SavedOutput(data, i) if s is o else s for s in saved)
@@ -159,19 +214,58 @@ def _record(cls, args, needs):
         results.append(t)
         metadata.append((data.shape, data.dtype,
                          "cpu" if type(data) is np.ndarray else backend.device_of(data)))
+    if non_diff_outputs:
+        node._non_diff_outputs = non_diff_outputs
     if saved:
-        node._saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)
-                            for s in saved)
+        saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)
+                      for s in saved)
+        hooks = saved_hooks.current()
+        if hooks is not None:
+            saved = _pack_saved(saved, hooks, node)
+        node._saved = saved
     return results[0] if single else tuple(results)
 
 
+def _pack_saved(saved, hooks, node):
+    """Every saved tensor through the innermost pack hook (a saved output as its output Tensor)."""
+    pack, unpack = hooks
+    packed = []
+    for s in saved:
+        if s is None:
+            packed.append(None)
+            continue
+        tensor = _unpack(s, node) if type(s) is _SavedOutput else s
+        packed.append(PackedSaved(pack(tensor), unpack))
+    node._saved_outputs = True  # saved_tensors must unpack
+    return tuple(packed)
+
+
 def _wrap_plain(out):
+    """Forward's result when no graph is recorded: arrays become Tensors, other objects pass."""
     if type(out) is np.ndarray:
         return Tensor._make(out, False, None, 0)
     if type(out) is tuple:
-        return tuple(o if o is None or isinstance(o, Tensor) else Tensor._make(o, False, None, 0)
-                     for o in out)
-    return out if isinstance(out, Tensor) else Tensor._make(out, False, None, 0)
+        seen = {}
+        results = []
+        for o in out:
+            if isinstance(o, Tensor) or not _is_tensor_output(o):
+                results.append(o)
+            else:
+                t = seen.get(id(o))
+                if t is None:
+                    t = seen[id(o)] = Tensor._make(o, False, None, 0)
+                results.append(t)
+        return tuple(results)
+    if isinstance(out, Tensor) or not _is_tensor_output(out):
+        return out
+    return Tensor._make(out, False, None, 0)
+
+
+# Modules whose Functions are hpcgrad's built-in ops, PyTorch's C++ ops: they pass undefined
+# gradients on as undefined (Note [Undefined gradients]). Every other Function (a user's, the
+# differentiable collectives, reentrant checkpointing) gets zeros, as a Python autograd.Function
+# does in PyTorch; a collective's backward must run on every rank.
+_BUILTIN_MODULES = ("hpcgrad.ops", "hpcgrad.nn")
 
 
 class _FunctionMeta(type):
@@ -179,8 +273,9 @@ class _FunctionMeta(type):
 
     def __init__(cls, name, bases, attrs):
         super().__init__(name, bases, attrs)
+        builtin = cls.__module__.startswith(_BUILTIN_MODULES)
         cls._backward_cls = type(name + "Backward", (BackwardNode,),
-                                 {"__slots__": (), "_forward_cls": cls})
+                                 {"__slots__": (), "_forward_cls": cls, "_builtin": builtin})
 
 
 class Function(metaclass=_FunctionMeta):
@@ -218,7 +313,54 @@ class Function(metaclass=_FunctionMeta):
         if type(out) is np.ndarray:  # the common case, without a call to _wrap_plain
             t = _new_object(Tensor)
             t.data, t.requires_grad, t.grad_fn, t._output_nr = out, False, None, 0
-            t.grad = t._grad_accumulator = t._hooks = None
+            t.grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
             t._retains_grad = False
             return t
         return _wrap_plain(out)
+
+
+_ONCE_MSG = "trying to differentiate twice a function that was marked with @once_differentiable"
+
+
+class DelayedError(Node):
+    """Raises its message if backward ever reaches it (a gradient that must not be differentiated)."""
+
+    def __init__(self, message):
+        super().__init__(())
+        self.message = message
+
+    def apply(self, grads):
+        raise RuntimeError(self.message)
+
+
+def once_differentiable(backward):
+    """Decorator for ``Function.backward``: run it without recording a graph.
+
+    Under ``create_graph=True`` its gradients get a ``DelayedError`` grad_fn, so differentiating
+    them again raises instead of silently giving a wrong (zero) second derivative.
+    """
+    import functools
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *args):
+        with grad_mode.no_grad():
+            outputs = backward(ctx, *args)
+        if not grad_mode.is_grad_enabled():
+            return outputs
+        if not any(isinstance(a, Tensor) and a.requires_grad for a in args):
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        node = DelayedError(_ONCE_MSG)
+        wrapped = []
+        for o in outs:
+            if o is None or not isinstance(o, Tensor) and not _is_tensor_output(o):
+                wrapped.append(o)
+                continue
+            data = o.data if isinstance(o, Tensor) else o
+            wrapped.append(Tensor._make(data, True, node, len(node.input_metadata)))
+            node.input_metadata.append((data.shape, data.dtype, "cpu" if type(data) is np.ndarray
+                                        else backend.device_of(data)))
+        return wrapped[0] if single else tuple(wrapped)
+
+    return wrapper

@@ -6,6 +6,7 @@ import traceback
 from collections import namedtuple
 
 from . import grad_mode
+from .saved_hooks import disable_saved_tensors_hooks, saved_tensors_hooks  # noqa: F401  (PyTorch's autograd.graph names)
 
 Edge = namedtuple("Edge", ["node", "input_nr"])
 Edge.__doc__ = "Where a gradient goes: input ``input_nr`` of ``node``."
@@ -14,6 +15,23 @@ Edge.__doc__ = "Where a gradient goes: input ``input_nr`` of ``node``."
 def make_edge(node, input_nr, _new=tuple.__new__):
     """``Edge(node, input_nr)`` without namedtuple's Python-level constructor (a hot path)."""
     return _new(Edge, (node, input_nr))
+
+GradientEdge = namedtuple("GradientEdge", ["node", "output_nr"])
+GradientEdge.__doc__ = ("A tensor's place in the graph: output ``output_nr`` of ``node`` "
+                        "(``get_gradient_edge``); ``grad`` takes one where it takes a tensor.")
+
+
+def get_gradient_edge(tensor):
+    """The GradientEdge of ``tensor``: its grad_fn and output number, or its AccumulateGrad.
+
+    ``autograd.grad(out, edge)`` then returns the gradient flowing into that edge, and
+    ``grad(edge, inputs, grad_outputs)`` continues backward from it, even after the tensor is gone.
+    """
+    if not tensor.requires_grad:
+        raise RuntimeError("It is not possible to get the gradient edge for a Tensor that does "
+                           "not require gradients")
+    node, nr = tensor._gradient_edge()
+    return GradientEdge(node, nr)
 
 _sequence = itertools.count()  # next() on a count is atomic under the GIL
 # AccumulateGrad runs as soon as it is ready (largest sequence number), as in PyTorch, so the
@@ -86,6 +104,15 @@ class Node:
 
     def name(self):
         return type(self).__name__
+
+    def __call__(self, *grads):
+        """Apply the Node to gradients of its forward outputs, as ``grad_fn(grad)`` in PyTorch.
+
+        Returns the gradients of its forward inputs (one value, or a tuple when several); no
+        hooks run and nothing is accumulated.
+        """
+        outputs = self.apply(list(grads))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     # --- graph introspection (PyTorch's Python names) -------------------------------------
     @property
@@ -189,7 +216,15 @@ class AccumulateGrad(Node):
         new_grad = grads[0]
         grads[0] = None  # drop the list's reference so a lone gradient can be stolen
         if new_grad is not None:
-            accumulate_grad(self.variable, new_grad, bool(self._post_hooks))
+            variable = self.variable
+            accumulate_grad(variable, new_grad, bool(self._post_hooks))
+            if variable._post_acc_hooks:
+                for hook in list(variable._post_acc_hooks.values()):
+                    result = hook(variable)
+                    if result is not None:
+                        raise RuntimeError("Tensor post accumulate grad hooks should return None "
+                                           f"(got {type(result).__name__}): update tensor.grad "
+                                           "in place instead")
         return []
 
 

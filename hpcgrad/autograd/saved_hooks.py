@@ -1,0 +1,87 @@
+"""Saved-tensor hooks: ``pack`` what forward saves for backward, ``unpack`` it when backward reads it.
+
+PyTorch's ``torch.autograd.graph.saved_tensors_hooks``: while the context is active, every tensor
+an op saves (``ctx.save_for_backward``, built-in ops included) goes through ``pack_hook(tensor) ->
+anything``; ``ctx.saved_tensors`` calls ``unpack_hook(packed) -> Tensor`` on each read. The
+innermost active pair applies. Hooks are thread-local, as grad mode is. Non-reentrant activation
+checkpointing (hpcgrad.utils.checkpoint) is built on them.
+"""
+
+import threading
+
+
+class _HookState(threading.local):
+    stack = ()          # (pack, unpack) pairs, innermost last; a tuple so a thread starts empty
+    disabled = None     # message of an active disable_saved_tensors_hooks, or None
+
+
+_state = _HookState()
+# Hook contexts active in any thread; the hot path of every recorded op reads only this.
+_active = 0
+_active_lock = threading.Lock()
+
+
+def _count(delta):
+    global _active
+    with _active_lock:
+        _active += delta
+
+
+def current():
+    """The innermost (pack, unpack) pair of this thread, or None (cheap when no hook is active)."""
+    if not _active:
+        return None
+    stack = _state.stack
+    return stack[-1] if stack else None
+
+
+class PackedSaved:
+    """A saved tensor in packed form, with the unpack hook that was active when it was packed."""
+
+    __slots__ = ("packed", "unpack")
+
+    def __init__(self, packed, unpack):
+        self.packed, self.unpack = packed, unpack
+
+
+class saved_tensors_hooks:
+    """Context manager: ``pack_hook`` / ``unpack_hook`` for the tensors saved inside it.
+
+    ``pack_hook(tensor)`` may return any object; ``unpack_hook(obj)`` must return a Tensor with the
+    saved tensor's value. Saving a tensor must not modify it, and neither hook may be used to
+    change the graph: the unpacked tensor's value is what backward uses.
+    """
+
+    def __init__(self, pack_hook, unpack_hook):
+        if not callable(pack_hook) or not callable(unpack_hook):
+            raise TypeError("saved_tensors_hooks expects two callables (pack_hook, unpack_hook), "
+                            f"got {type(pack_hook).__name__} and {type(unpack_hook).__name__}")
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+    def __enter__(self):
+        if _state.disabled is not None:
+            raise RuntimeError(_state.disabled)
+        _state.stack = _state.stack + ((self.pack_hook, self.unpack_hook),)
+        _count(1)
+        return self
+
+    def __exit__(self, *exc):
+        _state.stack = _state.stack[:-1]
+        _count(-1)
+        return False
+
+
+class disable_saved_tensors_hooks:
+    """Inside it, entering a ``saved_tensors_hooks`` context raises RuntimeError(``error_message``)."""
+
+    def __init__(self, error_message):
+        self.error_message = str(error_message)
+
+    def __enter__(self):
+        self._prev = _state.disabled
+        _state.disabled = self.error_message
+        return self
+
+    def __exit__(self, *exc):
+        _state.disabled = self._prev
+        return False
