@@ -191,18 +191,17 @@ def _record(cls, args, needs):
     non_diff = node._non_differentiable
     non_diff_outputs = None
     saved = node._saved
-    seen = None  # id(forward's object) -> its output Tensor, for an object returned twice
+    seen = None if single else {}  # id(forward's object) -> its Tensor: one returned twice
     for i, o in enumerate(outs):
-        if not _is_tensor_output(o):
+        if type(o) is not np.ndarray and not _is_tensor_output(o):
             results.append(o)
             metadata.append(None)
             continue
-        t = seen.get(id(o)) if seen else None
+        t = None if single else seen.get(id(o))
         if t is None:
             t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
-            if seen is None:
-                seen = {}
-            seen[id(o)] = t
+            if not single:
+                seen[id(o)] = t
         data = t.data
         if non_diff and any(o is nd for nd in non_diff):
             non_diff_outputs = (non_diff_outputs or set()) | {i}
