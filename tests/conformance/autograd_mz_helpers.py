@@ -1,5 +1,7 @@
 """Helpers of the ports of PyTorch's TestAutograd tests test_m* .. test_z*: tensors, custom Functions, graph API."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,20 @@ def graph_api(name):
     An AttributeError here means the piece is not built yet; tests needing it carry an xfail.
     """
     return getattr(hg.autograd.graph, name)
+
+
+@contextlib.contextmanager
+def isolated_saved_hooks():
+    """Restore this thread's saved-tensor hook stack afterwards (private state, on purpose):
+    tests of unsupported uses (extra __enter__/__exit__ from a hook) must not leave hooks active
+    for the tests that run after them in the same process, pass or fail."""
+    from hpcgrad.autograd import saved_hooks
+    stack, active = saved_hooks._state.stack, saved_hooks._active
+    try:
+        yield
+    finally:
+        saved_hooks._state.stack = stack
+        saved_hooks._active = active
 
 
 def checkpoint(fn, *args, **kwargs):
