@@ -265,3 +265,43 @@ def test_nested_anomaly_detect_nan(capsys):
     # The Node was created under anomaly mode: its forward stack is reported (PyTorch warns
     # with it; hpcgrad writes it to stderr).
     assert "MyFunc2.apply" in capsys.readouterr().err
+
+
+def test_node_ordering_when_none_returned():
+    # CUDA/bfloat16 in PyTorch; the ordering is the engine's, so it is checked on CPU (torch 2.13
+    # CPU gives the same ["B", "A"], the hook called with None). Matmul returns None for w: w's
+    # AccumulateGrad still becomes ready at once, and runs (with its hook) before HookFunction.
+    class Matmul(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+
+        @staticmethod
+        def backward(ctx, g_out):
+            x, w = ctx.saved_tensors
+            # PyTorch also stores w.main_grad = x.T @ g_out (a Megatron pattern); hpcgrad
+            # Tensors have __slots__ and take no ad-hoc attributes, and it is not the point here.
+            return g_out @ w.T, None
+
+    executed = []
+
+    class HookFunction(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            executed.append("A")
+            return g
+
+    def hook(*args, **kwargs):
+        executed.append("B")
+
+    x = HookFunction.apply(m.randn(3, 3, requires_grad=True))
+    w = m.randn(3, 3, requires_grad=True, seed=1)
+    w.register_hook(hook)
+    Matmul.apply(x, w).sum().backward()
+    assert executed == ["B", "A"]
+    assert w.grad is None
