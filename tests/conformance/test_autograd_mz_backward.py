@@ -183,6 +183,26 @@ def test_var_mean_differentiable():
     close(input1.grad, input2.grad, rtol=0.01, atol=0)
 
 
+def test_var_mean_differentiable_matches_torch():
+    """Same inputs through torch.var_mean: values and gradients agree with hpcgrad's var/mean."""
+    torch = m.h.torch_or_skip()
+    dim = [2, 4]
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((3, 4, 5, 6, 2, 3))
+    grad_out = rng.standard_normal((3, 4, 6, 3))
+
+    x = m.t(data, requires_grad=True)
+    var, mean = x.var(dim=dim), x.mean(dim=dim)
+    (var * var * mean * mean).backward(m.t(grad_out))
+
+    tx = torch.tensor(data, requires_grad=True)
+    tvar, tmean = torch.var_mean(tx, dim=dim)
+    (tvar * tvar * tmean * tmean).backward(torch.tensor(grad_out))
+    close(var, tvar.detach().numpy(), rtol=1e-10)
+    close(mean, tmean.detach().numpy(), rtol=1e-10, atol=1e-12)
+    close(x.grad, tx.grad.numpy(), rtol=1e-8, atol=1e-12)
+
+
 def test_variable_traverse():
     def get_out_and_unrefed_cycle():
         inp = m.randn(10, requires_grad=True)

@@ -193,6 +193,34 @@ def test_reentrant_with_leaf_variable_hook():
     close(param.grad, 4 * m.h.arr(param) + 2)
 
 
+def test_reentrant_with_leaf_variable_hook_matches_torch():
+    """The same hook in PyTorch gives the same .grad (the value asserted above)."""
+    torch = m.h.torch_or_skip()
+    data = m.h.arr(m.rand(10))
+
+    def run(lib, param, enable_grad):
+        handle = None
+
+        def hook(grad):
+            handle.remove()
+            old_param_grad = grad
+            param.grad = None
+            with enable_grad():
+                g = grad.detach().requires_grad_()
+                ((g * 2) + param.detach().requires_grad_()).sum().backward()
+            res = g.grad + grad
+            param.grad = old_param_grad
+            return res
+
+        handle = param.register_hook(hook)
+        (param * param).sum().backward()
+        return np.asarray(param.grad.detach().numpy() if lib == "torch" else m.h.arr(param.grad))
+
+    ours = run("hpcgrad", m.t(data, requires_grad=True), hg.enable_grad)
+    theirs = run("torch", torch.tensor(data, requires_grad=True), torch.enable_grad)
+    close(ours, theirs)
+
+
 def test_reentrant_with_non_leaf_variable_hook():
     handle = None
     param = m.rand(10, requires_grad=True)
