@@ -1,23 +1,42 @@
 """DDP communication hooks: ``hook(state, bucket) -> Future`` of the bucket's reduced buffer.
 
 ``state`` is the process group (None: the default one). With a hook registered the reducer
-copies gradients into the bucket undivided; the hook divides.
+copies gradients into the bucket undivided; the hook divides. A sparse-gradient parameter's
+bucket is its row-sparse gradient (``bucket.is_sparse()``): its Future gives the reduced one.
 """
 
 import numpy as np
 
 from .. import backend
 from . import api
+from .sparse_reduce import SparseAllGather
+from .work import Future
 
 
 def _group(state):
     return state if state is not None else api._group(None)
 
 
+def sparse_allreduce(group, grad):
+    """A Future of the sum over ``group`` of the row-sparse ``grad`` (rows all-gathered)."""
+    work = SparseAllGather(group, grad)
+    future = Future(wait_fn=lambda: future.set_result(work.result()))
+    return future
+
+
+def _refuse_sparse(bucket, name):
+    if bucket.is_sparse():
+        raise NotImplementedError(f"{name} compresses dense buckets only; this bucket holds a "
+                                  "sparse gradient (Embedding(sparse=True)): use allreduce_hook, "
+                                  "or a hook that handles bucket.is_sparse()")
+
+
 def allreduce_hook(state, bucket):
     """The default behaviour as a hook: average the bucket with one all-reduce."""
     group = _group(state)
     buffer = bucket.buffer()
+    if bucket.is_sparse():
+        return sparse_allreduce(group, buffer * (1.0 / group.size()))
     buffer.data /= group.size()
     future = api.all_reduce(buffer, group=group, async_op=True).get_future()
     return future.then(lambda fut: fut.value()[0])
@@ -25,6 +44,7 @@ def allreduce_hook(state, bucket):
 
 def fp16_compress_hook(state, bucket):
     """All-reduce in float16 (half the bytes), then decompress into the bucket."""
+    _refuse_sparse(bucket, "fp16_compress_hook")
     group = _group(state)
     buffer = bucket.buffer()
     compressed = (buffer.data / group.size()).astype(np.float16)
@@ -61,6 +81,7 @@ def bf16_compress_hook(state, bucket):
     MPI has no bfloat16 sum here, so the compressed values are gathered and added on every
     rank in the same order: each rank's contribution is rounded once, the sum is exact fp32.
     """
+    _refuse_sparse(bucket, "bf16_compress_hook")
     group = _group(state)
     buffer = bucket.buffer()
     xp = backend.get_array_module(buffer.data)

@@ -2,9 +2,11 @@
 
 Follows PyTorch's reducer.cpp: parameters are grouped in buckets with one flat buffer each and
 a view per parameter laid out like it. When a parameter's gradient is accumulated, its hook
-marks it ready; a bucket whose gradients are all ready is launched (strictly in bucket order)
-as a nonblocking all-reduce or a registered comm hook; the last ready gradient queues a final
-callback on the engine that waits for every bucket and writes the averaged gradients back.
+marks it ready and copies it, divided by the world size, into its view (in the hook, as the
+seed, so a later post-hook cannot change what is reduced); a bucket whose gradients are all
+ready is launched (strictly in bucket order) as a nonblocking all-reduce or a registered comm
+hook; the last ready gradient queues a final callback on the engine that waits for every
+bucket and writes the averaged gradients back.
 """
 
 import threading
@@ -14,21 +16,59 @@ import weakref
 import numpy as np
 
 from .. import backend, kernels
-from ..autograd.engine import Engine
+from ..autograd.engine import Engine, current_graph_task
 from ..tensor import Tensor
 from . import api, buckets as bucket_rules
 from ..sparse import SparseCOOTensor
 from .process_group import ReduceOp
 from .sparse_reduce import SparseAllGather
-
-# Gradients copied into a bucket with one multi-tensor kernel launch once it has this many
-# (fewer: one launch each). See benchmarks/ddp.py for the per-launch costs behind it.
-MULTI_COPY_MIN_TENSORS = 8
+from .work import Future
 
 
-def _contiguous(array):
-    return array if array.flags.c_contiguous else backend.get_array_module(array).ascontiguousarray(
-        array)
+def _memory_order(array):
+    """The axes of ``array`` from the largest stride to the smallest (its layout in memory)."""
+    return sorted(range(array.ndim), key=lambda axis: -abs(array.strides[axis]))
+
+
+def _view_like(flat, variable):
+    """A view of the 1-D ``flat`` shaped like ``variable`` and laid out like it in memory.
+
+    As the seed's Note "Gradient Layout Contract": a dense parameter (C- or F-contiguous, or
+    any permutation of axes) gets a bucket view with its own strides, so a gradient laid out
+    like the parameter is copied in one flat pass and, with gradient_as_bucket_view, ``.grad``
+    keeps the parameter's layout. Anything else falls back to a C-contiguous view.
+    """
+    if variable.flags.c_contiguous or variable.ndim < 2:
+        return flat.reshape(variable.shape)
+    order = _memory_order(variable)
+    permuted = variable.transpose(order)
+    if not permuted.flags.c_contiguous:  # overlapping or with gaps: not dense
+        return flat.reshape(variable.shape)
+    inverse = np.argsort(order)
+    return flat.reshape(permuted.shape).transpose(inverse)
+
+
+def _flat_in_memory_order(array):
+    """``array`` as a 1-D view in memory order, or None when it is not dense."""
+    if array.flags.c_contiguous:
+        return array.reshape(-1)
+    order = _memory_order(array)
+    permuted = array.transpose(order)
+    return permuted.reshape(-1) if permuted.flags.c_contiguous else None
+
+
+def scaled_copy_like(view, grad, scale):
+    """``view[...] = grad * scale`` in one pass; a flat kernel when both share one layout."""
+    if view.flags.c_contiguous and grad.flags.c_contiguous:
+        kernels.scaled_copy(view, grad, scale)
+        return
+    if view.strides == grad.strides:
+        dst, src = _flat_in_memory_order(view), _flat_in_memory_order(grad)
+        if dst is not None and src is not None:
+            kernels.scaled_copy(dst, src, scale)
+            return
+    # Layouts differ (a gradient that breaks the layout contract): still one strided pass.
+    kernels.scaled_copy_strided(view, grad, scale)
 
 
 class Bucket:
@@ -39,7 +79,6 @@ class Bucket:
         self.variable_indices = variable_indices
         self.expect_sparse = expect_sparse
         self.pending = len(variables)
-        self.pending_copies = []  # (position, gradient array) to copy when the bucket launches
         self.work = self.future = None
         self.sparse_grad = None
         if expect_sparse:
@@ -50,13 +89,13 @@ class Bucket:
         self.lengths = [v.data.size for v in variables]
         self.offsets = list(np.cumsum([0] + self.lengths[:-1]))
         self.contents = xp.zeros(sum(self.lengths), dtype=first.dtype)
-        self.views_in = [self.contents[o:o + n].reshape(v.data.shape)
+        self.views_in = [_view_like(self.contents[o:o + n], v.data)
                          for o, n, v in zip(self.offsets, self.lengths, variables)]
         self.views_out = self.views_in
 
     def set_output(self, flat):
         """After a comm hook: results are read from ``flat`` (which may be a new array)."""
-        self.views_out = [flat[o:o + n].reshape(v.data.shape)
+        self.views_out = [_view_like(flat[o:o + n], v.data)
                           for o, n, v in zip(self.offsets, self.lengths, self.variables)]
 
 
@@ -65,7 +104,9 @@ class GradBucket:
 
     def __init__(self, index, bucket, is_last):
         self._index, self._bucket, self._is_last = index, bucket, is_last
-        self._buffer = Tensor._make(bucket.contents, False, None, 0)
+        # A sparse-gradient parameter's bucket is its gradient itself (a SparseCOOTensor).
+        self._buffer = bucket.sparse_grad if bucket.expect_sparse else Tensor._make(
+            bucket.contents, False, None, 0)
 
     def index(self):
         return self._index
@@ -82,7 +123,12 @@ class GradBucket:
         return list(self._bucket.variables)
 
     def gradients(self):
+        if self._bucket.expect_sparse:
+            return [self._buffer]
         return [Tensor._make(v, False, None, 0) for v in self._bucket.views_in]
+
+    def is_sparse(self):
+        return self._bucket.expect_sparse
 
 
 class Reducer:
@@ -114,6 +160,8 @@ class Reducer:
         self.has_rebuilt_buckets = False
         self.rebuilt_param_indices = []
         self.ready_order = []  # the last iteration's gradient-ready order (for inspection)
+        self.ready = np.zeros(len(self.params), dtype=bool)  # marked ready this iteration
+        self._outer_task = None  # see Note [Finalize on the outermost backward]
         # The accumulators must outlive any one graph: the hooks live on them.
         self._accumulators = [p._get_accumulator() for p in self.params]
         self._index_of_accumulator = {acc: i for i, acc in enumerate(self._accumulators)}
@@ -182,22 +230,46 @@ class Reducer:
             self.next_bucket = 0
             for bucket in self.buckets:
                 bucket.pending = len(bucket.variables)
-                bucket.pending_copies = []
+            self.ready = np.zeros(len(self.params), dtype=bool)
             self.has_marked_unused_parameters = False
             self.unused_parameters = []
             self.ready_order = []
-            if not self.find_unused_parameters:
+            self._outer_task = None
+            self._note_graph_task()
+            if self.find_unused_parameters:
+                self.unused_parameters = self._unreached_from(
+                    [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None])
+
+    def _unreached_from(self, roots):
+        """Indices of the parameters whose accumulators no root Node reaches (iteratively)."""
+        seen, stack = set(roots), list(roots)
+        while stack:
+            fn = stack.pop()
+            for edge in fn.next_edges:
+                if edge is not None and edge.node not in seen:
+                    seen.add(edge.node)
+                    stack.append(edge.node)
+        return [i for acc, i in self._index_of_accumulator.items() if acc not in seen]
+
+    def outputs_left_out(self, used_roots):
+        """DDP's output sink ran: only ``used_roots`` (grad_fns of outputs) lead to the loss.
+
+        Parameters reachable only from outputs left out of the loss will get no gradient
+        (their accumulators are not in this backward's graph), so they count as unused, as
+        PyTorch's _DDPSink arranges; otherwise their buckets would never be reduced.
+        """
+        with self._lock:
+            if not self.expect_autograd_hooks or not self.find_unused_parameters:
                 return
-            # Walk the graph from the outputs (iteratively): accumulators not reached are unused.
-            seen, stack = set(), [o.grad_fn for o in outputs if getattr(o, "grad_fn", None)]
-            while stack:
-                fn = stack.pop()
-                for edge in fn.next_edges:
-                    if edge is not None and edge.node not in seen:
-                        seen.add(edge.node)
-                        stack.append(edge.node)
-            self.unused_parameters = [i for acc, i in self._index_of_accumulator.items()
-                                      if acc not in seen]
+            unused = self._unreached_from(used_roots)
+            if not self.has_marked_unused_parameters:
+                self.unused_parameters = unused
+                return
+            known = set(self.unused_parameters)
+            for index in unused:  # a hook outside the outputs' graph marked the others already
+                if index not in known and not self.ready[index]:
+                    self.unused_parameters.append(index)
+                    self.mark_variable_ready(index)
 
     def autograd_hook(self, index):
         """A parameter's gradient has been accumulated into ``.grad``."""
@@ -206,6 +278,7 @@ class Reducer:
                 self.local_used[index] = 1
             if not self.expect_autograd_hooks:
                 return  # no_sync(), or backward outside DDP's forward: accumulate locally
+            self._note_graph_task()
             if not self.has_rebuilt_buckets and not self.find_unused_parameters:
                 self.rebuilt_param_indices.append(index)
             if not self.has_marked_unused_parameters and self.find_unused_parameters:
@@ -214,17 +287,38 @@ class Reducer:
                     self.mark_variable_ready(unused)
             self.mark_variable_ready(index)
 
+    def _note_graph_task(self):
+        # Note [Finalize on the outermost backward]: a reentrant backward (reentrant activation
+        # checkpointing) runs its own GraphTask inside the outer one, and a callback queued from
+        # it runs when the nested backward ends, while the outer backward still has gradients to
+        # accumulate. The final callback goes to the least nested GraphTask any hook of this
+        # iteration ran in; prepare_for_backward from inside a backward (a DDP forward recomputed
+        # by checkpoint) counts too.
+        task = current_graph_task()
+        if task is not None and (self._outer_task is None
+                                 or task.reentrant_depth < self._outer_task.reentrant_depth):
+            self._outer_task = task
+
+    def _queue_finalize(self):
+        task, current = self._outer_task, current_graph_task()
+        if task is None or task is current:
+            Engine.queue_callback(self.finalize_backward)
+            return
+        with task.final_callbacks_lock:  # Engine.queue_callback, on a task not this thread's
+            task.final_callbacks.append(self.finalize_backward)
+
     def mark_variable_ready(self, index):
+        if self.ready[index]:
+            raise RuntimeError(self._ready_twice_message(index))
         b, k = self.locators[index]
         bucket = self.buckets[b]
-        if bucket.pending == 0:
-            raise RuntimeError(self._ready_twice_message(index))
+        self.ready[index] = True
         self.require_finalize = True
         self.ready_order.append(index)
         if self.div_factor is None:
             self.div_factor = self.process_group.size()
             if self.forward_pass_work is not None:  # join(): only the active ranks count
-                self.div_factor = int(self.forward_pass_work.result()[0].item())
+                self.div_factor = int(self.forward_pass_work.result()[0][0])
         if bucket.expect_sparse:
             self._mark_sparse_ready(bucket, index)
         else:
@@ -238,7 +332,7 @@ class Reducer:
                 self.global_used = self.local_used.copy()  # reduced in place
                 self.local_used_work = self.process_group.iallreduce(self.global_used,
                                                                      ReduceOp.SUM)
-            Engine.queue_callback(self.finalize_backward)
+            self._queue_finalize()
 
     def _mark_dense_ready(self, bucket, k, index):
         p, view = bucket.variables[k], bucket.views_in[k]
@@ -254,9 +348,13 @@ class Reducer:
             raise RuntimeError(f"parameter {self.names[index]}: gradient is {grad.data.dtype} "
                                f"{list(grad.data.shape)}, expected {view.dtype} "
                                f"{list(view.shape)} (the parameter's own layout)")
-        # With gradient_as_bucket_view the gradient may already be this view (accumulated in
-        # place): then the "copy" is the in-place division.
-        bucket.pending_copies.append((k, grad.data))
+        # Copied (and divided) now, in the hook, as the seed: a post-hook that runs after this
+        # one and changes .grad in place must not change what is reduced. With
+        # gradient_as_bucket_view the gradient may already be this view (accumulated in
+        # place): then the copy is the in-place division.
+        scale = 1.0 if self.comm_hook else 1.0 / self.div_factor
+        if grad.data is not view or scale != 1.0:
+            scaled_copy_like(view, grad.data, scale)
         if self.gradient_as_bucket_view:
             p.grad = Tensor._make(view, False, None, 0)
 
@@ -268,20 +366,6 @@ class Reducer:
                                f"{'none' if grad is None else 'a dense one'}")
         bucket.sparse_grad = grad if self.comm_hook else grad * (1.0 / self.div_factor)
 
-    def _copy_into_bucket(self, bucket):
-        """The fused divide-by-world-size-and-copy of every gradient of the bucket."""
-        copies, bucket.pending_copies = bucket.pending_copies, []
-        scale = 1.0 if self.comm_hook else 1.0 / self.div_factor
-        views = bucket.views_in
-        if len(copies) >= MULTI_COPY_MIN_TENSORS:
-            kernels.scaled_copy_multi(bucket.contents, [_contiguous(g) for _, g in copies],
-                                      [bucket.offsets[k] for k, _ in copies], scale)
-            return
-        for k, grad in copies:
-            if grad is views[k] and scale == 1.0:
-                continue
-            kernels.scaled_copy(views[k], _contiguous(grad), scale)
-
     def mark_bucket_ready(self, bucket_index):
         """Launch every ready bucket from ``next_bucket`` on, strictly in order."""
         if bucket_index > self.next_bucket:
@@ -289,15 +373,19 @@ class Reducer:
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             b = self.next_bucket
             bucket = self.buckets[b]
-            if bucket.expect_sparse:
+            if self.comm_hook is not None:
+                state, hook = self.comm_hook
+                bucket.future = hook(state, GradBucket(b, bucket, b == len(self.buckets) - 1))
+                if not isinstance(bucket.future, Future):
+                    raise RuntimeError("callback must return a hpcgrad.distributed Future object "
+                                       f"(torch.futures.Future in PyTorch), but got "
+                                       f"{type(bucket.future).__name__}; return the Future of "
+                                       "an async collective, e.g. all_reduce(..., "
+                                       "async_op=True).get_future()")
+            elif bucket.expect_sparse:
                 bucket.work = SparseAllGather(self.process_group, bucket.sparse_grad)
             else:
-                self._copy_into_bucket(bucket)
-                if self.comm_hook is None:
-                    bucket.work = self.process_group.iallreduce(bucket.contents, ReduceOp.SUM)
-                else:
-                    state, hook = self.comm_hook
-                    bucket.future = hook(state, GradBucket(b, bucket, b == len(self.buckets) - 1))
+                bucket.work = self.process_group.iallreduce(bucket.contents, ReduceOp.SUM)
             self.next_bucket += 1
 
     def finalize_backward(self):
@@ -307,19 +395,22 @@ class Reducer:
             self.require_finalize = False
             self.div_factor = None
             for bucket in self.buckets:
-                if bucket.expect_sparse:
-                    self._finalize_sparse(bucket)
-                    continue
-                if self.comm_hook is None:
-                    bucket.work.wait()
-                else:
+                if self.comm_hook is not None:
                     result = bucket.future.wait()
                     result = result[0] if isinstance(result, (list, tuple)) else result
+                    if bucket.expect_sparse:
+                        bucket.variables[0].grad = result
+                        continue
                     flat = result.data if isinstance(result, Tensor) else result
                     if flat.shape != bucket.contents.shape:
                         raise RuntimeError(f"the comm hook returned shape {list(flat.shape)} for "
                                            f"a bucket of {list(bucket.contents.shape)}")
                     bucket.set_output(flat)
+                elif bucket.expect_sparse:
+                    self._finalize_sparse(bucket)
+                    continue
+                else:
+                    bucket.work.wait()
                 self._finalize_dense(bucket)
             if self.find_unused_parameters:
                 if not self.local_used_reduced:
@@ -361,34 +452,47 @@ class Reducer:
         p.grad = bucket.work.result()
 
     def ensure_prior_reduction_finished(self):
-        if self.require_finalize:
-            marked = set(self.ready_order)  # this unfinished iteration's ready parameters
-            missing = [self.names[i] for i in range(len(self.params)) if i not in marked]
-            raise RuntimeError(
-                "Expected to have finished reduction in the prior iteration before starting a "
-                "new one. This error indicates that your module has parameters that were not "
-                "used in producing loss. You can enable unused parameter detection by (1) "
-                "passing the keyword argument `find_unused_parameters=True` to "
-                "`hpcgrad.nn.parallel.DistributedDataParallel`; (2) making sure all `forward` "
-                "function outputs participate in calculating loss. If you already have done the "
-                "above two steps, then the distributed data parallel module wasn't able to "
-                "locate the output tensors in the return value of your module's `forward` "
-                "function (tensors, lists, tuples and dicts of them are searched). Parameters "
-                f"which did not receive grad for rank {self.process_group.rank()}: "
-                f"{', '.join(missing)}")
+        if not self.require_finalize:
+            return
+        rank = self.process_group.rank()
+        missing = [i for i in range(len(self.params)) if not self.ready[i]]
+        if self.find_unused_parameters:
+            advice = ("Since `find_unused_parameters=True` is enabled, this likely  means that "
+                      "not all `forward` outputs participate in computing loss. You can fix this "
+                      "by making sure all `forward` function outputs participate in calculating "
+                      "loss. ")
+        else:
+            advice = ("You can enable unused parameter detection by passing the keyword argument "
+                      "`find_unused_parameters=True` to "
+                      "`hpcgrad.nn.parallel.DistributedDataParallel`, and by \nmaking sure all "
+                      "`forward` function outputs participate in calculating loss. ")
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new "
+            "one. This error indicates that your module has parameters that were not used in "
+            f"producing loss. {advice}\nIf you already have done the above, then the "
+            "distributed data parallel module wasn't able to locate the output tensors in the "
+            "return value of your module's `forward` function (tensors in lists, tuples, "
+            "namedtuples, dicts, sets and dataclasses are searched). Please include the loss "
+            "function and the structure of the return value of `forward` of your module when "
+            "reporting this issue (e.g. list, dict, iterable).\n"
+            f"Parameter indices which did not receive grad for rank {rank}: "
+            f"{' '.join(map(str, missing))}\n"
+            f"Parameters which did not receive grad for rank {rank}: "
+            f"{', '.join(self.names[i] for i in missing)}")
 
     def _ready_twice_message(self, index):
-        common = (f"Expected to mark a variable ready only once (parameter "
-                  f"{self.names[index]}). This error is caused by one of the following reasons: "
-                  "1) Use of a module parameter outside the `forward` function. Please make sure "
-                  "model parameters are not shared across multiple concurrent forward-backward "
-                  "passes. 2) Reused parameters in multiple reentrant backward passes. For "
-                  "example, if you use multiple `checkpoint` functions to wrap the same part of "
-                  "your model, it would result in the same set of parameters been used by "
-                  "different reentrant backward passes multiple times, and hence marking a "
-                  "variable ready multiple times. DDP does not support such use cases yet.")
+        common = ("Expected to mark a variable ready only once. This error is caused by one of "
+                  "the following reasons: 1) Use of a module parameter outside the `forward` "
+                  "function. Please make sure model parameters are not shared across multiple "
+                  "concurrent forward-backward passes. 2) "
+                  "Reused parameters in multiple reentrant backward passes. For example, if you "
+                  "use multiple `checkpoint` functions to wrap the same part of your model, it "
+                  "would result in the same set of parameters been used by different reentrant "
+                  "backward passes multiple times, and hence marking a variable ready multiple "
+                  "times. DDP does not support such use cases yet (static_graph is not built "
+                  "here).")
         if self.has_marked_unused_parameters:
-            return common + (
+            common += (
                 " 3) Incorrect unused parameter detection. The return value of the `forward` "
                 "function is inspected by the distributed data parallel wrapper to figure out if "
                 "any of the module's parameters went unused. For unused parameters, DDP would "
@@ -397,14 +501,27 @@ class Reducer:
                 "using `checkpoint`), the gradient will show up unexpectedly. If all parameters "
                 "in the model participate in the backward pass, you can disable unused parameter "
                 "detection by passing the keyword argument `find_unused_parameters=False`.")
-        return common
+        return common + (f" Parameter at index {index} with name {self.names[index]} has been "
+                         "marked as ready twice. This means that multiple autograd engine hooks "
+                         "have fired for this particular parameter during this iteration.")
 
     # --- rebuild, hooks -------------------------------------------------------------------------
+    def should_rebuild_buckets(self):
+        """True where a backward has recorded a ready order and the buckets were not rebuilt.
+
+        Decided locally, as the seed's rebuild_buckets: every rank records an order in the same
+        synced backwards (join() pushes one on a rank that shadows them), so all ranks agree
+        without talking; before any backward nobody calls a collective, so a forward run on
+        one rank alone (evaluation with grad enabled) cannot hang.
+        """
+        return (not self.has_rebuilt_buckets and not self.find_unused_parameters
+                and bool(self.rebuilt_param_indices))
+
     def rebuild_buckets(self):
-        """Once, after the first iteration: buckets in the observed ready order (rank 0's)."""
+        """Once, after a backward recorded the ready order: buckets in rank 0's observed order."""
         self.ensure_prior_reduction_finished()
         with self._lock:
-            if self.has_rebuilt_buckets or self.find_unused_parameters:
+            if not self.should_rebuild_buckets():
                 return False
             # Rank 0 decides (every rank calls this bcast), so all launch the same buckets in
             # the same order; an order missing some gradient keeps the current buckets until
@@ -426,12 +543,14 @@ class Reducer:
             self.initialize_buckets(indices)
             return True
 
+    def push_all_rebuilt_params(self):
+        """join(): a shadowing rank records every parameter, as if its backward had run."""
+        if not self.has_rebuilt_buckets and not self.find_unused_parameters:
+            self.rebuilt_param_indices = [i for b in self.buckets for i in b.variable_indices]
+
     def register_comm_hook(self, state, hook):
         if self.comm_hook is not None:
             raise RuntimeError("register_comm_hook can only be called once.")
-        if any(self.expect_sparse):
-            raise NotImplementedError("comm hooks with sparse-gradient parameters are not "
-                                      "supported (their buckets are all-gathered, not reduced)")
         self.comm_hook = (state, hook)
 
     def shadow_backward(self):
@@ -453,10 +572,10 @@ class Reducer:
             if self.find_unused_parameters:
                 self.process_group.iallreduce(np.zeros_like(self.local_used)).wait()
             for bucket in self.buckets:
-                (bucket.work if self.comm_hook is None or bucket.expect_sparse
-                 else bucket.future).wait()
+                (bucket.work if self.comm_hook is None else bucket.future).wait()
                 bucket.pending = len(bucket.variables)
             self.div_factor = None
+            self.push_all_rebuilt_params()
 
     def set_forward_pass_work_handle(self, work):
         """join(): the all-reduce that counts this iteration's active ranks (the divisor)."""

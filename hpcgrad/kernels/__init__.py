@@ -12,6 +12,16 @@ def scaled_copy(dst, src, scale):
     return cpu.scaled_copy(dst, src, scale)
 
 
+def scaled_copy_strided(dst, src, scale):
+    """``dst[...] = src * scale`` for arrays of one shape but any layouts (a strided pass)."""
+    if backend.is_gpu_array(dst):
+        xp = backend.cupy_module()
+        xp.multiply(src, dst.dtype.type(scale), out=dst)
+        return None
+    from . import cpu
+    return cpu.scaled_copy_strided(dst, src, scale)
+
+
 def scaled_copy_multi(dst, srcs, offsets, scale):
     """Several ready gradients into one flat bucket at ``offsets`` (scaled), in one launch."""
     if backend.is_gpu_array(dst):

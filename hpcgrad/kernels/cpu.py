@@ -37,6 +37,30 @@ def _scaled_copy_parallel(dst, src, scale):
         dst[i] = src[i] * scale
 
 
+# numba compiles these loops for float32/float64 (and integers); float16 and ml_dtypes'
+# bfloat16 it cannot type, so they take numpy: computed in float32, rounded once to the
+# destination, as PyTorch's mul_out does for half types (its "opmath" is float).
+def _numba_typed(dtype):
+    return dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize >= 4)
+
+
+def _scaled_copy_numpy(dst, src, scale):
+    """The half-precision path: float32 arithmetic, one rounding into ``dst``."""
+    if not _numba_typed(dst.dtype):
+        product = src.astype(np.float32) * np.float32(scale)
+        dst[...] = product.astype(dst.dtype)
+    else:
+        np.multiply(src, dst.dtype.type(scale), out=dst, casting="unsafe")
+
+
+def scaled_copy_strided(dst, src, scale):
+    """``dst[...] = src * scale`` for equal shapes in any layouts (numpy's strided loop)."""
+    if dst.shape != src.shape:
+        raise ValueError(f"scaled_copy_strided: destination has shape {list(dst.shape)}, source "
+                         f"{list(src.shape)}; they must be equal")
+    _scaled_copy_numpy(dst, src, scale)
+
+
 def scaled_copy(dst, src, scale):
     """``dst[...] = src * scale`` in one pass: the reducer's fused divide-and-copy into a bucket.
 
@@ -44,6 +68,9 @@ def scaled_copy(dst, src, scale):
     """
     check_scaled_copy(dst, src)
     d, s = dst.reshape(-1), src.reshape(-1)
+    if not _numba_typed(d.dtype):
+        _scaled_copy_numpy(d, s, scale)
+        return
     kernel = _scaled_copy_parallel if d.size >= PARALLEL_MIN_ELEMENTS else _scaled_copy_serial
     kernel(d, s, d.dtype.type(scale))
 
@@ -75,6 +102,11 @@ def scaled_copy_multi(dst, srcs, offsets, scale):
     flat = [np.ascontiguousarray(s).reshape(-1) for s in srcs]
     offsets = check_scaled_copy_multi(dst, [s.size for s in flat], offsets)
     if not flat:
+        return
+    if not _numba_typed(dst.dtype):
+        out = dst.reshape(-1)
+        for s, start in zip(flat, offsets):
+            _scaled_copy_numpy(out[start:start + s.size], s, scale)
         return
     typed = List()
     for s in flat:

@@ -133,6 +133,7 @@ MODES = {
     "bf16_compress_hook": Case(several_buckets=True, hook=comm_hooks.bf16_compress_hook,
                                bound=bf16_bound),
     "sparse_embedding": Case(sparse=True),
+    "sparse_embedding_allreduce_hook": Case(sparse=True, hook=comm_hooks.allreduce_hook),
 }
 PRESET_GRAD = 0.25  # dead.weight's gradient before training: globally unused, it must stay
 
@@ -354,7 +355,8 @@ def test_matches_full_batch_training(group, monkeypatch, mode):
 @mpi
 @pytest.mark.parametrize("mode, divide_by_initial_world_size", [
     ("default", True), ("default", False), ("several_buckets", True),
-    ("find_unused_parameters", True), ("allreduce_hook", True), ("sparse_embedding", True)])
+    ("find_unused_parameters", True), ("allreduce_hook", True), ("sparse_embedding", True),
+    ("sparse_embedding_allreduce_hook", True)])
 def test_join_with_uneven_inputs(group, monkeypatch, mode, divide_by_initial_world_size):
     """Rank r has 2 + r batches (rank 0 runs out first), then everybody one more step outside
     join(). The reference applies each iteration's average over the active ranks' shards, divided
@@ -442,10 +444,11 @@ def test_comm_hook_registered_twice():
         ddp.register_comm_hook(None, comm_hooks.fp16_compress_hook)
 
 
-def test_comm_hook_with_sparse_gradients_is_refused():
-    ddp = DDP(make_model(MODES["sparse_embedding"], 0))
-    with pytest.raises(NotImplementedError, match="sparse"):
-        ddp.register_comm_hook(None, comm_hooks.allreduce_hook)
+def test_compressing_comm_hooks_refuse_sparse_buckets():
+    bucket = type("SparseBucket", (), {"is_sparse": lambda self: True})()
+    for hook in (comm_hooks.fp16_compress_hook, comm_hooks.bf16_compress_hook):
+        with pytest.raises(NotImplementedError, match="use allreduce_hook"):
+            hook(None, bucket)
 
 
 # --- misuse during training -------------------------------------------------------------------
@@ -486,8 +489,9 @@ def test_marking_a_variable_ready_twice(group, several_buckets):
     index = ddp.reducer.names.index("out.weight")  # alone in the last bucket: nothing launches
     assert ddp.reducer.bucket_indices()[-1] == [index]
     ddp.reducer.autograd_hook(index)
-    with pytest.raises(RuntimeError, match=r"Expected to mark a variable ready only once "
-                                           r"\(parameter out\.weight\)"):
+    with pytest.raises(RuntimeError, match=r"Expected to mark a variable ready only once\. .*"
+                                           r"Parameter at index 0 with name out\.weight has "
+                                           r"been marked as ready twice"):
         ddp.reducer.autograd_hook(index)
 
 
