@@ -1,9 +1,10 @@
 """Differentiable ops, one family per file; every one is an autograd Function."""
 
-from .elementwise import (Abs, Add, Cast, Clamp, Clone, Div, Erf, Exp, Log, Mul, Neg, Pow,  # noqa: F401
-                          Relu, Sigmoid, Sqrt, Sub, Tanh, ToDevice, Where, gelu, where)
+from .elementwise import (Abs, Add, Cast, Clamp, Clone, Div, Erf, Exp, Gelu, GeluBackward,  # noqa: F401
+                          Log, Mul, Neg, Pow, Relu, Sigmoid, SigmoidBackward, Sqrt, Sub, Tanh,
+                          ToDevice, Where, gelu, where)
 from .shape import (Cat, Expand, wrap_dim, GetItem, IndexAdd, Permute, Reshape, cat, expand, flatten,  # noqa: F401
                     gather, getitem, index_select, shape_arg, squeeze, stack, transpose, unsqueeze)
-from .reduce import Amax, Sum, SumToSize, max, mean, normalize_dims, var  # noqa: F401
+from .reduce import Amax, Max, Sum, SumToSize, Var, max, mean, normalize_dims, var  # noqa: F401
 from .linalg import MatMul  # noqa: F401
 from .nn import LogSoftmax, Softmax  # noqa: F401

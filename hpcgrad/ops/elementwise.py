@@ -1,4 +1,13 @@
-"""Element-wise differentiable ops; broadcast gradients are summed back by the engine."""
+"""Element-wise differentiable ops; broadcast gradients are summed back by the engine.
+
+Note [Formulas at the edges]: each backward is PyTorch's formula from derivatives.yaml /
+FunctionsManual.cpp, in its order of operations, so that at 0, -0, inf, -inf and nan the
+gradients (and second derivatives) are PyTorch's: NaN where it gives NaN, a number where it
+gives a number. Masked branches use ``where`` (never ``g * mask``: inf * 0 is nan), and a
+Function saves only what the formulas for the inputs that need a gradient use (PyTorch's
+derivatives.yaml saves per input), so ``y / 2`` keeps ``2``, not ``y``.
+tests/conformance/test_autograd_edges.py compares every op with torch on a grid of edges.
+"""
 
 import math
 
@@ -16,6 +25,11 @@ def _xp(array):
 def _const(array):
     """A tensor outside the graph (masks, signs): treated as a constant in every derivative."""
     return Tensor._make(array, False, None, 0)
+
+
+def _masked(mask, g):
+    """``where(mask, g, 0)``: g where mask holds, an exact 0 elsewhere (even where g is inf/nan)."""
+    return Where.apply(_const(mask), g, _const(g.data.dtype.type(0)))
 
 
 class Add(Function):
@@ -41,7 +55,9 @@ class Sub(Function):
 class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+        needs = ctx.needs_input_grad
+        if needs:  # each gradient uses the other factor only
+            ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
         return a.data * b.data
 
     @staticmethod
@@ -54,14 +70,18 @@ class Mul(Function):
 class Div(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+        needs = ctx.needs_input_grad
+        if needs:  # the numerator's gradient uses only b: ``y / 2`` does not keep y
+            ctx.save_for_backward(a if needs[1] else None, b)
         return a.data / b.data
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
+        # PyTorch's div_tensor_other_backward: (a / b) / b, not a / (b * b), which over- or
+        # underflows where the quotient does not (b = 1e-300, 1e300).
         return (g / b if ctx.needs_input_grad[0] else None,
-                -g * a / (b * b) if ctx.needs_input_grad[1] else None)
+                -g * ((a / b) / b) if ctx.needs_input_grad[1] else None)
 
 
 class Neg(Function):
@@ -75,10 +95,16 @@ class Neg(Function):
 
 
 class Pow(Function):
+    """``a ** b``. A 0-d exponent that needs no gradient (``x ** 2``: tensor.py makes the Python
+    number a 0-d constant) takes PyTorch's pow.Tensor_Scalar formula, any other exponent its
+    pow.Tensor_Tensor formulas; they differ only in the second derivative at ``x ** 0``, x = 0."""
+
     @staticmethod
     def forward(ctx, a, b):
         out = a.data ** b.data
-        ctx.save_for_backward(a, b, out)
+        needs = ctx.needs_input_grad
+        if needs:  # the exponent's gradient also uses the result
+            ctx.save_for_backward(a, b, out if needs[1] else None)
         return out
 
     @staticmethod
@@ -86,10 +112,18 @@ class Pow(Function):
         a, b, out = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_a = g * b * a ** (b - 1)
+            if b.data.ndim == 0 and not ctx.needs_input_grad[1]:
+                e = b.data.item()  # PyTorch's pow_backward(grad, self, Scalar exponent)
+                grad_a = (Tensor._zeros(a.data.shape, a.data.dtype, a.device) if e == 0
+                          else g * (e * a ** (e - 1)))
+            else:  # pow_backward_self: an exact 0 where the exponent is 0 (x ** 0 at x = 0)
+                grad_a = Where.apply(_const(b.data == 0), _const(g.data.dtype.type(0)),
+                                     g * (b * a ** (b - 1)))
         if ctx.needs_input_grad[1]:
-            safe_log = Where.apply(_const(a.data > 0), a, _const(_xp(a.data).ones_like(a.data)))
-            grad_b = g * out * safe_log.log()  # 0 where a <= 0, as PyTorch does for a == 0
+            # pow_backward_exponent: 0 where a == 0 and b >= 0 (by continuity), else
+            # out * log(a) -- -inf at a == 0, b < 0; nan for a negative base, as in PyTorch.
+            cond = (a.data == 0) & (b.data >= 0)
+            grad_b = g * Where.apply(_const(cond), _const(g.data.dtype.type(0)), out * a.log())
         return grad_a, grad_b
 
 
@@ -140,7 +174,9 @@ class Abs(Function):
     @staticmethod
     def backward(ctx, g):
         (a,) = ctx.saved_tensors
-        return g * _const(_xp(a.data).sign(a.data))
+        # PyTorch's sgn of a real number: 0 at nan (numpy's sign gives nan there)
+        sign = (a.data > 0).astype(g.data.dtype) - (a.data < 0).astype(g.data.dtype)
+        return g * _const(sign)
 
 
 class Tanh(Function):
@@ -169,7 +205,25 @@ class Sigmoid(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_tensors
-        return g * out * (1 - out)
+        return SigmoidBackward.apply(g, out)
+
+
+class SigmoidBackward(Function):
+    """PyTorch's sigmoid_backward ``g * (1 - y) * y`` as one op, with its own derivatives
+    (derivatives.yaml): composing it from Mul and Sub gives inf - inf = nan in the second
+    derivative where PyTorch's ``gg * g * (1 - 2y)`` is a number."""
+
+    @staticmethod
+    def forward(ctx, g, y):
+        if ctx.needs_input_grad:
+            ctx.save_for_backward(g if ctx.needs_input_grad[1] else None, y)
+        return g.data * (1 - y.data) * y.data
+
+    @staticmethod
+    def backward(ctx, gg):
+        g, y = ctx.saved_tensors
+        return (SigmoidBackward.apply(gg, y) if ctx.needs_input_grad[0] else None,
+                gg * g * (y * -2 + 1) if ctx.needs_input_grad[1] else None)
 
 
 class Relu(Function):
@@ -181,8 +235,10 @@ class Relu(Function):
 
     @staticmethod
     def backward(ctx, g):
+        # PyTorch's threshold_backward(g, result, 0): 0 where result <= 0, g elsewhere (also
+        # at nan, where relu passes nan through); an exact 0 even where g is inf or nan.
         (out,) = ctx.saved_tensors
-        return g * _const((out.data > 0).astype(g.data.dtype))
+        return _masked(~(out.data <= 0), g)
 
 
 class Erf(Function):
@@ -194,7 +250,7 @@ class Erf(Function):
     @staticmethod
     def backward(ctx, g):
         (a,) = ctx.saved_tensors
-        return g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp()
+        return (-(a ** 2)).exp() * (2 / math.sqrt(math.pi)) * g
 
 
 def _erf(array):
@@ -205,14 +261,82 @@ def _erf(array):
     return erf(array)
 
 
+_SQRT1_2 = 0.70710678118654752440
+_GELU_PDF = 1.12837916709551257390 * _SQRT1_2 * 0.5   # M_2_SQRTPI * M_SQRT1_2 / 2
+_GELU_BETA = 1.41421356237309504880 * 1.12837916709551257390 * 0.5  # sqrt(2 / pi)
+_GELU_KAPPA = 0.044715
+
+
 def gelu(x, approximate="none"):
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as in PyTorch."""
-    if approximate == "tanh":
-        inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
-        return x * 0.5 * (inner.tanh() + 1)
-    if approximate != "none":
+    if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return x * 0.5 * (Erf.apply(x * (1 / math.sqrt(2))) + 1)
+    return Gelu.apply(x, approximate)
+
+
+class Gelu(Function):
+    """One op with PyTorch's gelu_backward, not a composition: x * pdf(x) is 0 * inf = nan for
+    the composition at |x| = 1e300 and at upstream inf where PyTorch gives a number."""
+
+    @staticmethod
+    def forward(ctx, a, approximate):
+        ctx.save_for_backward(a)
+        ctx.approximate = approximate
+        x = a.data
+        if approximate == "tanh":
+            xp = _xp(x)
+            return 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * (x * x * x))))
+        return x * 0.5 * (1 + _erf(x * _SQRT1_2))
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return GeluBackward.apply(g, a, ctx.approximate), None
+
+
+class GeluBackward(Function):
+    """PyTorch's gelu_backward(g, x) and, as its derivative in x, gelu_double_backward."""
+
+    @staticmethod
+    def forward(ctx, g, a, approximate):
+        ctx.save_for_backward(g if ctx.needs_input_grad and ctx.needs_input_grad[1] else None, a)
+        ctx.approximate = approximate
+        x, xp = a.data, _xp(a.data)
+        if approximate == "tanh":
+            x_sq = x * x
+            tanh_inner = xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * (x_sq * x)))
+            left = 0.5 * x
+            right = 1 + tanh_inner
+            right_derivative = (left * (1 - tanh_inner * tanh_inner)
+                                * (_GELU_BETA * (1 + 3 * _GELU_KAPPA * x_sq)))
+            return g.data * (0.5 * right + right_derivative)
+        cdf = 0.5 * (1 + _erf(x * _SQRT1_2))
+        pdf = _GELU_PDF * xp.exp(x * x * -0.5)
+        return g.data * (cdf + x * pdf)
+
+    @staticmethod
+    def backward(ctx, gg):
+        g, a = ctx.saved_tensors
+        grad_g = grad_a = None
+        if ctx.needs_input_grad[0]:
+            grad_g = GeluBackward.apply(gg, a, ctx.approximate)
+        if ctx.needs_input_grad[1]:
+            if ctx.approximate == "tanh":
+                inner = (a + a ** 3 * _GELU_KAPPA) * _GELU_BETA
+                tanh_inner = inner.tanh()
+                sech_sq = 1 - tanh_inner * tanh_inner
+                f = a * 0.5
+                h = (a * a * (3 * _GELU_KAPPA) + 1) * _GELU_BETA
+                f_prime_gh = sech_sq * h * 0.5
+                g_prime_fh = f * h * (sech_sq * -2 * tanh_inner * h)
+                h_prime_fg = f * sech_sq * (a * (6 * _GELU_KAPPA * _GELU_BETA))
+                second = f_prime_gh + f_prime_gh + g_prime_fh + h_prime_fg
+            else:
+                x_sq = a * a
+                pdf = (x_sq * -0.5).exp() * _GELU_PDF
+                second = pdf * 2 - x_sq * pdf
+            grad_a = gg * g * second
+        return grad_g, grad_a, None
 
 
 class Clamp(Function):
@@ -226,29 +350,30 @@ class Clamp(Function):
 
     @staticmethod
     def backward(ctx, g):
+        # PyTorch's clamp_backward: where(min <= a <= max, g, 0) -- 0 at nan, and an exact 0
+        # outside even where g is inf or nan.
         (a,) = ctx.saved_tensors
         low, high = ctx.bounds
-        inside = _xp(a.data).ones(a.data.shape, dtype=bool)
-        if low is not None:
-            inside &= a.data >= low
-        if high is not None:
-            inside &= a.data <= high
-        return g * _const(inside.astype(g.data.dtype)), None, None
+        if low is not None and high is not None:
+            inside = (a.data >= low) & (a.data <= high)
+        else:
+            inside = a.data >= low if low is not None else a.data <= high
+        return _masked(inside, g), None, None
 
 
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        # A local first: without a graph, ctx drops what is stored on it (no_grad, or a backward
-        # without create_graph that calls Where, as Pow's does).
-        mask = condition.data.astype(bool)
-        ctx.condition = mask
+        mask = condition.data.astype(bool, copy=False)
+        # Saved, as PyTorch saves the condition: freed after backward, so a second backward
+        # raises instead of silently reusing it.
+        ctx.save_for_backward(_const(mask))
         return _xp(a.data).where(mask, a.data, b.data)
 
     @staticmethod
     def backward(ctx, g):
         zero = g.data.dtype.type(0)
-        mask = _const(ctx.condition)
+        (mask,) = ctx.saved_tensors
         return (None,
                 Where.apply(mask, g, _const(zero)) if ctx.needs_input_grad[1] else None,
                 Where.apply(mask, _const(zero), g) if ctx.needs_input_grad[2] else None)

@@ -6,22 +6,26 @@ from ..autograd.function import Function
 class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+        needs = ctx.needs_input_grad
+        if needs:  # each gradient uses the other operand only (PyTorch's mm saves per input)
+            ctx.ndims = (a.data.ndim, b.data.ndim)
+            ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
         return a.data @ b.data
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
+        a_ndim, b_ndim = ctx.ndims
         grad_a = grad_b = None
-        if a.ndim == 1 and b.ndim == 1:
+        if a_ndim == 1 and b_ndim == 1:
             return (g * b if need_a else None), (g * a if need_b else None)
-        if a.ndim == 1:  # (k) @ (..., k, n) -> (..., n)
+        if a_ndim == 1:  # (k) @ (..., k, n) -> (..., n)
             if need_a:
                 grad_a = (g.unsqueeze(-2) @ b.mT).squeeze(-2)
             if need_b:
                 grad_b = a.unsqueeze(-1) @ g.unsqueeze(-2)
-        elif b.ndim == 1:  # (..., m, k) @ (k) -> (..., m)
+        elif b_ndim == 1:  # (..., m, k) @ (k) -> (..., m)
             if need_a:
                 grad_a = g.unsqueeze(-1) @ b.unsqueeze(-2)
             if need_b:

@@ -1,12 +1,15 @@
 """Reductions: sum, sum_to_size, amax/max, mean, var (over axes, with keepdim)."""
 
+import builtins
 import collections
+import math
 
 import numpy as np
 
 from .. import backend
 from ..autograd.function import Function
 from ..tensor import Tensor
+from .elementwise import where
 from .shape import expand, gather, wrap_dim
 
 
@@ -62,21 +65,50 @@ def sum_to(array, shape):
 
 
 class Amax(Function):
-    """Maximum over axes; ties share the gradient equally, as in PyTorch's amax."""
+    """Maximum over axes; ties share the gradient equally, as in PyTorch's amax.
+
+    PyTorch's scale_grad_by_count: ``(g / count) * mask``, so a row holding nan (where no
+    element equals the result) gets nan everywhere, and nan/inf in g reach every element.
+    """
 
     @staticmethod
     def forward(ctx, a, dims, keepdim):
         out = a.data.max(axis=dims, keepdims=keepdim)
-        keep = _keepdim_shape(a.data.shape, dims)
-        mask = a.data == out.reshape(keep)
-        ctx.shape, ctx.keep = a.data.shape, keep
-        ctx.weights = mask / mask.sum(axis=dims, keepdims=True)
+        if ctx.needs_input_grad:
+            keep = _keepdim_shape(a.data.shape, dims)
+            mask = a.data == out.reshape(keep)
+            ctx.shape, ctx.keep = a.data.shape, keep
+            # Saved (PyTorch saves self and result): freed after backward, so a second backward
+            # raises as in PyTorch.
+            ctx.save_for_backward(Tensor._make(
+                (mask / mask.sum(axis=dims, keepdims=True)).astype(a.data.dtype, copy=False),
+                False, None, 0))
         return out
 
     @staticmethod
     def backward(ctx, g):
-        weights = Tensor._make(ctx.weights.astype(g.data.dtype, copy=False), False, None, 0)
+        (weights,) = ctx.saved_tensors
         return expand(g.reshape(ctx.keep), ctx.shape) * weights, None, None
+
+
+class Max(Function):
+    """Largest of all elements; PyTorch's evenly_distribute_backward: ties share g, and when the
+    result is nan the nan elements share it; every other element gets an exact 0."""
+
+    @staticmethod
+    def forward(ctx, a):
+        out = a.data.max()
+        if ctx.needs_input_grad:
+            xp = backend.get_array_module(a.data)
+            mask = xp.isnan(a.data) if xp.isnan(out) else a.data == out
+            ctx.count = int(mask.sum())
+            ctx.save_for_backward(Tensor._make(mask, False, None, 0))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return where(mask, g / float(ctx.count), 0.0)
 
 
 MaxResult = collections.namedtuple("MaxResult", ["values", "indices"])
@@ -85,11 +117,11 @@ MaxResult = collections.namedtuple("MaxResult", ["values", "indices"])
 def max(x, dim=None, keepdim=False):
     """Largest element; with ``dim``, (values, indices) along that axis.
 
-    Without ``dim`` ties share the gradient (as amax); with ``dim`` the gradient goes to the
+    Without ``dim`` ties share the gradient (see Max); with ``dim`` the gradient goes to the
     element ``indices`` names, as in PyTorch.
     """
     if dim is None:
-        return Amax.apply(x, None, False)
+        return Max.apply(x)
     if not isinstance(dim, (int, np.integer)):
         raise TypeError(f"max: dim must be an int, got {dim!r}; use amax to reduce several axes")
     dim = wrap_dim(dim, x.ndim)
@@ -113,14 +145,48 @@ def _count(shape, dims):
 
 def mean(x, dim=None, keepdim=False):
     dims = normalize_dims(dim, x.ndim)
-    return x.sum(dims, keepdim) * (1.0 / _count(x.shape, dims))
+    n = _count(x.shape, dims)
+    return x.sum(dims, keepdim) * (1.0 / n if n else float("nan"))  # empty: nan, as PyTorch
 
 
 def var(x, dim=None, keepdim=False, correction=1):
     """Variance with Bessel's correction by default (``correction=1``), as in PyTorch."""
-    dims = normalize_dims(dim, x.ndim)
-    d = x - x.mean(dims, keepdim=True)
-    n = _count(x.shape, dims) - correction
-    return (d * d).sum(dims, keepdim) * (1.0 / n if n > 0 else float("nan"))
+    return Var.apply(x, normalize_dims(dim, x.ndim), correction, keepdim)
+
+
+class Var(Function):
+    """One op with PyTorch's var_backward ``2 / (n - correction) * g * (x - mean)``.
+
+    Composed from mean, sub and mul, backward would also run through the mean, whose gradient
+    sums the deviations: inf - inf = nan for a row holding inf where PyTorch gives +-inf.
+    """
+
+    @staticmethod
+    def forward(ctx, a, dims, correction, keepdim):
+        ctx.save_for_backward(a)
+        ctx.dims, ctx.correction, ctx.keepdim = dims, correction, keepdim
+        xp = backend.get_array_module(a.data)
+        n = _count(a.data.shape, dims)
+        d = a.data - a.data.mean(axis=dims, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0: inf or nan, as PyTorch
+            total = (d * d).sum(axis=dims, keepdims=keepdim)
+            return xp.asarray(total / a.data.dtype.type(builtins.max(n - correction, 0)))
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        dims, correction = ctx.dims, ctx.correction
+        dof = _count(a.data.shape, dims) - correction
+        if dims is None:
+            if dof <= 0:  # 2 / dof is inf: nan where x equals the mean (inf * 0), inf elsewhere
+                xp = backend.get_array_module(a.data)
+                mean_data = a.data.mean()
+                return g * Tensor._make(xp.where(a.data == mean_data, np.nan, np.inf)
+                                        .astype(a.data.dtype), False, None, 0), None, None, None
+            return (2.0 / dof) * g * (a - a.mean()), None, None, None
+        if not ctx.keepdim:
+            g = g.reshape(_keepdim_shape(a.data.shape, dims))
+        scale = 2.0 / dof if dof else math.inf  # C++ double division, as in PyTorch
+        return scale * g * (a - a.mean(dims, keepdim=True)), None, None, None
 
 

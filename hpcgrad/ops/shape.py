@@ -133,23 +133,68 @@ def _list_index(items):
     return array.astype(np.intp) if array.size == 0 else array  # [] selects nothing, as in PyTorch
 
 
-class GetItem(Function):
+_ARRAY = object()  # where an index array sat in a kept index (None is numpy's newaxis)
+
+
+def _split_index(index):
+    """(index with each array replaced by _ARRAY, the arrays as Tensors) -- or (index, ()) when
+    it holds no array (basic indexing: ints, slices, None, Ellipsis)."""
+    if _is_basic(index):
+        return index, ()
+    arrays = tuple(Tensor._make(i, False, None, 0) for i in index if _is_array(i))
+    return tuple(_ARRAY if _is_array(i) else i for i in index), arrays
+
+
+def _is_array(i):
+    return isinstance(i, (np.ndarray, np.generic)) or backend.is_gpu_array(i)
+
+
+def _join_index(template, arrays):
+    it = iter(arrays)
+    return tuple(next(it).data if i is _ARRAY else i for i in template)
+
+
+class _Indexed(Function):
+    """Shared by GetItem and IndexAdd. Note [Saved index arrays]: an index holding arrays is kept
+    with save_for_backward, as PyTorch saves the index tensors (index, gather, index_select,
+    max(dim)): freed after backward, so a second backward raises the "backward through the graph
+    a second time" error, as in PyTorch. A basic index (ints, slices) is kept on ctx, like
+    PyTorch's saved sizes, and a second backward through it stays allowed."""
+
+    @staticmethod
+    def _keep(ctx, index):
+        template, arrays = _split_index(index)
+        ctx.index = template
+        if arrays:
+            ctx.save_for_backward(*arrays)
+        return arrays
+
+    @staticmethod
+    def _index(ctx):
+        arrays = ctx.saved_tensors
+        return _join_index(ctx.index, arrays) if arrays else ctx.index
+
+
+class GetItem(_Indexed):
     @staticmethod
     def forward(ctx, a, index):
-        ctx.shape, ctx.index = a.data.shape, index
+        if ctx.needs_input_grad:
+            ctx.shape = a.data.shape
+            _Indexed._keep(ctx, index)
         return a.data[index]
 
     @staticmethod
     def backward(ctx, g):
-        return IndexAdd.apply(g, ctx.shape, ctx.index), None
+        return IndexAdd.apply(g, ctx.shape, _Indexed._index(ctx)), None
 
 
-class IndexAdd(Function):
+class IndexAdd(_Indexed):
     """Zeros of ``shape`` with ``g`` added at ``index`` (repeated indices add up)."""
 
     @staticmethod
     def forward(ctx, g, shape, index):
-        ctx.index = index
+        if ctx.needs_input_grad:
+            _Indexed._keep(ctx, index)
         xp = backend.get_array_module(g.data)
         out = xp.zeros(shape, dtype=g.data.dtype)
         if _is_basic(index):
@@ -163,7 +208,7 @@ class IndexAdd(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return GetItem.apply(g, ctx.index), None, None
+        return GetItem.apply(g, _Indexed._index(ctx)), None, None
 
 
 def getitem(x, index):
