@@ -1,4 +1,4 @@
-"""Shared helpers of the ports of PyTorch's DDP tests: models, a bounded group, data, steps, checks."""
+"""Helpers of the ports of PyTorch's DDP tests: models, a bounded group, data, steps, checks."""
 
 import contextlib
 import copy
@@ -28,7 +28,7 @@ OUTPUTS_NOT_USED_IN_LOSS = "`forward` function outputs participate in calculatin
 @pytest.fixture
 def group():
     """A fresh communicator per test, with a timeout: a hang fails the test, and whatever a
-    failed test left pending stays out of the next one (the idea of tests/distributed/conftest.py)."""
+    failed test left pending stays out of the next one (as tests/distributed/test_ddp.py)."""
     dist.init_process_group(timeout=GROUP_TIMEOUT)
     g = dist.new_group(timeout=GROUP_TIMEOUT)
     yield g
@@ -58,7 +58,7 @@ def assert_close(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
 
 
 def assert_params_close(want, got, **tol):
-    """Parameters (and gradients, when ``grads``) of two models agree pairwise."""
+    """The parameters of two models agree pairwise."""
     want, got = list(want), list(got)
     assert len(want) == len(got), f"{len(want)} parameters vs {len(got)}"
     for i, (w, g) in enumerate(zip(want, got)):

@@ -1,7 +1,8 @@
-"""Ports of the device-agnostic DDP tests of test/distributed/test_c10d_nccl.py (DistributedDataParallelTest).
+"""Ports of the device-agnostic DDP tests of test_c10d_nccl.py (DistributedDataParallelTest).
 
-PyTorch runs them on GPUs only (their docstrings say they could run on CPU "once DDP supports
-them"); nothing in them is NCCL-specific, so they run here on CPU over MPI at 2 and 3 ranks.
+From test/distributed/test_c10d_nccl.py. PyTorch runs them on GPUs only (their docstrings say
+they could run on CPU "once DDP supports them"); nothing in them is NCCL-specific, so they run
+here on CPU over MPI at 2 and 3 ranks.
 
 Left out, with the reason: fp16 parameters (test_fp16*: being fixed elsewhere,
 tests/conformance/test_ddp_fixes.py); memory formats and devices (test_grad_layout_*,

@@ -1,8 +1,9 @@
 """Ports of PyTorch's DDP tests of uneven inputs (join), buffer broadcasting and the initial sync.
 
-From torch/testing/_internal/distributed/distributed_test.py and test/distributed/test_c10d_common.py,
-on CPU over MPI at 2 and 3 ranks. test_ddp_uneven_inputs runs PyTorch's iteration mappings on its
-small models (small_model at dim 10 instead of 1000, to stay fast on two cores).
+From torch/testing/_internal/distributed/distributed_test.py and
+test/distributed/test_c10d_common.py, on CPU over MPI at 2 and 3 ranks. test_ddp_uneven_inputs
+runs PyTorch's iteration mappings on its small models (small_model at dim 10 instead of 1000, to
+stay fast on two cores).
 
 Left out, with the reason:
 - being fixed elsewhere (tests/conformance/test_ddp_fixes.py): no_sync inside join (the

@@ -7,7 +7,8 @@ ranks. Iteration counts are PyTorch's unless noted (test_ddp_hook_parity_*: 10 i
 
 Left out, with the reason:
 - save/load of the whole DDP object (torch.save(model_DDP) in _test_DDP_niter) and hook pickling
-  (test_ddp_hook_pickling_*): pickling DDP is being built elsewhere (tests/conformance/test_ddp_fixes.py).
+  (test_ddp_hook_pickling_*): pickling DDP is being built elsewhere
+  (tests/conformance/test_ddp_fixes.py).
 - CUDA/NCCL-only: test_DistributedDataParallel (device_ids, GPU), *_non_default_stream,
   *_with_amp_and_grad_is_view, test_ddp_device, test_ddp_zero_output_features' device_ids,
   multi-device modules (test_gloo_backend_*gpu_module), test_ddp_sink_noclone (TorchDispatchMode).
@@ -218,7 +219,8 @@ def test_grads_same_across_ranks_with_no_sync(group):
     grads = np.concatenate([h.arr(p.grad).reshape(-1) for p in model.parameters()])
     everyone = h.gather(group, grads)
     for g in everyone[1:]:
-        np.testing.assert_allclose(g, everyone[0], err_msg="Gradients are not the same for all ranks.")
+        np.testing.assert_allclose(g, everyone[0],
+                                   err_msg="Gradients are not the same for all ranks.")
 
 
 # --- comm hooks ---------------------------------------------------------------------------------
@@ -468,7 +470,8 @@ def test_ddp_checkpointing_once(group, use_bucket_view):
 @mpi2
 @pytest.mark.xfail(strict=True, reason="Reducer.mark_variable_ready detects a second mark only "
                    "when the whole bucket is done, so the unused-then-recomputed parameters are "
-                   "counted twice, the bucket launches early and gradients come out wrong, silently")
+                   "counted twice, the bucket launches early and gradients come out wrong, "
+                   "silently")
 @pytest.mark.parametrize("use_bucket_view", [False, True])
 def test_ddp_checkpointing_unused_params(group, use_bucket_view):
     """With reentrant checkpointing and find_unused_parameters=True, the parameters inside the

@@ -1,4 +1,4 @@
-"""Ports of PyTorch's DDP tests of unused parameters, control flow, ignored outputs and misuse errors.
+"""Ports of PyTorch's DDP tests of unused parameters, control flow, ignored outputs, misuse errors.
 
 From torch/testing/_internal/distributed/distributed_test.py and test/distributed/test_c10d_gloo.py
 (DistributedDataParallelTest), on CPU over MPI at 2 and 3 ranks. PyTorch's error checks are kept
