@@ -218,7 +218,6 @@ def test_variable_traverse():
     out.backward(m.randn(*out.shape, seed=1))  # the collected cycle must not free the graph
 
 
-@m.xfail10("x ** 0 at 0 has a nan gradient")
 @pytest.mark.parametrize("size,exponent", [
     ((10,), "tensor"), ((10, 10), "tensor"), ((10,), "number")])
 def test_pow_zero_tensor_gradient(size, exponent):
@@ -229,7 +228,6 @@ def test_pow_zero_tensor_gradient(size, exponent):
     assert m.h.arr(inp.grad.abs().sum()) == 0
 
 
-@m.xfail10("gradient of 0 ** b with respect to b is nan at b = -1 (PyTorch: -inf)")
 def test_power_function():
     # d/db 0**b = 0**b * log(0): -inf at b = -1, and 0 (not nan) at b = 0 and b = 1.
     a = m.t([0.0, 0.0, 0.0])

@@ -241,7 +241,6 @@ def test_retain_grad():
     close(inp.grad, m.h.arr(inp) * 18)
 
 
-@m.xfail10("saved tensors keep too much alive: y / 2 keeps y")
 def test_retain_grad_cycle():
     x = m.ones(5, 5, requires_grad=True)
 

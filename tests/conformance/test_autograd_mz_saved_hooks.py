@@ -101,12 +101,6 @@ def test_setting_default_saved_variable_hooks_twice_should_not_fail():
             pass
 
 
-_PACK_UNDER_NO_GRAD = m.xfail10(
-    "pack hooks run with grad enabled, so a pack hook computing on a tensor that requires grad "
-    "saves tensors and packs again, recursing without end (PyTorch runs pack hooks under no_grad)")
-
-
-@_PACK_UNDER_NO_GRAD
 def test_setting_default_saved_variable_hooks_twice_should_use_inner():
     with hooks(lambda x: 3 * x, lambda x: 3 * x):
         b = m.randn(5, requires_grad=True)
@@ -169,12 +163,6 @@ def test_saved_tensor_hooks_custom_function_intermediates():
     close(a.grad, np.e)
 
 
-_SAVES_ONLY_WHAT_BACKWARD_NEEDS = m.xfail10(
-    "saved tensors: ops save what backward never reads (Mul saves both inputs, so x * y with "
-    "y not requiring grad packs x too; PyTorch saves only y)")
-
-
-@_SAVES_ONLY_WHAT_BACKWARD_NEEDS
 def test_unpack_hooks_exec_count():
     counts = {"pack": 0, "unpack": 0}
 
@@ -195,7 +183,8 @@ def test_unpack_hooks_exec_count():
         assert counts == {"pack": 1, "unpack": 1}
 
 
-@_SAVES_ONLY_WHAT_BACKWARD_NEEDS
+@m.xfail10("saved-tensor hooks see Python numbers: a * 3 saves 3 as a tensor and packs it "
+           "(PyTorch saves it as a wrapped number, which never goes through the hooks)")
 def test_wrapped_number_saved_tensors_hooks():
     def err_hook(x):
         raise RuntimeError("this hook should not be called")
@@ -225,7 +214,6 @@ def test_saving_variable_to_disk(tmp_path):
     close(a.grad, 2 * m.h.arr(a))
 
 
-@_PACK_UNDER_NO_GRAD
 def test_saved_variable_packing_unpacking_saved_original_with_default_hooks():
     def pack(x):
         warnings.warn("pack")
