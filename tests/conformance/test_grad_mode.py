@@ -219,6 +219,23 @@ def test_set_grad_generator_functions():
             assert seen == list(range(10))
 
 
+@pytest.mark.parametrize("mode", [False, True])
+def test_set_grad_enabled_decorates_generator(mode):
+    """``@set_grad_enabled(mode)`` (a one-shot manager) holds the mode at every resumption."""
+
+    @hg.set_grad_enabled(mode)
+    def gen():
+        for i in range(3):
+            assert_grad_mode(mode)
+            yield i
+
+    outside = not mode
+    with hg.set_grad_enabled(outside):
+        for _ in gen():
+            assert_grad_mode(outside)
+        assert_grad_mode(outside)
+
+
 def test_set_grad_coroutines():
     def body(inside):
         def coro(n=10):
