@@ -5,6 +5,6 @@ from .elementwise import (Abs, Add, Cast, Clamp, Clone, Div, Erf, Exp, Gelu, Gel
                           ToDevice, Where, gelu, where)
 from .shape import (Cat, Expand, wrap_dim, GetItem, IndexAdd, Permute, Reshape, cat, expand, flatten,  # noqa: F401
                     gather, getitem, index_select, shape_arg, squeeze, stack, transpose, unsqueeze)
-from .reduce import Amax, Max, Sum, SumToSize, Var, max, mean, normalize_dims, var  # noqa: F401
+from .reduce import Amax, Max, Mean, Sum, SumToSize, Var, max, mean, normalize_dims, var  # noqa: F401
 from .linalg import MatMul  # noqa: F401
 from .nn import LogSoftmax, Softmax  # noqa: F401

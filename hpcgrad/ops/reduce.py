@@ -144,9 +144,25 @@ def _count(shape, dims):
 
 
 def mean(x, dim=None, keepdim=False):
-    dims = normalize_dims(dim, x.ndim)
-    n = _count(x.shape, dims)
-    return x.sum(dims, keepdim) * (1.0 / n if n else float("nan"))  # empty: nan, as PyTorch
+    return Mean.apply(x, normalize_dims(dim, x.ndim), keepdim)
+
+
+class Mean(Function):
+    """PyTorch's mean backward ``g.expand(shape) / n`` keeps sizes only (no saved tensor), so a
+    second backward through it is allowed, as in PyTorch (``sum * (1 / n)`` saved the 1 / n)."""
+
+    @staticmethod
+    def forward(ctx, a, dims, keepdim):
+        ctx.shape, ctx.dims = a.data.shape, dims
+        n = _count(a.data.shape, dims)
+        with np.errstate(divide="ignore", invalid="ignore"):  # empty: nan, as PyTorch
+            return backend.get_array_module(a.data).asarray(
+                a.data.sum(axis=dims, keepdims=keepdim) / a.data.dtype.type(n))
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.reshape(_keepdim_shape(ctx.shape, ctx.dims))
+        return expand(g, ctx.shape) / float(_count(ctx.shape, ctx.dims)), None, None
 
 
 def var(x, dim=None, keepdim=False, correction=1):

@@ -164,15 +164,13 @@ class _Indexed(Function):
     @staticmethod
     def _keep(ctx, index):
         template, arrays = _split_index(index)
-        ctx.index = template
+        ctx.index, ctx.has_arrays = template, bool(arrays)
         if arrays:
             ctx.save_for_backward(*arrays)
-        return arrays
 
     @staticmethod
     def _index(ctx):
-        arrays = ctx.saved_tensors
-        return _join_index(ctx.index, arrays) if arrays else ctx.index
+        return _join_index(ctx.index, ctx.saved_tensors) if ctx.has_arrays else ctx.index
 
 
 class GetItem(_Indexed):
