@@ -35,6 +35,7 @@ class Tensor:
     __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
     __hash__ = object.__hash__
     is_sparse = False  # see hpcgrad.sparse for the row-sparse gradient type
+    _wrapped_number = False  # see _WrappedNumber
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _as_array(data, dtype)
@@ -270,7 +271,7 @@ class Tensor:
         if isinstance(other, Tensor):
             return other
         if isinstance(other, (int, float, bool)) and self.data.dtype.kind in "fc":
-            return Tensor._make(self.data.dtype.type(other), False, None, 0)
+            return _WrappedNumber._make(self.data.dtype.type(other), False, None, 0)
         return Tensor._make(_as_array(other), False, None, 0)
 
     def __add__(self, other):
@@ -432,6 +433,14 @@ class Tensor:
 
     def log_softmax(self, dim=-1):
         return _ops.LogSoftmax.apply(self, dim)
+
+
+class _WrappedNumber(Tensor):
+    """A Python number given to an op (``x * 3``): saved like a tensor, but saved-tensor hooks
+    never see it, as PyTorch's wrapped numbers."""
+
+    __slots__ = ()
+    _wrapped_number = True
 
 
 def _rebuild_tensor(cls, data, requires_grad):

@@ -140,7 +140,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             raise RuntimeError("materialize_grads cannot be used when the given input is a "
                                "GradientEdge")
         result = [g if g is not None else
-                  Tensor._make(get_array_module(t.data).zeros_like(t.data), True, None, 0)
+                  Tensor._make(get_array_module(t.data).zeros_like(t.data), create_graph, None, 0)
                   for g, t in zip(result, inputs)]
     return tuple(result)
 

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from .. import backend
-from . import grad_mode
+from . import grad_mode, saved_hooks
 from .graph import GraphRoot
 from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
 from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
@@ -188,8 +188,12 @@ class Engine:
         else:
             buffer = InputBuffer()
         del grads  # let AccumulateGrad adopt a root gradient that only the engine holds
-        with _gc_pause:
-            return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
+        hooks = saved_hooks.snapshot()  # PyTorch runs backward under the caller's thread state
+        try:
+            with _gc_pause:
+                return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
+        finally:
+            saved_hooks.restore(hooks)
 
     def compute_dependencies(self, root, graph_task, min_topo_nr=0):
         """Count, for every Node reachable from ``root``, how many edges lead into it."""

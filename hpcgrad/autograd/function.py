@@ -229,12 +229,17 @@ def _pack_saved(saved, hooks, node):
     """Every saved tensor through the innermost pack hook (a saved output as its output Tensor)."""
     pack, unpack = hooks
     packed = []
-    for s in saved:
-        if s is None:
-            packed.append(None)
-            continue
-        tensor = _unpack(s, node) if type(s) is _SavedOutput else s
-        packed.append(PackedSaved(pack(tensor), unpack))
+    state = grad_mode._state
+    previous, state.enabled = state.enabled, False  # pack hooks run under no_grad, as PyTorch's
+    try:
+        for s in saved:
+            if s is None or (type(s) is not _SavedOutput and s._wrapped_number):
+                packed.append(s)  # Python numbers given to the op are not shown to the hooks
+                continue
+            tensor = _unpack(s, node) if type(s) is _SavedOutput else s
+            packed.append(PackedSaved(pack(tensor), unpack))
+    finally:
+        state.enabled = previous
     node._saved_outputs = True  # saved_tensors must unpack
     return tuple(packed)
 

@@ -242,7 +242,7 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
     """The AccumulateGrad rule, shared with the distributed engine's capture hook."""
     grad = variable.grad
     if new_grad.is_sparse:
-        _accumulate_sparse(variable, new_grad)
+        _accumulate_sparse(variable, new_grad, has_post_hooks)
         return
     if grad is None:
         if not grad_mode.is_grad_enabled() and _can_steal(new_grad, 1 + has_post_hooks):
@@ -259,11 +259,25 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
         variable.grad = grad + new_grad
 
 
-def _accumulate_sparse(variable, new_grad):
+def _can_steal_sparse(new_grad, extra_refs):
+    # As _can_steal, one frame deeper (accumulate_grad -> _accumulate_sparse -> here). Sparse
+    # accumulation never writes into .grad's arrays (it concatenates), so only the values must be
+    # contiguous and owned by the gradient alone; the indices may be a view.
+    values = new_grad.values
+    # References to values: the gradient's attribute, the local, getrefcount's argument.
+    return (sys.getrefcount(new_grad) <= 4 + extra_refs and sys.getrefcount(values) <= 3
+            and getattr(values, "base", None) is None and values.flags.c_contiguous
+            and getattr(values.flags, "writeable", True))
+
+
+def _accumulate_sparse(variable, new_grad, has_post_hooks=False):
     """A sparse gradient stays sparse in an empty or sparse ``.grad``; a dense one absorbs it."""
     grad = variable.grad
     if grad is None:
-        variable.grad = new_grad.detach_copy()
+        if not grad_mode.is_grad_enabled() and _can_steal_sparse(new_grad, 1 + has_post_hooks):
+            variable.grad = new_grad  # nothing else holds it: adopt it, as PyTorch does
+        else:
+            variable.grad = new_grad.detach_copy()
     elif grad.is_sparse:
         variable.grad = grad + new_grad
     elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None

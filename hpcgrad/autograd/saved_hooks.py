@@ -66,9 +66,26 @@ class saved_tensors_hooks:
         return self
 
     def __exit__(self, *exc):
+        if not _state.stack:
+            raise RuntimeError("saved_tensors_hooks: exit without a matching enter (no hooks "
+                               "are active on this thread)")
         _state.stack = _state.stack[:-1]
         _count(-1)
         return False
+
+
+def snapshot():
+    """This thread's hook state, for ``restore`` (the engine keeps backward from leaking hooks)."""
+    return _state.stack, _state.disabled
+
+
+def restore(saved):
+    """Put back a ``snapshot``: hooks a backward entered and never left are dropped."""
+    stack, disabled = saved
+    leaked = len(_state.stack) - len(stack)
+    if leaked:
+        _count(-leaked)
+    _state.stack, _state.disabled = stack, disabled
 
 
 class disable_saved_tensors_hooks:

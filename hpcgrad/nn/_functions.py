@@ -76,7 +76,10 @@ class Embedding(Function):
             if padding_idx is not None:
                 keep = rows != padding_idx
                 rows, grad = rows[keep], GetItem.apply(grad, (keep,))
-            return SparseCOOTensor(rows, grad.data, ctx.shape), None, None, None, None
+            # Owned copies (rows and grad are views of the indices and of g): AccumulateGrad
+            # can then adopt the gradient as .grad instead of copying it again.
+            return (SparseCOOTensor(xp.array(rows), xp.array(grad.data), ctx.shape),
+                    None, None, None, None)
         if padding_idx is not None:
             grad = grad * _const((rows != padding_idx).astype(g.dtype)[:, None])
         return IndexAdd.apply(grad, ctx.shape, (rows,)), None, None, None, None

@@ -266,8 +266,6 @@ def test_unrelated_inputs():
     assert gradgradcheck(my_function, (x, y))
 
 
-@m.xfail10("grad(materialize_grads=True) makes the zeros require grad even without create_graph "
-           "(hpcgrad/autograd/__init__.py grad: requires_grad should be create_graph)")
 def test_unused_grad_requires_grad_with_materialize():
     x = m.ones(10, requires_grad=True)
     y = m.ones(10, requires_grad=True)

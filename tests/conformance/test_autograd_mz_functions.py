@@ -217,8 +217,8 @@ def test_not_implemented_grad():
         y.backward()
 
 
-@m.xfail10("ctx outlives its graph: hpcgrad's ctx is the Node itself, so a stashed ctx keeps "
-           "the saved tensors after the graph is gone (PyTorch's ctx holds the Node weakly)")
+@pytest.mark.skip(reason="not built (README): hpcgrad's ctx is the graph Node itself, so a ctx "
+                  "stashed past its graph keeps the saved tensors; PyTorch's ctx holds the Node weakly")
 def test_naughty_autograd_function_stashing_ctx():
     saved_ctx = []
 
@@ -322,8 +322,6 @@ def test_no_grad_copy():
     close(b.grad, expected)
 
 
-@m.xfail10("AccumulateGrad never adopts a row-sparse gradient: graph._accumulate_sparse always "
-           "detach_copy()s into an empty .grad (PyTorch steals an uncoalesced one nothing else holds)")
 def test_no_grad_copy_sparse():
     # PyTorch uses F.embedding_bag(sparse=True); hpcgrad's row-sparse op is embedding(sparse=True),
     # which gives the same gradient rows for a sum of the looked-up rows.

@@ -64,8 +64,6 @@ def _extra_exit_during_bw():
     close(a.grad, np.e)
 
 
-@m.xfail10("hooks entered by a hook during backward stay active after it (and leak): PyTorch "
-           "restores the thread's saved-tensor hook state around backward")
 def test_saved_tensor_hooks_extra_enter_during_bw_no_leak():
     # Unsupported use (an unpack hook re-enters its context), but it must not leak.
     with m.isolated_saved_hooks():
@@ -183,8 +181,6 @@ def test_unpack_hooks_exec_count():
         assert counts == {"pack": 1, "unpack": 1}
 
 
-@m.xfail10("saved-tensor hooks see Python numbers: a * 3 saves 3 as a tensor and packs it "
-           "(PyTorch saves it as a wrapped number, which never goes through the hooks)")
 def test_wrapped_number_saved_tensors_hooks():
     def err_hook(x):
         raise RuntimeError("this hook should not be called")
@@ -289,9 +285,6 @@ def test_save_on_cpu_and_checkpoint():
     close(a.grad, b_grad)
 
 
-@m.xfail10("pack hooks run with grad enabled: a pack hook computing on a tensor that requires "
-           "grad records ops that save and pack again (function._pack_saved; PyTorch runs pack "
-           "hooks under no_grad)")
 def test_saved_tensor_hooks_pack_runs_under_no_grad():
     """Not a PyTorch test: what test_setting_default_saved_variable_hooks_twice_should_use_inner
     relies on (its pack hook computes 3 * x), checked directly. torch 2.13: [False, False]."""
