@@ -27,9 +27,14 @@ def _const(array):
     return Tensor._make(array, False, None, 0)
 
 
+def _zero(like):
+    """A 0-d constant 0 of ``like``'s dtype, on its device (cupy's where takes no numpy array)."""
+    return _const(_xp(like.data).zeros((), dtype=like.data.dtype))
+
+
 def _masked(mask, g):
     """``where(mask, g, 0)``: g where mask holds, an exact 0 elsewhere (even where g is inf/nan)."""
-    return Where.apply(_const(mask), g, _const(g.data.dtype.type(0)))
+    return Where.apply(_const(mask), g, _zero(g))
 
 
 class Add(Function):
@@ -117,13 +122,13 @@ class Pow(Function):
                 grad_a = (Tensor._zeros(a.data.shape, a.data.dtype, a.device) if e == 0
                           else g * (e * a ** (e - 1)))
             else:  # pow_backward_self: an exact 0 where the exponent is 0 (x ** 0 at x = 0)
-                grad_a = Where.apply(_const(b.data == 0), _const(g.data.dtype.type(0)),
+                grad_a = Where.apply(_const(b.data == 0), _zero(g),
                                      g * (b * a ** (b - 1)))
         if ctx.needs_input_grad[1]:
             # pow_backward_exponent: 0 where a == 0 and b >= 0 (by continuity), else
             # out * log(a) -- -inf at a == 0, b < 0; nan for a negative base, as in PyTorch.
             cond = (a.data == 0) & (b.data >= 0)
-            grad_b = g * Where.apply(_const(cond), _const(g.data.dtype.type(0)), out * a.log())
+            grad_b = g * Where.apply(_const(cond), _zero(g), out * a.log())
         return grad_a, grad_b
 
 
@@ -372,11 +377,10 @@ class Where(Function):
 
     @staticmethod
     def backward(ctx, g):
-        zero = g.data.dtype.type(0)
         (mask,) = ctx.saved_tensors
         return (None,
-                Where.apply(mask, g, _const(zero)) if ctx.needs_input_grad[1] else None,
-                Where.apply(mask, _const(zero), g) if ctx.needs_input_grad[2] else None)
+                Where.apply(mask, g, _zero(g)) if ctx.needs_input_grad[1] else None,
+                Where.apply(mask, _zero(g), g) if ctx.needs_input_grad[2] else None)
 
 
 def where(condition, a, b):

@@ -1,14 +1,18 @@
 """Backward formulas at the edges (0, -0, tiny, huge, inf, -inf, nan, ties) beside PyTorch's own.
 
 Two parts. ``test_matches_pytorch_at_edges`` runs every differentiable op hpcgrad has on a grid of
-edge values (every pair of them for binary ops, and every upstream gradient from the same grid) in
-float64, on hpcgrad and on torch 2.13, and requires the same outputs, first derivatives and second
-derivatives (create_graph=True), NaN for NaN and inf for inf of the same sign. The ``test_*`` cases
-after it hand-code PyTorch's values for the key cases, so they run without torch.
+edge values (every pair of them for binary ops, each with edge upstream gradients too) in float64,
+on hpcgrad and on torch 2.13, and requires the same outputs, first derivatives and second
+derivatives (create_graph=True): NaN for NaN, inf for inf of the same sign, values within
+rounding. ``test_pytorch_values_at_edges`` and the tests after it hand-code PyTorch's values for
+the key cases (pow at 0, sqrt/log at 0, div by 0, abs/relu/clamp at the boundary and at nan,
+amax/max ties and nan, var at zero variance), so they run without torch.
 
-Left out: forward values of ``pow`` at -0 and -inf where torch's kernel special-cases an exponent
-(rsqrt for -0.5 gives -inf at -0, C pow gives +inf) — hpcgrad follows numpy's pow there, and the
-grid below keeps -0/-inf away from the fractional exponents; complex inputs (not built).
+Left out: forward values of ``pow`` at -0 and -inf where torch's kernel special-cases a scalar
+exponent (rsqrt for -0.5 gives -inf at -0 where C's pow gives +inf; the grid keeps -0/-inf away
+from fractional exponents); ``x ** t`` for a 0-d ``t`` that needs no gradient takes PyTorch's
+Python-number formula (``x ** 0``: second derivative 0 at x = 0, where torch gives nan for a
+tensor exponent); complex inputs (not built).
 """
 
 import math
@@ -20,7 +24,7 @@ import pytest
 import hpcgrad as hg
 from hpcgrad.autograd import grad
 
-from autograd_helpers import leaf, torch_or_skip
+from autograd_helpers import assert_close, leaf, torch_or_skip
 
 INF, NAN = math.inf, math.nan
 EDGES = np.array([0.0, -0.0, 5e-324, 1e-300, -1e-300, 0.5, 1.0, -1.0, 2.0, -2.5, 1e300, -1e300,
@@ -201,3 +205,82 @@ def test_matches_pytorch_at_edges(name):
     torch = torch_or_skip()
     fn, arrays, upstream = CASES[name]
     compare_with_torch(torch, fn, *arrays, upstream=upstream)
+
+
+# --- PyTorch's values for the key cases, hand-coded (these run without torch) -------------------
+
+def hpcgrad_derivatives(fn, x, upstream=None):
+    """(gradient, second derivative) of fn at float64 x for ``upstream`` (ones by default); the
+    second derivative is d(sum grad)/dx, zeros where the gradient does not depend on x."""
+    t = leaf(x)
+    with np.errstate(all="ignore"):
+        out = fn(t)
+        v = np.ones(out.shape) if upstream is None else np.asarray(upstream, dtype=np.float64)
+        (g,) = grad(out, t, hg.tensor(v), create_graph=True)
+        second = np.zeros(np.shape(x))
+        if g.requires_grad:
+            (s,) = grad(g.sum(), t, allow_unused=True)
+            second = second if s is None else s.data
+    return g.data, second
+
+
+# name: (fn, x, upstream, PyTorch's gradient, PyTorch's second derivative); values from torch 2.13.
+PYTORCH_VALUES = {
+    "pow_0_at_0": (lambda x: x ** 0, [0.0, -0.0], None, [0.0, 0.0], [0.0, 0.0]),
+    "pow_0.0_at_0": (lambda x: x ** 0.0, [0.0], None, [0.0], [0.0]),
+    "pow_1_at_0": (lambda x: x ** 1, [0.0], None, [1.0], [0.0]),
+    "pow_2_at_0": (lambda x: x ** 2, [0.0], None, [0.0], [2.0]),
+    "pow_0.5_at_0": (lambda x: x ** 0.5, [0.0], None, [INF], [-INF]),
+    "pow_-1_at_0": (lambda x: x ** -1, [0.0], None, [-INF], [INF]),
+    # A tensor exponent is PyTorch's pow.Tensor_Tensor: where(b == 0, 0, ...) also at x = 0, and
+    # its second derivative at x = 0 is nan (0 * inf in the masked branch).
+    "pow_zeros_tensor_at_0": (lambda x: x ** hg.zeros(1, dtype=np.float64).requires_grad_(),
+                              [0.0], None, [0.0], [NAN]),
+    "sqrt_at_0": (lambda x: x.sqrt(), [0.0], None, [INF], [-INF]),
+    "log_at_0": (lambda x: x.log(), [0.0], None, [INF], [-INF]),
+    "abs_at_0_and_nan": (lambda x: x.abs(), [0.0, NAN], None, [0.0, 0.0], [0.0, 0.0]),
+    "relu_at_0_and_nan": (lambda x: x.relu(), [0.0, NAN], None, [0.0, 1.0], [0.0, 0.0]),
+    "clamp_at_bounds_nan_and_outside_with_inf_upstream": (
+        lambda x: x.clamp(-1.0, 1.0), [-1.0, 1.0, NAN, 2.0], [1.0, 1.0, 1.0, INF],
+        [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]),
+    "sigmoid_at_0_with_inf_upstream": (lambda x: x.sigmoid(), [0.0], [INF], [INF], [NAN]),
+    "gelu_at_huge": (lambda x: hg.gelu(x), [1e300, -1e300, 0.0], None, [1.0, 0.0, 0.5],
+                     [NAN, NAN, 0.7978845608028654]),
+    "amax_ties": (lambda x: x.amax(), [1.0, 3.0, 3.0], None, [0.0, 0.5, 0.5], [0.0, 0.0, 0.0]),
+    "amax_with_nan": (lambda x: x.amax(), [1.0, NAN, NAN], None, [NAN, NAN, NAN], [0.0] * 3),
+    "max_with_nan": (lambda x: x.max(), [1.0, NAN, NAN], None, [0.0, 0.5, 0.5], [0.0] * 3),
+    "var_of_one_element": (lambda x: x.var(), [2.0], None, [NAN], [0.0]),
+    "var_zero_variance": (lambda x: x.var(), [2.0, 2.0, 2.0], None, [0.0] * 3, [0.0] * 3),
+    "var_with_inf": (lambda x: x.var(), [INF, 0.0, 1.0], None, [NAN, -INF, -INF], [0.0] * 3),
+    "softmax_with_minus_inf": (lambda x: x.softmax(0), [-INF, 0.0, 0.0], [1.0, 0.0, 0.0],
+                               [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]),
+    "log_softmax_with_minus_inf": (lambda x: x.log_softmax(0), [-INF, 0.0, 0.0],
+                                   [1.0, 0.0, 0.0], [1.0, -0.5, -0.5], [0.0, 0.0, 0.0]),
+}
+
+
+@pytest.mark.parametrize("name", PYTORCH_VALUES)
+def test_pytorch_values_at_edges(name):
+    fn, x, upstream, want_grad, want_second = PYTORCH_VALUES[name]
+    g, second = hpcgrad_derivatives(fn, x, upstream)
+    assert_close(g, want_grad, msg=f"{name}: gradient")
+    assert_close(second, want_second, msg=f"{name}: second derivative")
+
+
+def test_div_by_zero():
+    # d(a/b)/da = 1/b, d(a/b)/db = -(a/b)/b: inf and -inf at b = 0, nan at 0/0; -inf at
+    # b = 1e-300 (PyTorch's order; a / (b * b) would give -inf too, but 1/b**2 overflows sooner).
+    a = leaf([1.0, 0.0, 1.0])
+    b = leaf([0.0, 0.0, 1e-300])
+    with np.errstate(all="ignore"):
+        grad_a, grad_b = grad((a / b).sum(), [a, b])
+    assert_close(grad_a, [INF, INF, 1e300])
+    assert_close(grad_b, [-INF, NAN, -INF])
+
+
+def test_power_of_zero_base_wrt_exponent():
+    # d(0 ** b)/db: -inf at b < 0, 0 (by continuity, not 0 * -inf = nan) at b >= 0.
+    b = leaf([-1.0, 0.0, 1.0])
+    with np.errstate(all="ignore"):
+        (g,) = grad((0.0 ** b).sum(), b)
+    assert_close(g, [-INF, 0.0, 0.0])
