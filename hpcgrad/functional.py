@@ -8,24 +8,32 @@ def _t(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
+def _binary(a, b, op, reflected):
+    """``a op b``; a number first takes the Tensor's reflected operator, so it adopts the
+    Tensor's dtype as in PyTorch (``mul(2, x)`` of float32 x is float32, not float64)."""
+    if not isinstance(a, Tensor) and isinstance(b, Tensor):
+        return getattr(b, reflected)(a)
+    return getattr(_t(a), op)(b)
+
+
 def add(a, b):
-    return _t(a) + b
+    return _binary(a, b, "__add__", "__radd__")
 
 
 def sub(a, b):
-    return _t(a) - b
+    return _binary(a, b, "__sub__", "__rsub__")
 
 
 def mul(a, b):
-    return _t(a) * b
+    return _binary(a, b, "__mul__", "__rmul__")
 
 
 def div(a, b):
-    return _t(a) / b
+    return _binary(a, b, "__truediv__", "__rtruediv__")
 
 
 def pow(a, b):
-    return _t(a) ** b
+    return _binary(a, b, "__pow__", "__rpow__")
 
 
 def neg(x):

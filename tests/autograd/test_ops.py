@@ -721,3 +721,15 @@ def test_error_message(name):
 def test_permute_dim_out_of_range():
     with pytest.raises(IndexError, match="Dimension out of range"):
         _x().permute(0, 5)
+
+
+@pytest.mark.parametrize("fn", [hg.add, hg.sub, hg.mul, hg.div, hg.pow])
+def test_function_form_with_a_number_first_keeps_the_tensors_dtype(fn):
+    # As torch.pow(2, x): the number adopts x's dtype (float32), it does not promote to float64.
+    x = hg.tensor(np.array([1.0, 2.0], dtype=np.float32), requires_grad=True)
+    out = fn(2, x)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out.data, {hg.add: [3, 4], hg.sub: [1, 0], hg.mul: [2, 4],
+                                          hg.div: [2, 1], hg.pow: [2, 4]}[fn])
+    (g,) = grad(out.sum(), x)
+    assert g.dtype == np.float32
