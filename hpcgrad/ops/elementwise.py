@@ -369,7 +369,7 @@ class Clamp(Function):
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        mask = condition.data.astype(bool, copy=False)
+        mask = condition.data.astype(bool)  # a copy: later changes to the condition do not leak in
         # Saved, as PyTorch saves the condition: freed after backward, so a second backward
         # raises instead of silently reusing it.
         ctx.save_for_backward(_const(mask))
