@@ -39,14 +39,16 @@ ROWS = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1
 # --- the two libraries behind one small adapter ---------------------------------------------------
 
 def _hg_lib():
-    return SimpleNamespace(name="hpcgrad", m=hg, tensor=lambda a, rg: hg.tensor(a, requires_grad=rg),
+    return SimpleNamespace(name="hpcgrad", m=hg,
+                           tensor=lambda a, rg: hg.tensor(a, requires_grad=rg),
                            index=lambda a: a, gelu=hg.gelu, grad=grad, numpy=lambda t: t.data)
 
 
 def _torch_lib(torch):
     def numpy(t):
         return np.zeros(tuple(t.shape)) if t._is_zerotensor() else t.detach().numpy()
-    return SimpleNamespace(name="torch", m=torch, tensor=lambda a, rg: torch.tensor(a, requires_grad=rg),
+    return SimpleNamespace(name="torch", m=torch,
+                           tensor=lambda a, rg: torch.tensor(a, requires_grad=rg),
                            index=torch.from_numpy, gelu=torch.nn.functional.gelu,
                            grad=torch.autograd.grad, numpy=numpy)
 
@@ -64,7 +66,8 @@ def _derivatives(lib, fn, arrays, upstream):
             second.append([np.zeros(a.shape) for a in arrays])
             continue
         hs = lib.grad(g.sum(), xs, allow_unused=True, retain_graph=True)
-        second.append([np.zeros(a.shape) if h is None else lib.numpy(h) for a, h in zip(arrays, hs)])
+        second.append([np.zeros(a.shape) if h is None else lib.numpy(h)
+                       for a, h in zip(arrays, hs)])
     firsts = [np.zeros(a.shape) if g is None else lib.numpy(g) for a, g in zip(arrays, grads)]
     return lib.numpy(out), firsts, second
 
@@ -99,11 +102,12 @@ def compare_with_torch(torch, fn, *arrays, upstream=None):
         for pos in _where_differs(o, t)[:4]:
             pos = tuple(pos)
             inputs = [a[pos] if a.shape == o.shape else "..." for a in arrays]
-            problems.append(f"{what} at {pos} (inputs {inputs}): hpcgrad {o[pos]!r}, torch {t[pos]!r}")
+            problems.append(f"{what} at {pos} (inputs {inputs}): hpcgrad {o[pos]!r}, "
+                            f"torch {t[pos]!r}")
     assert not problems, "\n".join(problems)
 
 
-# --- the grid: every op on edge values --------------------------------------------------------------
+# --- the grid: every op on edge values -----------------------------------------------------------
 
 def _unary(values=EDGES):
     """Each value beside each upstream gradient from the grid: (x,), upstream."""
@@ -140,7 +144,8 @@ UNARY = {
     "scalar_div": lambda L, x: 1.0 / x,
     "cast": lambda L, x: x.float().double(),
 }
-UNARY.update({f"pow_{e}": (lambda e: lambda L, x: x ** e)(e) for e in (0, 1, 2, 3, -1, -2, 0.0, 2.0)})
+UNARY.update({f"pow_{e}": (lambda e: lambda L, x: x ** e)(e)
+              for e in (0, 1, 2, 3, -1, -2, 0.0, 2.0)})
 UNARY.update({f"rpow_{b}": (lambda b: lambda L, x: b ** x)(b) for b in (0.0, 1.0, 2.0, 0.5, -2.0)})
 FRACTIONAL = {f"pow_{e}": (lambda e: lambda L, x: x ** e)(e) for e in (0.5, -0.5, 2.5, -1.5)}
 BINARY = {
