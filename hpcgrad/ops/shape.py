@@ -1,4 +1,4 @@
-"""Shape and indexing ops: reshape, permute, expand, getitem (basic and integer arrays), cat, gather."""
+"""Shape and indexing ops: reshape, permute, expand, getitem (basic and array indices), cat."""
 
 import numpy as np
 
