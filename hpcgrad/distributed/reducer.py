@@ -162,6 +162,7 @@ class Reducer:
         self.ready_order = []  # the last iteration's gradient-ready order (for inspection)
         self.ready = np.zeros(len(self.params), dtype=bool)  # marked ready this iteration
         self._outer_task = None  # see Note [Finalize on the outermost backward]
+        self._stashed = {}
         # The accumulators must outlive any one graph: the hooks live on them.
         self._accumulators = [p._get_accumulator() for p in self.params]
         self._index_of_accumulator = {acc: i for i, acc in enumerate(self._accumulators)}
@@ -178,8 +179,8 @@ class Reducer:
 
         def hook(grad_inputs, grad_outputs):
             alive = reducer()
-            if alive is not None:
-                alive.autograd_hook(index)
+            if alive is not None:  # grad_outputs[0]: what this backward brought (None: nothing)
+                alive.autograd_hook(index, grad_outputs[0] is not None)
         return hook
 
     def remove_hooks(self):
@@ -231,6 +232,7 @@ class Reducer:
             for bucket in self.buckets:
                 bucket.pending = len(bucket.variables)
             self.ready = np.zeros(len(self.params), dtype=bool)
+            self._stashed = {}  # index -> a bucket-view .grad of an unused parameter
             self.has_marked_unused_parameters = False
             self.unused_parameters = []
             self.ready_order = []
@@ -271,13 +273,21 @@ class Reducer:
                     self.unused_parameters.append(index)
                     self.mark_variable_ready(index)
 
-    def autograd_hook(self, index):
-        """A parameter's gradient has been accumulated into ``.grad``."""
+    def autograd_hook(self, index, computed=True):
+        """A parameter's gradient has been accumulated into ``.grad``.
+
+        ``computed`` is False when its AccumulateGrad ran without a gradient: the branch of a
+        forward output left out of the loss, which the output sink still sends through the
+        engine. Then ``.grad`` (None, or an old value) is not this iteration's: the parameter
+        counts as locally unused, as in the seed's hook with an undefined gradient.
+        """
         with self._lock:
-            if self.find_unused_parameters:
+            if self.find_unused_parameters and computed:
                 self.local_used[index] = 1
             if not self.expect_autograd_hooks:
                 return  # no_sync(), or backward outside DDP's forward: accumulate locally
+            if not computed and self.ready[index]:
+                return  # marked unused already (outputs_left_out): nothing more to reduce
             self._note_graph_task()
             if not self.has_rebuilt_buckets and not self.find_unused_parameters:
                 self.rebuilt_param_indices.append(index)
@@ -285,7 +295,9 @@ class Reducer:
                 self.has_marked_unused_parameters = True
                 for unused in self.unused_parameters:
                     self.mark_variable_ready(unused)
-            self.mark_variable_ready(index)
+                if not computed and self.ready[index]:
+                    return
+            self.mark_variable_ready(index, computed)
 
     def _note_graph_task(self):
         # Note [Finalize on the outermost backward]: a reentrant backward (reentrant activation
@@ -307,7 +319,8 @@ class Reducer:
         with task.final_callbacks_lock:  # Engine.queue_callback, on a task not this thread's
             task.final_callbacks.append(self.finalize_backward)
 
-    def mark_variable_ready(self, index):
+    def mark_variable_ready(self, index, computed=False):
+        """``computed``: this backward brought the parameter a gradient (else: unused)."""
         if self.ready[index]:
             raise RuntimeError(self._ready_twice_message(index))
         b, k = self.locators[index]
@@ -320,9 +333,9 @@ class Reducer:
             if self.forward_pass_work is not None:  # join(): only the active ranks count
                 self.div_factor = int(self.forward_pass_work.result()[0][0])
         if bucket.expect_sparse:
-            self._mark_sparse_ready(bucket, index)
+            self._mark_sparse_ready(bucket, index, computed)
         else:
-            self._mark_dense_ready(bucket, k, index)
+            self._mark_dense_ready(bucket, k, index, computed)
         bucket.pending -= 1
         if bucket.pending == 0:
             self.mark_bucket_ready(b)
@@ -334,10 +347,12 @@ class Reducer:
                                                                      ReduceOp.SUM)
             self._queue_finalize()
 
-    def _mark_dense_ready(self, bucket, k, index):
+    def _mark_dense_ready(self, bucket, k, index, computed):
         p, view = bucket.variables[k], bucket.views_in[k]
         grad = p.grad
-        if grad is None:
+        if grad is None or not computed:
+            if grad is not None and grad.data is view:  # keep it, should nobody compute it
+                self._stashed[index] = view.copy()
             view[...] = 0  # not computed in this backward (an unused parameter)
             return
         if grad.is_sparse:
@@ -358,8 +373,14 @@ class Reducer:
         if self.gradient_as_bucket_view:
             p.grad = Tensor._make(view, False, None, 0)
 
-    def _mark_sparse_ready(self, bucket, index):
-        grad = self.params[index].grad
+    def _mark_sparse_ready(self, bucket, index, computed):
+        p = self.params[index]
+        grad = p.grad
+        if not computed or (grad is None and self.find_unused_parameters):
+            xp = backend.get_array_module(p.data)  # unused: contributes no rows
+            bucket.sparse_grad = SparseCOOTensor(
+                xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.data.dtype), p.shape)
+            return
         if grad is None or not grad.is_sparse:
             raise RuntimeError(f"parameter {self.names[index]} was expected to have a sparse "
                                "gradient (Embedding(sparse=True)), got "
@@ -377,9 +398,9 @@ class Reducer:
                 state, hook = self.comm_hook
                 bucket.future = hook(state, GradBucket(b, bucket, b == len(self.buckets) - 1))
                 if not isinstance(bucket.future, Future):
-                    raise RuntimeError("callback must return a hpcgrad.distributed Future object "
-                                       f"(torch.futures.Future in PyTorch), but got "
-                                       f"{type(bucket.future).__name__}; return the Future of "
+                    raise RuntimeError("callback must return a hpcgrad.distributed.Future "
+                                       f"object, but got {type(bucket.future).__name__} (as "
+                                       "PyTorch's torch.futures.Future); return the Future of "
                                        "an async collective, e.g. all_reduce(..., "
                                        "async_op=True).get_future()")
             elif bucket.expect_sparse:
@@ -428,8 +449,15 @@ class Reducer:
 
     def _finalize_dense(self, bucket):
         for k, (p, index) in enumerate(zip(bucket.variables, bucket.variable_indices)):
-            if self._globally_unused(index):
-                continue  # nobody computed it: .grad stays as it was
+            if self._globally_unused(index):  # nobody computed it: .grad keeps its values
+                view = bucket.views_in[k]
+                if index in self._stashed:  # .grad is the view the reduction went through
+                    view[...] = self._stashed[index]
+                elif self.gradient_as_bucket_view and p.grad is not None \
+                        and p.grad.data is not view:  # as the seed: .grad becomes the view
+                    view[...] = p.grad.data
+                    p.grad = Tensor._make(view, False, None, 0)
+                continue
             view_in, view_out = bucket.views_in[k], bucket.views_out[k]
             if not self.gradient_as_bucket_view:
                 if p.grad is None:
@@ -550,7 +578,8 @@ class Reducer:
 
     def register_comm_hook(self, state, hook):
         if self.comm_hook is not None:
-            raise RuntimeError("register_comm_hook can only be called once.")
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once.")
         self.comm_hook = (state, hook)
 
     def shadow_backward(self):

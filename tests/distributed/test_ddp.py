@@ -440,7 +440,8 @@ def test_module_without_trainable_parameters():
 def test_comm_hook_registered_twice():
     ddp = DDP(make_model(MODES["default"], 0))
     ddp.register_comm_hook(None, comm_hooks.allreduce_hook)
-    with pytest.raises(RuntimeError, match="register_comm_hook can only be called once"):
+    with pytest.raises(RuntimeError, match="register_comm_hook or register_builtin_comm_hook "
+                                           "can only be called once"):
         ddp.register_comm_hook(None, comm_hooks.fp16_compress_hook)
 
 
