@@ -20,7 +20,9 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
+        # Only what the needed gradients read: a frozen weight's layer keeps no input alive.
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None,
+                              weight if ctx.needs_input_grad[0] else None)
         out = x.data @ weight.data.T
         if bias is not None:
             out += bias.data
@@ -59,14 +61,16 @@ class Embedding(Function):
 
     @staticmethod
     def forward(ctx, weight, indices, padding_idx, scale_grad_by_freq, sparse):
-        ctx.indices, ctx.shape = indices, weight.data.shape
+        ctx.save_for_backward(indices)  # freed after backward, as PyTorch's saved indices
+        ctx.shape = weight.data.shape
         ctx.options = (padding_idx, scale_grad_by_freq, sparse)
         return weight.data[indices]
 
     @staticmethod
     def backward(ctx, g):
         padding_idx, scale_grad_by_freq, sparse = ctx.options
-        rows = ctx.indices.reshape(-1)
+        (indices,) = ctx.saved_tensors
+        rows = indices.data.reshape(-1)
         grad = g.reshape(-1, ctx.shape[1])
         xp = backend.get_array_module(rows)
         if scale_grad_by_freq:

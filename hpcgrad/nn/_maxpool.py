@@ -72,7 +72,8 @@ class MaxPool2d(Function):
             padded[..., ph:ph + height, pw:pw + width] = a
         win = windows(padded, kernel, stride, dilation)
         best, idx = _window_max(win, kernel, stride, dilation)
-        ctx.idx, ctx.args = idx, (padded.shape, kernel, stride, dilation)
+        ctx.save_for_backward(idx)  # saved, so freed after backward as PyTorch's indices
+        ctx.args = (padded.shape, kernel, stride, dilation)
         ctx.crop = (..., slice(ph, ph + height), slice(pw, pw + width)) if padded is not a \
             else None
         if not return_indices:
@@ -86,7 +87,8 @@ class MaxPool2d(Function):
 
     @staticmethod
     def backward(ctx, g, *unused):
-        grad = Scatter.apply(g, ctx.idx, *ctx.args)
+        (idx,) = ctx.saved_tensors
+        grad = Scatter.apply(g, idx.data, *ctx.args)
         grad = grad if ctx.crop is None else GetItem.apply(grad, ctx.crop)
         return grad, None, None, None, None, None, None
 
@@ -97,7 +99,8 @@ class Scatter(Function):
 
     @staticmethod
     def forward(ctx, g, idx, shape, kernel, stride, dilation):
-        ctx.idx, ctx.args = idx, (kernel, stride, dilation)
+        ctx.save_for_backward(idx)
+        ctx.args = (kernel, stride, dilation)
         xp = backend.get_array_module(g.data)
         out = xp.zeros(shape, dtype=g.data.dtype)
         overlap = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, stride, dilation))
@@ -110,7 +113,8 @@ class Scatter(Function):
 
     @staticmethod
     def backward(ctx, gg):
-        return Gather.apply(gg, ctx.idx, *ctx.args), None, None, None, None, None
+        (idx,) = ctx.saved_tensors
+        return Gather.apply(gg, idx.data, *ctx.args), None, None, None, None, None
 
 
 class Gather(Function):
@@ -118,7 +122,8 @@ class Gather(Function):
 
     @staticmethod
     def forward(ctx, x, idx, kernel, stride, dilation):
-        ctx.idx, ctx.args = idx, (x.data.shape, kernel, stride, dilation)
+        ctx.save_for_backward(idx)
+        ctx.args = (x.data.shape, kernel, stride, dilation)
         win = windows(x.data, kernel, stride, dilation)
         xp = backend.get_array_module(x.data)
         out = xp.zeros(idx.shape, dtype=x.data.dtype)
@@ -128,4 +133,5 @@ class Gather(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return Scatter.apply(g, ctx.idx, *ctx.args), None, None, None, None
+        (idx,) = ctx.saved_tensors
+        return Scatter.apply(g, idx.data, *ctx.args), None, None, None, None

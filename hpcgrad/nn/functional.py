@@ -308,7 +308,11 @@ def _pick(log_probs, target, weight, ignore_index, reduction, smoothing):
     coef = xp.expand_dims(w_t, axis) * hit * (1.0 - smoothing)
     if smoothing:
         coef = coef + xp.expand_dims(valid, axis) * (w.reshape(class_shape) * (smoothing / classes))
-    loss = -(log_probs * _const(coef.astype(log_probs.dtype))).sum(axis)
+    # Only the classes with a coefficient: a -inf log-probability elsewhere must not make
+    # -inf * 0 = NaN (PyTorch's nll_loss reads the target entries only).
+    terms = ops.Where.apply(_const(coef != 0), log_probs * _const(coef.astype(log_probs.dtype)),
+                            _const(log_probs.dtype.type(0)))
+    loss = -terms.sum(axis)
     return _reduce(loss, reduction, float(w_t.sum()))
 
 
