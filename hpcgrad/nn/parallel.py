@@ -8,6 +8,7 @@ import weakref
 
 import numpy as np
 
+from .. import backend
 from .. import distributed as dist
 from ..autograd import grad_mode
 from ..autograd.function import Function
@@ -229,17 +230,25 @@ class DistributedDataParallel(Module):
     def _sync_module_states(self):
         """Rank 0's parameters and buffers everywhere (a model may be initialized per rank)."""
         tensors = [p for p in self.module.parameters()] + [b for b in self.module.buffers()]
-        works = [dist.broadcast(t, src=self.process_group.ranks[0], group=self.process_group,
-                                async_op=True) for t in tensors]
+        self._broadcast_in_place(tensors)
+
+    def _broadcast_in_place(self, tensors, src=0):
+        """Every rank's ``tensors`` become those of group rank ``src``."""
+        # MPI sends contiguous memory: a strided parameter (say, stored transposed) travels
+        # as a contiguous copy and is written back, keeping its layout.
+        staged = [(t, t.data if t.data.flags.c_contiguous
+                   else backend.get_array_module(t.data).ascontiguousarray(t.data))
+                  for t in tensors]
+        works = [dist.broadcast(array, src=self.process_group.ranks[src],
+                                group=self.process_group, async_op=True) for _, array in staged]
         for work in works:
             work.wait()
+        for t, array in staged:
+            if array is not t.data:
+                t.data[...] = array
 
     def _sync_buffers(self):
-        buffers = list(self.module.buffers())
-        works = [dist.broadcast(b, src=self.process_group.ranks[0], group=self.process_group,
-                                async_op=True) for b in buffers]
-        for work in works:
-            work.wait()
+        self._broadcast_in_place(list(self.module.buffers()))
 
     # --- each iteration -------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -374,5 +383,5 @@ class DistributedDataParallel(Module):
                          + (self.process_group.size() - 1 - self.process_group.rank())])
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.process_group)
         authority = self.process_group.size() - 1 - int(mine[0] % self.process_group.size())
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
-            dist.broadcast(t, src=self.process_group.ranks[authority], group=self.process_group)
+        self._broadcast_in_place(list(self.module.parameters()) + list(self.module.buffers()),
+                                 src=authority)

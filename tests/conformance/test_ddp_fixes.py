@@ -320,7 +320,8 @@ class _TwoHeads(nn.Module):
         if self.container == "namedtuple":
             return Pair(used, left_out)
         if self.container == "set":
-            return {used, left_out}, used
+            self.last_used = used  # the test finds it in the set by identity
+            return ({used, left_out},)
         return [{"nested": (used,)}, left_out]
 
 
@@ -335,8 +336,13 @@ def test_outputs_in_containers_left_out_of_the_loss(group, container):
     rank, size = group.rank(), group.size()
     for _ in range(2):
         out = ddp(hg.ones(1, 3) * (rank + 1))
-        used = out.used if container == "namedtuple" else out[1] if container == "set" \
-            else out[0]["nested"][0]
+        if container == "namedtuple":
+            used = out.used
+        elif container == "set":
+            used = next(t for t in out[0]  # the set holds it, or the sink's view of it
+                        if np.shares_memory(t.data, ddp.module.last_used.data))
+        else:
+            used = out[0]["nested"][0]
         used.sum().backward()
         assert ddp.module.left_out.weight.grad is None
         mean = sum(r + 1 for r in range(size)) / size
@@ -477,7 +483,8 @@ class _Transposed(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(hg.tensor(np.asfortranarray(np.arange(12.0).reshape(3, 4))))
+        self.w = nn.Parameter(hg.zeros(4, 3, dtype=np.float64))
+        self.w.data = np.arange(12.0).reshape(4, 3).T  # (3, 4), F-contiguous
         self.b = nn.Parameter(hg.zeros(4, dtype=np.float64))
 
     def forward(self, x):
@@ -491,6 +498,7 @@ def test_bucket_views_follow_parameter_strides(group, gradient_as_bucket_view):
     with gradient_as_bucket_view .grad is laid out like the parameter; values are right."""
     net = DDP(_Transposed(), process_group=group, gradient_as_bucket_view=gradient_as_bucket_view)
     w = net.module.w
+    assert w.data.flags.f_contiguous and not w.data.flags.c_contiguous
     b, k = net.reducer.locators[net.reducer.names.index("w")]
     bucket = net.reducer.buckets[b]
     assert bucket.views_in[k].strides == w.data.strides
