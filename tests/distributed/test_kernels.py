@@ -131,6 +131,58 @@ def test_cpu_scaled_copy_multi_converts_dtype(cpu):
     np.testing.assert_array_equal(dst, np.arange(5) * 0.25)
 
 
+HALF_DTYPES = {"float16": np.float16, "bfloat16": "bfloat16"}
+
+
+def _half(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(HALF_DTYPES[name])
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", HALF_DTYPES)
+def test_cpu_scaled_copy_half_precision(cpu, name, scale):
+    """float16 and ml_dtypes' bfloat16, which numba cannot compile: computed in float32 and
+    rounded once, as PyTorch's mul_out (opmath float), in both kernels; never a numba launch."""
+    dtype = _half(name)
+    src = _random((300,), np.float32, 3).astype(dtype)
+    want = (src.astype(np.float32) * np.float32(scale)).astype(dtype)
+    dst = np.zeros(300, dtype)
+    cpu.scaled_copy(dst, src, scale)
+    np.testing.assert_array_equal(dst.astype(np.float32), want.astype(np.float32))
+    flat = np.zeros(310, dtype)
+    cpu.scaled_copy_multi(flat, [src[:100], src[100:].reshape(20, 10)], [0, 110], scale)
+    np.testing.assert_array_equal(flat[:100].astype(np.float32), want[:100].astype(np.float32))
+    np.testing.assert_array_equal(flat[110:].astype(np.float32), want[100:].astype(np.float32))
+    assert not flat[100:110].astype(np.float32).any()
+    assert cpu.launched == []
+
+
+@pytest.mark.parametrize("name", HALF_DTYPES)
+def test_cpu_scaled_copy_half_precision_matches_torch(cpu, name):
+    torch = pytest.importorskip("torch")
+    dtype = _half(name)
+    src = _random((1000,), np.float32, 4).astype(dtype)
+    dst = np.zeros(1000, dtype)
+    cpu.scaled_copy(dst, src, 1 / 3)
+    theirs = torch.from_numpy(src.astype(np.float32)).to(getattr(torch, name))
+    out = torch.empty_like(theirs)
+    torch.mul(theirs, 1 / 3, out=out)
+    np.testing.assert_array_equal(dst.astype(np.float32), out.float().numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_cpu_scaled_copy_strided(cpu, dtype):
+    """Equal shapes, different layouts (a gradient breaking the layout contract): one pass."""
+    src = np.asfortranarray(_random((6, 7), dtype, 5))
+    dst = np.zeros((6, 7), dtype)
+    cpu.scaled_copy_strided(dst, src, 0.5)
+    np.testing.assert_array_equal(dst, src * np.dtype(dtype).type(0.5))
+    with pytest.raises(ValueError, match=r"shape \[6, 7\], source \[7, 6\]"):
+        cpu.scaled_copy_strided(dst, src.T, 0.5)
+
+
 def test_cpu_errors(cpu):
     check_errors(cpu)
 
