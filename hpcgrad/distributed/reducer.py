@@ -420,7 +420,8 @@ class Reducer:
                     result = bucket.future.wait()
                     result = result[0] if isinstance(result, (list, tuple)) else result
                     if bucket.expect_sparse:
-                        bucket.variables[0].grad = result
+                        if not self._globally_unused(bucket.variable_indices[0]):
+                            bucket.variables[0].grad = result
                         continue
                     flat = result.data if isinstance(result, Tensor) else result
                     if flat.shape != bucket.contents.shape:
@@ -437,6 +438,7 @@ class Reducer:
                 if not self.local_used_reduced:
                     self.local_used_work.wait()
                 self.local_used[:] = 0
+            self._outer_task, self._stashed = None, {}  # the GraphTask holds the whole graph
 
     def _globally_unused(self, index):
         """Lazily wait for the used-map all-reduce only when a parameter was unused locally."""
@@ -476,8 +478,9 @@ class Reducer:
                               stacklevel=2)
 
     def _finalize_sparse(self, bucket):
-        p = bucket.variables[0]
-        p.grad = bucket.work.result()
+        result = bucket.work.result()
+        if not self._globally_unused(bucket.variable_indices[0]):
+            bucket.variables[0].grad = result
 
     def ensure_prior_reduction_finished(self):
         if not self.require_finalize:
