@@ -32,8 +32,9 @@ from hpcgrad.utils.checkpoint import checkpoint
 
 from ddp_fixes_helpers import (CheckpointOnceModule, CheckpointTwiceModule,  # noqa: I100
                                DataclassOutputModule, DictOutputModule, ModuleForDdpCommHook,
-                               SparseGradientModule, UnusedParamTwoLinLayerNet, ddp_checkpointing,
-                               grads_of, model_step, params_of, same_on_all_ranks, timed_group)
+                               SparseGradientModule, Task, UnusedParamTwoLinLayerNet,
+                               ddp_checkpointing, grads_of, model_step, params_of,
+                               same_on_all_ranks, timed_group)
 
 mpi2 = pytest.mark.mpi(min_size=2)
 READY_TWICE = "Expected to mark a variable ready only once."
@@ -348,6 +349,102 @@ def test_outputs_in_containers_left_out_of_the_loss(group, container):
         mean = sum(r + 1 for r in range(size)) / size
         np.testing.assert_allclose(ddp.module.used.weight.grad.data, np.full((2, 3), mean))
         ddp.zero_grad()
+
+
+class _GlobalLocalUnusedParamModule(nn.Module):
+    """t0 used on rank 0 only, t1 on the other ranks, task_unused nowhere (test_c10d_gloo)."""
+
+    def __init__(self, all_on_rank_0=False):
+        super().__init__()
+        self.t0, self.t1 = Task(), Task()
+        self.task_unused = None if all_on_rank_0 else Task()
+        self.all_on_rank_0 = all_on_rank_0
+
+    def forward(self, x, rank):
+        if self.all_on_rank_0:  # FindUnusedParamModule: rank 0 uses every parameter
+            return self.t1(self.t0(x)) if rank == 0 else self.t1(x)
+        return self.t0(x) if rank == 0 else self.t1(x)
+
+
+@mpi2
+@pytest.mark.parametrize("gradient_as_bucket_view", [False, True], ids=[
+    "test_global_local_unused_params_grad",
+    "test_global_local_unused_params_grad_with_grad_is_view"])
+def test_global_local_unused_params_grad(group, gradient_as_bucket_view):
+    """Locally unused parameters get the average on every rank; the globally unused one keeps
+    None."""
+    model = DDP(_GlobalLocalUnusedParamModule(), process_group=group,
+                find_unused_parameters=True, gradient_as_bucket_view=gradient_as_bucket_view)
+    t0, t1, unused = model.module.t0.p, model.module.t1.p, model.module.task_unused.p
+    output = model(8, group.rank())
+    assert t0.grad is None and t1.grad is None and unused.grad is None
+    output.mean().backward()
+    size = group.size()
+    np.testing.assert_allclose(t0.grad.data, np.full((2, 2), 0.25 / size))
+    np.testing.assert_allclose(t1.grad.data, np.full((2, 2), 0.25 * (size - 1) / size))
+    assert unused.grad is None
+
+
+@mpi2
+def test_find_unused_parameters_when_unused_parameters_empty(group):
+    """Rank 0 uses every parameter (its unused list is empty), the others do not: DDP still
+    all-reduces the used-map, and every parameter gets a gradient everywhere."""
+    model = DDP(_GlobalLocalUnusedParamModule(all_on_rank_0=True), process_group=group,
+                find_unused_parameters=True)
+    output = model(8, group.rank())
+    assert all(p.grad is None for p in model.parameters())
+    output.mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+class _IgnoredOutput(nn.Module):
+    def __init__(self, unused):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 10, bias=False)
+        self.fc2 = nn.Linear(10, 4, bias=False)
+        self.fc3 = nn.Linear(4, 4, bias=False) if unused else None
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return F.softmax(x, dim=1)
+
+
+@mpi2
+@pytest.mark.parametrize("unused", [False, True], ids=[
+    "test_ignored_output", "test_ignored_output_with_unused_parameters"])
+def test_ignored_output(group, unused):
+    """A forward's output may be dropped without backward (no collective waits for it), with
+    or without parameters that take no part in the output."""
+    model = DDP(_IgnoredOutput(unused), process_group=group, find_unused_parameters=unused)
+    rng = np.random.default_rng(group.rank())
+    inp = hg.tensor(rng.random((4, 2)).astype(np.float32))
+    target = hg.tensor(rng.integers(0, 4, 4))
+    criterion = nn.CrossEntropyLoss()
+    for _ in range(4):
+        output = model(inp)
+        del output
+    for _ in range(4):
+        criterion(model(inp), target).backward()
+    same_on_all_ranks(group, grads_of(model))
+
+
+@mpi2
+def test_ddp_uneven_input_exception(group):
+    """An exception inside join() reaches the caller; join() does not swallow it or wait."""
+    class ExceptionModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.param = nn.Parameter(hg.ones(1))
+
+        def forward(self, _):
+            raise ValueError("Intentional error")
+
+    net = DDP(ExceptionModule(), process_group=group)
+    with pytest.raises(ValueError, match="Intentional error"):
+        with net.join():
+            net(hg.ones(1)).sum().backward()
 
 
 # --- unused-parameter errors (distributed_test.py) ----------------------------------------------
