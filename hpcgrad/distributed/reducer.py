@@ -306,14 +306,16 @@ class Reducer:
         # accumulate. The final callback goes to the least nested GraphTask any hook of this
         # iteration ran in; prepare_for_backward from inside a backward (a DDP forward recomputed
         # by checkpoint) counts too.
-        task = current_graph_task()
-        if task is not None and (self._outer_task is None
-                                 or task.reentrant_depth < self._outer_task.reentrant_depth):
+        # A task that has completed is a former backward through the same forward (two
+        # losses, two backwards): this one replaces it.
+        task, outer = current_graph_task(), self._outer_task
+        if task is not None and (outer is None or outer.completed()
+                                 or task.reentrant_depth < outer.reentrant_depth):
             self._outer_task = task
 
     def _queue_finalize(self):
         task, current = self._outer_task, current_graph_task()
-        if task is None or task is current:
+        if task is None or task is current or task.completed():
             Engine.queue_callback(self.finalize_backward)
             return
         with task.final_callbacks_lock:  # Engine.queue_callback, on a task not this thread's

@@ -116,6 +116,30 @@ def test_finalize_waits_for_the_outer_backward(group):
         ddp(x * (group.rank() + 1)).sum().backward()
 
 
+@mpi2
+def test_two_backwards_through_one_forward_finalize_in_the_second(group):
+    """Two outputs, one loss and one backward each: the reduction completes in the second
+    backward and finalizes there (the first backward's finished GraphTask takes no callback),
+    so the next iteration starts cleanly."""
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h0, self.h1 = nn.Linear(2, 3), nn.Linear(2, 3)
+
+        def forward(self, x):
+            return self.h0(x), self.h1(x)
+
+    model = DDP(TwoHeads(), process_group=group)
+    for _ in range(2):
+        model.zero_grad()
+        out0, out1 = model(hg.ones(1, 2) * (group.rank() + 1))
+        out0.sum().backward()
+        out1.sum().backward()
+        mean = sum(r + 1 for r in range(group.size())) / group.size()
+        for head in (model.module.h0, model.module.h1):
+            np.testing.assert_allclose(head.weight.grad.data, np.full((3, 2), mean))
+
+
 # --- comm hooks (test_c10d_gloo.py) -------------------------------------------------------------
 def _simple_hook(state: object, bucket: GradBucket) -> Future:
     fut = Future()
