@@ -256,9 +256,9 @@ class Reducer:
     def outputs_left_out(self, used_roots):
         """DDP's output sink ran: only ``used_roots`` (grad_fns of outputs) lead to the loss.
 
-        Parameters reachable only from outputs left out of the loss will get no gradient
-        (their accumulators are not in this backward's graph), so they count as unused, as
-        PyTorch's _DDPSink arranges; otherwise their buckets would never be reduced.
+        Parameters reachable only from outputs left out of the loss get no gradient in this
+        backward (their hooks run without one, or not at all), so they count as unused, as
+        PyTorch's _DDPSink arranges: marked now, their buckets are reduced like any other.
         """
         with self._lock:
             if not self.expect_autograd_hooks or not self.find_unused_parameters:
