@@ -17,10 +17,17 @@ _RELEASED_MSG = (
     "graph a second time or if you need to access saved tensors after calling backward.")
 
 
+class _NoInputNeedsGrad(tuple):
+    """``needs_input_grad`` without a graph: False at every index (forward may test any input)."""
+
+    def __getitem__(self, index):
+        return False
+
+
 class _NullContext:
     """The ctx forward gets when no graph is recorded: saving is a no-op, attributes are dropped."""
 
-    needs_input_grad = ()
+    needs_input_grad = _NoInputNeedsGrad()
 
     def save_for_backward(self, *tensors):
         pass

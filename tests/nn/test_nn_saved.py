@@ -54,3 +54,11 @@ def test_index_state_is_freed_after_backward(op):
 def test_max_pool2d_double_backward_still_works():
     x = hg.tensor(np.random.default_rng(0).standard_normal((1, 1, 4, 4)), requires_grad=True)
     assert hg.autograd.gradgradcheck(lambda t: F.max_pool2d(t, 2), [x])
+
+
+def test_linear_forward_without_a_graph():
+    """forward reads ctx.needs_input_grad to choose what to save; without a graph it is all False."""
+    layer = hg.nn.Linear(4, 3)
+    with hg.no_grad():
+        out = layer(hg.ones(2, 4))
+    assert out.shape == (2, 3) and not out.requires_grad
