@@ -458,8 +458,7 @@ class Engine:
         graph_task = _tls.current_graph_task
         if graph_task is None:
             raise RuntimeError("Final callbacks can only be installed during backward pass.")
-        with graph_task.final_callbacks_lock:
-            graph_task.final_callbacks.append(callback)
+        graph_task.queue_callback(callback)
 
     @staticmethod
     def is_checkpoint_valid():

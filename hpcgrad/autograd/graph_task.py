@@ -63,6 +63,15 @@ class GraphTask:
         self.final_callbacks = []
         self.final_callbacks_lock = threading.Lock()
 
+    def queue_callback(self, callback):
+        """Run ``callback()`` after this task's last Node, before its backward returns.
+
+        ``Engine.queue_callback`` queues on the current thread's task; the DDP reducer queues on
+        the outermost task of an iteration (Note [Finalize on the outermost backward]).
+        """
+        with self.final_callbacks_lock:
+            self.final_callbacks.append(callback)
+
     def can_checkpoint(self):
         return not self.exec_info
 

@@ -318,8 +318,7 @@ class Reducer:
         if task is None or task is current or task.completed():
             Engine.queue_callback(self.finalize_backward)
             return
-        with task.final_callbacks_lock:  # Engine.queue_callback, on a task not this thread's
-            task.final_callbacks.append(self.finalize_backward)
+        task.queue_callback(self.finalize_backward)  # a task that may not be this thread's
 
     def mark_variable_ready(self, index, computed=False):
         """``computed``: this backward brought the parameter a gradient (else: unused)."""

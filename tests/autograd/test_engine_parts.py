@@ -1,7 +1,6 @@
 """The engine's reusable pieces: ReadyQueue order, InputBuffer, and running a prepared GraphTask."""
 
 import concurrent.futures
-import sys
 import threading
 import time
 

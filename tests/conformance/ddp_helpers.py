@@ -156,6 +156,21 @@ class Net(nn.Module):
         return F.softmax(x, dim=1)
 
 
+class SoftmaxNet(nn.Module):
+    """2 -> 10 -> 4 without biases, ReLU, softmax: the model of several c10d DDP tests."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 10, bias=False)
+        self.fc2 = nn.Linear(10, 4, bias=False)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return F.softmax(x, dim=1)
+
+
 class CommonNet(nn.Module):
     """test_c10d_common.py's Net: three bias-free layers."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
-from hpcgrad.autograd import Function, grad, gradcheck, gradgradcheck
+from hpcgrad.autograd import Function, gradcheck, gradgradcheck
 from hpcgrad.sparse import SparseCOOTensor
 
 import autograd_mz_helpers as m

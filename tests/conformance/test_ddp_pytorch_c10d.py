@@ -99,9 +99,6 @@ def test_find_unused_parameters_kwarg(group, gradient_as_bucket_view):
 
 
 @mpi2
-@pytest.mark.xfail(strict=True, reason="Reducer.mark_variable_ready detects a second mark only "
-                   "when the whole bucket is done, so the error comes one parameter late and "
-                   "names fc1.weight instead of fc3.weight, the one marked twice")
 @pytest.mark.parametrize("gradient_as_bucket_view", [False, True],
                          ids=["kwarg", "kwarg_grad_is_view"])
 def test_find_unused_parameters_kwarg_error(group, gradient_as_bucket_view):
@@ -150,17 +147,7 @@ def test_multiple_outputs_multiple_backward(group, gradient_as_bucket_view):
 def test_no_grad(group):
     """A forward under no_grad sets no gradient and returns a Tensor."""
 
-    class NoGradModule(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(2, 10, bias=False)
-            self.fc2 = nn.Linear(10, 4, bias=False)
-            self.relu = nn.ReLU()
-
-        def forward(self, x):
-            x = self.relu(self.fc1(x))
-            x = self.relu(self.fc2(x))
-            return F.softmax(x, dim=1)
+    NoGradModule = h.SoftmaxNet  # PyTorch's 2-10-4 softmax net of these tests
 
     model = h.ddp(NoGradModule(), group)
     inp, _ = _batch(23)
@@ -218,17 +205,7 @@ def test_failure_recovery():
     """Train, drop the DDP and destroy its group, then wrap the same model again on a new group
     and train on."""
 
-    class TestModel(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(2, 10, bias=False)
-            self.fc2 = nn.Linear(10, 4, bias=False)
-            self.relu = nn.ReLU()
-
-        def forward(self, x):
-            x = self.relu(self.fc1(x))
-            x = self.relu(self.fc2(x))
-            return F.softmax(x, dim=1)
+    TestModel = h.SoftmaxNet  # PyTorch's 2-10-4 softmax net of these tests
 
     dist.init_process_group(timeout=h.GROUP_TIMEOUT)
     criterion = nn.CrossEntropyLoss()
