@@ -9,3 +9,12 @@ from .debug import CollectiveMismatchError  # noqa: F401
 from .process_group import ProcessGroup, ReduceOp  # noqa: F401
 from .progress import progress_thread, start_progress_thread, stop_progress_thread  # noqa: F401
 from .work import CommTimeoutError, Future, Work  # noqa: F401
+
+
+def __getattr__(name):
+    # GradBucket (comm hooks' argument, for annotations) lives with the reducer, imported lazily:
+    # the reducer pulls in the numba kernels, which a plain collective never needs.
+    if name == "GradBucket":
+        from .reducer import GradBucket
+        return GradBucket
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

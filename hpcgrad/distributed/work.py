@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+import types
 import weakref
 
 from mpi4py import MPI
@@ -191,6 +192,8 @@ def _detail_hint():
 
 class Future:
     """The value of a pending operation; ``then(fn)`` chains work on it (as torch.futures.Future)."""
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # ``Future[Tensor]`` in annotations
 
     def __init__(self, wait_fn=None):
         self._wait_fn = wait_fn

@@ -251,3 +251,13 @@ def test_progress_env(monkeypatch):
         assert dist.progress_thread() is not None
     finally:
         dist.stop_progress_thread()
+
+
+def test_comm_hook_annotation_names():
+    """PyTorch's comm hooks are annotated ``(state, bucket: dist.GradBucket) -> Future[Tensor]``."""
+    import hpcgrad as hg
+    from hpcgrad.distributed.reducer import GradBucket
+    assert dist.GradBucket is GradBucket
+    assert dist.Future[hg.Tensor].__origin__ is dist.Future
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        dist.NoSuchThing
