@@ -4,6 +4,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import warnings
 import weakref
 
 import numpy as np
@@ -134,9 +135,9 @@ class DistributedDataParallel(Module):
     start from rank 0's values. See README "Data parallel" for the options.
     """
 
-    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
                  process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
-                 gradient_as_bucket_view=False, static_graph=False):
+                 gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
         super().__init__()
         if static_graph:
             raise NotImplementedError("static_graph=True is not built yet (it lets a parameter be "
@@ -144,7 +145,7 @@ class DistributedDataParallel(Module):
                                       "leave it False")
         self.module = module
         self.process_group = process_group or dist.init_process_group()
-        self.broadcast_buffers = broadcast_buffers
+        self._init_buffer_options(broadcast_buffers, forward_sync_buffers)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
@@ -228,9 +229,34 @@ class DistributedDataParallel(Module):
                                  f"{rank} {problem}")
 
     def _sync_module_states(self):
-        """Rank 0's parameters and buffers everywhere (a model may be initialized per rank)."""
-        tensors = [p for p in self.module.parameters()] + [b for b in self.module.buffers()]
-        self._broadcast_in_place(tensors)
+        """Rank 0's parameters and buffers everywhere (a model may be initialized per rank);
+        ``broadcast_buffers=False`` leaves rank-local buffers alone, as PyTorch's DDP."""
+        self._broadcast_in_place(self._module_states(self._init_sync_buffers))
+
+    def _init_buffer_options(self, broadcast_buffers, forward_sync_buffers):
+        """PyTorch 2.13's two buffer options: ``forward_sync_buffers`` (rank 0's buffers before
+        every forward; buffers are always synced at construction) and the deprecated
+        ``broadcast_buffers`` (the same, but False also skips the construction-time sync)."""
+        if broadcast_buffers is not None:
+            if forward_sync_buffers is not None:
+                warnings.warn("Both `broadcast_buffers` and `forward_sync_buffers` were specified. "
+                              "`broadcast_buffers` is deprecated and its value is ignored when "
+                              "`forward_sync_buffers` is provided.", FutureWarning, stacklevel=3)
+            else:
+                warnings.warn("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` "
+                              "instead. Unlike `broadcast_buffers=False`, "
+                              "`forward_sync_buffers=False` still syncs buffers at construction.",
+                              FutureWarning, stacklevel=3)
+        if forward_sync_buffers is not None:
+            self.forward_sync_buffers, self._init_sync_buffers = bool(forward_sync_buffers), True
+        else:
+            sync = True if broadcast_buffers is None else bool(broadcast_buffers)
+            self.forward_sync_buffers = self._init_sync_buffers = sync
+        self.broadcast_buffers = self.forward_sync_buffers  # the older name, still read by users
+
+    def _module_states(self, buffers=True):
+        buffers = list(self.module.buffers()) if buffers else []
+        return list(self.module.parameters()) + buffers
 
     def _broadcast_in_place(self, tensors, src=0):
         """Every rank's ``tensors`` become those of group rank ``src``."""
@@ -256,7 +282,7 @@ class DistributedDataParallel(Module):
         active = self._announce_active(syncing) if self._join is not None else None
         if syncing:
             self._rebuild_buckets()
-        if self.broadcast_buffers:
+        if self.forward_sync_buffers:
             self._sync_buffers()
         output = self.module(*inputs, **kwargs)
         if syncing:
@@ -371,7 +397,7 @@ class DistributedDataParallel(Module):
         (PyTorch's _check_global_requires_backward_grad_sync)."""
         if syncing:
             self._rebuild_buckets()
-        if self.broadcast_buffers:
+        if self.forward_sync_buffers:
             self._sync_buffers()
         if syncing:
             self.reducer.shadow_backward()
@@ -383,5 +409,4 @@ class DistributedDataParallel(Module):
                          + (self.process_group.size() - 1 - self.process_group.rank())])
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.process_group)
         authority = self.process_group.size() - 1 - int(mine[0] % self.process_group.size())
-        self._broadcast_in_place(list(self.module.parameters()) + list(self.module.buffers()),
-                                 src=authority)
+        self._broadcast_in_place(self._module_states(self.forward_sync_buffers), src=authority)

@@ -11,10 +11,8 @@ Left out, with the reason:
   (those cases, test_ddp_uneven_inputs_stop_iteration_sync_bn).
 - not built in hpcgrad: SyncBatchNorm, PowerSGD (small_model_power_sgd_hook), torchvision
   (resnet_model), buffer comm hooks (_register_buffer_comm_hook: test_ddp_buffer_hook_allreduce*,
-  test_ddp_broadcast_buffer_via_hook), the forward_sync_buffers argument and its deprecation
-  warning (test_ddp_broadcast_buffers_deprecation_warning; hpcgrad's broadcast_buffers=False
-  already means "sync at init, not in forward", which the two tests below check), the
-  _authoritative_rank and _join_config attributes (the model equality they stand for is checked).
+  test_ddp_broadcast_buffer_via_hook), the _authoritative_rank and _join_config attributes (the
+  model equality they stand for is checked).
 - large_conv_model of test_ddp_uneven_inputs: three Conv2d layers on a 1000x1000 image, too slow
   for the CPU suite (the small models cover the join logic).
 """
@@ -270,11 +268,11 @@ class NetWithRankLocalBuffer(nn.Module):
 
 @mpi2
 def test_ddp_join_respects_forward_sync_buffers_false(group):
-    """With buffers not synced in forward (PyTorch: forward_sync_buffers=False; hpcgrad:
-    broadcast_buffers=False), joining ranks with uneven inputs leaves the buffer as it was."""
+    """With buffers not synced in forward (forward_sync_buffers=False), joining ranks with
+    uneven inputs leaves the buffer as it was."""
     rank = group.rank()
     ddp = h.ddp(h.seeded(lambda: NetWithRankLocalBuffer("rank_local"), seed=rank + 42), group,
-                broadcast_buffers=False)
+                forward_sync_buffers=False)
     buf_before = h.arr(ddp.module.rank_local).copy()
     gen = h.rng(rank)
     with ddp.join():
@@ -285,12 +283,12 @@ def test_ddp_join_respects_forward_sync_buffers_false(group):
 
 @mpi2
 def test_ddp_init_sync_buffers_with_forward_sync_buffers_false(group):
-    """Buffers not synced in forward (see above) are still synced at construction; a later
-    change on rank 0 stays on rank 0."""
+    """Buffers not synced in forward (forward_sync_buffers=False) are still synced at
+    construction; a later change on rank 0 stays on rank 0."""
     rank = group.rank()
     model_ddp = h.ddp(h.seeded(lambda: NetWithRankLocalBuffer("frozen_coeff"), seed=rank), group,
-                      broadcast_buffers=False)
-    assert not model_ddp.broadcast_buffers
+                      forward_sync_buffers=False)
+    assert not model_ddp.forward_sync_buffers
     bufs = h.gather(group, model_ddp.module.frozen_coeff)
     for buf in bufs[1:]:
         np.testing.assert_array_equal(buf, bufs[0])
@@ -299,6 +297,27 @@ def test_ddp_init_sync_buffers_with_forward_sync_buffers_false(group):
     model_ddp(h.randn(h.rng(rank), 2, 10)).sum().backward()
     bufs = h.gather(group, model_ddp.module.frozen_coeff)
     assert not np.array_equal(bufs[0], bufs[1])
+
+
+@mpi2
+def test_ddp_broadcast_buffers_false_skips_init_sync(group):
+    """The deprecated broadcast_buffers=False also skips the construction-time sync: rank-local
+    buffers stay rank-local (torch 2.13's documented difference from forward_sync_buffers)."""
+    rank = group.rank()
+    with pytest.warns(FutureWarning, match="`broadcast_buffers` is deprecated"):
+        model_ddp = h.ddp(h.seeded(lambda: NetWithRankLocalBuffer("rank_local"), seed=rank),
+                          group, broadcast_buffers=False)
+    bufs = h.gather(group, model_ddp.module.rank_local)
+    assert not np.array_equal(bufs[0], bufs[1])
+
+
+@mpi2
+def test_ddp_broadcast_buffers_deprecation_warning(group):
+    """Both options given: forward_sync_buffers wins, with PyTorch's FutureWarning."""
+    with pytest.warns(FutureWarning, match="Both `broadcast_buffers` and `forward_sync_buffers`"):
+        model_ddp = h.ddp(NetWithRankLocalBuffer("b"), group, broadcast_buffers=False,
+                          forward_sync_buffers=True)
+    assert model_ddp.forward_sync_buffers
 
 
 @mpi2
