@@ -25,6 +25,9 @@ def pytest_configure(config):
         config.option.timeout_method = "thread"
 
 
+_FOUR_RANK_MODULES = ("test_rpc", "test_dist_autograd")
+
+
 def _uses_torch(code, depth=0):
     """True when a test's code names torch (a global, ``importorskip("torch")``, ``torch_or_skip``)."""
     names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
@@ -41,6 +44,10 @@ def pytest_collection_modifyitems(config, items):
         if code is not None and (_uses_torch(code)
                                  or getattr(getattr(item, "module", None), "torch", None) is not None):
             item.add_marker("torch_reference")
+    # RPC and distributed autograd also run at 4 ranks (PyTorch's tests use world size 4).
+    for item in items:
+        if item.path.name.startswith(_FOUR_RANK_MODULES):
+            item.add_marker("four_ranks")
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return  # importing cupy only to skip nothing would cost seconds

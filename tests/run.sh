@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: the serial suite, then the mpi-marked tests at 1, 2 and 3 ranks. Extra args go to each pytest.
+# Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4. Extra args go to each pytest.
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
@@ -69,6 +69,10 @@ for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
         "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi --color=no -q "$@"
 done
+# RPC and distributed autograd once more at 4 ranks, as PyTorch's own tests run them.
+run "mpi, 4 ranks (rpc)" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
+    "$mpiexec" "${mpiexec_args[@]}" -n 4 "$python" -m pytest --with-mpi -m "mpi and four_ranks" \
+    --color=no -q "$@"
 
 echo "=== summary (tests/run.sh, ${SECONDS}s)"
 printf '  %s\n' "${summary[@]}"
