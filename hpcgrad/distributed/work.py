@@ -3,10 +3,11 @@
 import os
 import threading
 import time
-import types
 import weakref
 
 from mpi4py import MPI
+
+from ..futures import Future  # the one Future type (Note [One Future] in hpcgrad/futures.py)
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
@@ -190,82 +191,6 @@ def _detail_hint():
     return " (set HPCGRAD_DISTRIBUTED_DEBUG=DETAIL to compare every rank's calls)"
 
 
-class Future:
-    """The value of a pending operation; ``then(fn)`` chains work on it (as torch.futures.Future)."""
-
-    __class_getitem__ = classmethod(types.GenericAlias)  # ``Future[Tensor]`` in annotations
-
-    def __init__(self, wait_fn=None):
-        self._wait_fn = wait_fn
-        self._lock = threading.Lock()
-        self._done = False
-        self._value = self._error = None
-        self._callbacks = []
-
-    def done(self):
-        return self._done
-
-    def set_result(self, value):
-        self._finish(value, None)
-
-    def _resolve(self, value):
-        """set_result unless already done (a Work may be completed from two threads)."""
-        with self._lock:
-            if self._done:
-                return
-        self._finish(value, None)
-
-    def set_exception(self, error):
-        self._finish(None, error)
-
-    def _finish(self, value, error):
-        with self._lock:
-            if self._done:
-                raise RuntimeError("this Future is already completed")
-            self._value, self._error, self._done = value, error, True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-    def wait(self):
-        """Block until done (driving the underlying request), then return the value or raise."""
-        if not self._done and self._wait_fn is not None:
-            wait_fn, self._wait_fn = self._wait_fn, None
-            wait_fn()
-        if not self._done:
-            raise RuntimeError("Future.wait(): nothing will complete this Future")
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def value(self):
-        if not self._done:
-            raise RuntimeError("Future.value(): not completed yet; call wait()")
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def add_done_callback(self, callback):
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(callback)
-                return
-        callback(self)
-
-    def then(self, callback):
-        """A Future of ``callback(self)``, run when this one completes."""
-        chained = Future(wait_fn=self.wait)
-
-        def run(fut):
-            try:
-                chained.set_result(callback(fut))
-            except BaseException as exc:  # surfaces at chained.wait()
-                chained.set_exception(exc)
-
-        self.add_done_callback(run)
-        return chained
-
-
 class Work:
     """A pending operation. It owns its buffers until it completes, so MPI never sees freed memory.
 
@@ -330,7 +255,7 @@ class Work:
     def _resolve_future(self):
         # Outside the lock: a callback may call back into this Work.
         if self._future is not None and self._completed:
-            self._future._resolve(self._result)
+            self._future.try_set_result(self._result)  # may race another waiter
 
     def result(self):
         """The tensors this operation produced (after ``wait``)."""

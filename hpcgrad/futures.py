@@ -1,0 +1,165 @@
+"""Future: the one type for every pending result in hpcgrad (Work, RPC replies, backward passes).
+
+Note [One Future]: PyTorch has one ``torch.futures.Future`` for collectives, RPCs and
+distributed autograd; hpcgrad had three with different rules (one raised on a second set, one
+ignored it, one was ``concurrent.futures``). The rules here, for all of them:
+
+- set once: a second ``set_result``/``set_exception`` raises. Producers that race each other (a
+  reply against its timeout) use ``try_set_result``/``try_set_exception``, which say whether
+  they won;
+- callbacks run after the value is stored, outside the lock, on the thread that completed the
+  future (or at once, on the caller's, if it is already done); a callback's exception is reported
+  through ``sys.unraisablehook`` and never stops the other callbacks;
+- ``then(fn)`` returns a future of ``fn(self)``: an error raised by ``fn`` (including one re-raised
+  by ``self.wait()`` inside it) completes the chained future with that error;
+- ``wait(timeout)`` drives the producer when one was given (``wait_fn``: a Work that must test its
+  MPI requests), else blocks; past ``timeout`` it raises ``timeout_error``.
+
+This module sits below every other one: it imports nothing of hpcgrad.
+"""
+
+import sys
+import threading
+import types
+
+
+class FutureTimeoutError(TimeoutError):
+    """``Future.wait(timeout)`` ran out of time before the future completed."""
+
+
+class Future:
+    """The eventual value (or error) of an operation, as ``torch.futures.Future``."""
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # ``Future[Tensor]`` in annotations
+    timeout_error = FutureTimeoutError  # subclasses raise their own type (RpcTimeoutError)
+
+    def __init__(self, wait_fn=None, describe=""):
+        self._wait_fn = wait_fn      # drives completion from the waiting thread, once
+        self.describe = describe     # names the operation in timeout messages
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._value = self._error = None
+        self._callbacks = []
+
+    def __repr__(self):
+        state = "pending" if not self.done() else ("failed" if self._error else "done")
+        what = f" of {self.describe}" if self.describe else ""
+        return f"<{type(self).__name__}{what}, {state}>"
+
+    # --- completing ---------------------------------------------------------------------------
+    def set_result(self, value):
+        if not self._complete(value, None):
+            raise RuntimeError(f"{self!r}: set_result on a Future that is already completed")
+
+    def set_exception(self, error):
+        if not isinstance(error, BaseException):
+            raise TypeError(f"set_exception expects an exception, got {type(error).__name__}")
+        if not self._complete(None, error):
+            raise RuntimeError(f"{self!r}: set_exception on a Future that is already completed")
+
+    def try_set_result(self, value):
+        """``set_result`` unless already completed; True when this call completed it."""
+        return self._complete(value, None)
+
+    def try_set_exception(self, error):
+        """``set_exception`` unless already completed; True when this call completed it."""
+        return self._complete(None, error)
+
+    def _complete(self, value, error):
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._value, self._error = value, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            self._run(callback)
+        return True
+
+    def _run(self, callback):
+        try:
+            callback(self)
+        except BaseException as exc:  # one failing callback must not starve the others
+            sys.unraisablehook(types.SimpleNamespace(
+                exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__,
+                err_msg=f"Exception in a callback of {self!r}", object=callback))
+
+    # --- reading ------------------------------------------------------------------------------
+    def done(self):
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        """The value once completed (raises its error); ``timeout`` in seconds bounds the wait."""
+        if not self._event.is_set() and self._wait_fn is not None:
+            wait_fn, self._wait_fn = self._wait_fn, None
+            wait_fn()
+            if not self._event.is_set() and timeout is None:
+                raise RuntimeError(f"{self!r}: its producer returned without completing it")
+        if not self._event.wait(timeout):
+            raise self.timeout_error(f"{self.describe or 'Future'} timed out after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    result = wait  # concurrent.futures' name
+
+    def value(self):
+        """The value of a completed future (raises its error); RuntimeError if still pending."""
+        if not self._event.is_set():
+            raise RuntimeError(f"{self!r}: value() before completion; call wait()")
+        return self.wait()
+
+    def exception(self, timeout=None):
+        """The error it completed with, or None; waits for completion like ``wait``."""
+        try:
+            self.wait(timeout)
+        except self.timeout_error:
+            raise
+        except BaseException:
+            pass
+        return self._error
+
+    # --- chaining -----------------------------------------------------------------------------
+    def add_done_callback(self, callback):
+        """``callback(self)`` once completed: now, on this thread, if it already is."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        self._run(callback)
+
+    def then(self, callback):
+        """A future of ``callback(self)``, run when this one completes; errors carry over."""
+        chained = type(self)(wait_fn=self.wait if self._wait_fn is not None else None,
+                             describe=self.describe)
+
+        def run(fut):
+            try:
+                chained.set_result(callback(fut))
+            except BaseException as exc:
+                chained.set_exception(exc)
+
+        self.add_done_callback(run)
+        return chained
+
+
+def collect_all(futures):
+    """A future of the list of ``futures``, completed when all are (PyTorch's collect_all)."""
+    futures = list(futures)
+    combined = Future(describe=f"collect_all of {len(futures)}")
+    remaining = [len(futures)]
+    lock = threading.Lock()
+    if not futures:
+        combined.set_result([])
+        return combined
+
+    def one_done(_):
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            combined.set_result(futures)
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined
