@@ -230,13 +230,13 @@ def assert_close(got, want, where=""):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=where)
 
 
-def verify_backwards(mode, roots, context_id, local_grads, *args):
+def verify_backwards(mode, roots, context_id, local_grads, *args, timeout=WAIT):
     """LOCAL: run hpcgrad's backward and return each arg's .grad; otherwise run the distributed
     backward and check the context holds exactly those gradients (None: no entry)."""
     if mode == ExecMode.LOCAL:
         hg.autograd.backward(roots)
         return [arg.grad for arg in args]
-    backward(context_id, roots)
+    backward(context_id, roots, timeout=timeout)
     grads = dist_autograd.get_gradients(context_id)
     expected = 0
     for i, arg in enumerate(args):
