@@ -671,18 +671,37 @@ def rpc_async_method(method, obj_rref, *args, **kwargs):
                          kwargs=kwargs, timeout=WAIT)
 
 
-class FailingOptimizer(hg.optim.SGD):
+class FailingOptimizer(hg.optim.Optimizer):
     def __init__(self, params):
-        super().__init__(params, lr=0.1)
+        super().__init__(params, {})
 
     def step(self, closure=None):
         raise ValueError("Error running optimizer.")
 
 
-class OptimizerFailingOnConstructor(hg.optim.SGD):
+class OptimizerFailingOnConstructor(hg.optim.Optimizer):
     def __init__(self, params):
-        super().__init__(params, lr=0.1)
+        super().__init__(params, {})
         raise ValueError("Error creating optimizer.")
 
     def step(self, closure=None):
         raise NotImplementedError
+
+
+def owned_rref_count():
+    """How many RRef values this rank owns and keeps for others (PyTorch's num_owner_rrefs)."""
+    with rpc._rref_lock:
+        return len(rpc._rrefs)
+
+
+def set_global_rref(rref):
+    global global_rref
+    global_rref = rref
+
+
+def clear_global_rref():
+    global global_rref
+    global_rref = None
+
+
+global_rref = None
