@@ -281,6 +281,18 @@ def test_stress_heavy_rpc():
     check_stress(h.heavy_rpc, 20, args=(hg.ones(100, 100),))
 
 
+@pytest.mark.mpi(min_size=3)
+def test_graceful_shutdown_with_uneven_workload():
+    """PyTorch's _run_uneven_workload: worker0 keeps worker1, then worker2, busy while the rest
+    wait; nobody leaves before the work is done (here: the barrier ending every test)."""
+    if h.rank_and_size()[0] != 0:
+        return
+    x = hg.ones(100, 100)
+    for dst in ("worker1", "worker2"):
+        futs = [rpc.rpc_async(dst, h.heavy_rpc, args=(x,), timeout=WAIT) for _ in range(30)]
+        assert h.wait_all(futs) == [0] * 30
+
+
 def test_multi_layer_nested_async_rpc():
     """Returns at once, leaving a chain of 20 asynchronous RPCs around the ring: the end of the
     test (every rank meets, serving meanwhile) must not cut it."""
