@@ -705,3 +705,8 @@ def clear_global_rref():
 
 
 global_rref = None
+
+
+def first_of_two(t1, t2):
+    """Ignores its second argument (which may require grad)."""
+    return t1 * 2.0
