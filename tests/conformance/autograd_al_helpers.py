@@ -1,4 +1,4 @@
-"""Helpers of the ports of PyTorch's TestAutograd tests test_a* .. test_l*: tensors, Functions, marks."""
+"""Helpers of the ports of PyTorch's TestAutograd tests test_a*..test_l*: tensors, Functions."""
 
 import numpy as np
 import pytest

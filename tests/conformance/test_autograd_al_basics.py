@@ -1,4 +1,4 @@
-"""Ports of PyTorch's TestAutograd backward/grad tests (test_a*..test_l*): accumulation, grad, errors.
+"""Ports of PyTorch's TestAutograd backward/grad tests (test_a*..test_l*): accumulation, grad.
 
 Left out (hpcgrad does not build them): in-place ops, views and version counters
 (test_copy_slices_graph_task_updates, test_inplace*, test_detach_base, the detach_ part of
@@ -56,7 +56,8 @@ def test_accumulate_grad(create_graph):
 
 def _sparse(values):
     """PyTorch's sparse_coo_tensor([[1, 1]], values), as hpcgrad's row-sparse gradient type."""
-    return SparseCOOTensor(np.array([1, 1]), np.asarray(values, np.float64), (2,) + np.shape(values)[1:])
+    values = np.asarray(values, np.float64)
+    return SparseCOOTensor(np.array([1, 1]), values, (2,) + values.shape[1:])
 
 
 def _dense():
@@ -271,8 +272,7 @@ def test_grad_fn_badcalls():
 def test_grad_unreachable():
     x = a.ones(1, requires_grad=True)
     y = a.ones(1, requires_grad=True)
-    z = x * 2  # x and y get grad accumulators
-    w = y * 2
+    x * 2, y * 2  # x and y get grad accumulators
     grad_x, grad_y = grad(x * 2, [x, y], allow_unused=True)
     close(grad_x, arr(x) * 2)
     assert grad_y is None
@@ -631,9 +631,9 @@ def test_diagonal_expanded_v():
 
 # --- tensors and nodes --------------------------------------------------------------------------
 
-@a.xfail10("tensor.py Tensor: `del x.grad` removes the slot (x.grad then raises AttributeError) and "
-           "`del x.data` / `x.data = None` are accepted, leaving a broken tensor; PyTorch resets "
-           "grad to None and refuses the rest (a Tensor.__delattr__ and a checked data setter)")
+@a.xfail10("tensor.py Tensor: `del x.grad` removes the slot (x.grad then raises AttributeError) "
+           "and `del x.data` / `x.data = None` are accepted, leaving a broken tensor; PyTorch "
+           "resets grad to None and refuses the rest (a Tensor.__delattr__, a checked data setter)")
 def test_attribute_deletion():
     x = a.randn(5, 5, requires_grad=True)
     del x.grad

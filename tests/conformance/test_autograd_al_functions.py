@@ -6,7 +6,8 @@ Left out (hpcgrad does not build them): setup_context/vmap staticmethods
 Functions, mark_dirty and views (test_custom_function_mark_dirty_not_differentiable,
 test_custom_function_mark_output_view_of_intermediate, test_custom_function_inplace_*,
 test_custom_function_saving_mutated_view_no_leak, test_custom_function_return_view_in_nograd,
-test_custom_function_local_inplace, test_autograd_*views*, test_autograd_python_custom_function_inplace),
+test_custom_function_local_inplace, test_autograd_*views*,
+test_autograd_python_custom_function_inplace),
 __torch_function__ subclasses (test_custom_function_preserve_torch_function_when_return_as_is),
 the class flag clear_saved_tensors_on_access (test_clear_saved_tensors_on_access*), the private
 SavedTensor objects (_raw_saved_tensors part of test_custom_function_saved_tensors), legacy
@@ -136,8 +137,8 @@ def test_legacy_function_deprecation_exception():
         def backward(self, grad_output):
             return grad_output
 
-    with pytest.raises(RuntimeError,
-                       match="Legacy autograd function with non-static forward method is deprecated"):
+    with pytest.raises(RuntimeError, match="Legacy autograd function with non-static forward "
+                                           "method is deprecated"):
         MyFunction()(a.randn(3, 4))
 
 
