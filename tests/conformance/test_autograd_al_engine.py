@@ -59,8 +59,8 @@ def test_anomaly_detect_nan(capsys):
     capsys.readouterr()
     with warnings.catch_warnings(record=True) as ws:
         warnings.simplefilter("always")
-        with pytest.raises(RuntimeError,
-                           match="Function 'MyFuncBackward' returned nan values in its 1th output."):
+        with pytest.raises(RuntimeError, match="Function 'MyFuncBackward' returned nan values "
+                                               "in its 1th output."):
             with detect_anomaly():
                 out = MyFunc.apply(inp, inp, False)
                 out.backward()
@@ -85,7 +85,7 @@ def test_anomaly_detect_nan_no_forward_information(capsys):
 
 
 def test_anomaly_mode_no_check_nan():
-    class MyFunc(Function):  # noqa: F811 (PyTorch's name, which the error message shows)
+    class MyFunc(Function):  # noqa: F811 (PyTorch's name: the error names it)
         @staticmethod
         def forward(ctx, inp):
             return inp.clone()
