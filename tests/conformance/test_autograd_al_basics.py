@@ -7,9 +7,11 @@ complex dtypes (test_dir), is_grads_batched (test_grad_batched_grad), grad_dtype
 (test_grad_dtype), private engine and node introspection (test_current_graph_task_id,
 test_current_graph_task_execution_order, test_current_node, test_grad_fn_input_metadata,
 test_grad_fn_attr_bindings, test_calculate_shape_util), profiler (test_*profiler*,
-test_record_function*), nested tensors, the grad-mode tests test_grad_mode.py already ports
-(test_enable_grad_decorator_no_paren, test_grad_mode_restored_reentrant), and the second-backward
-tests test_autograd_saved.py already ports (test_backward_twice_*, test_free_unneeded_tensor).
+test_record_function*), nested tensors; and what other modules already port: grad modes in
+test_grad_mode.py (test_enable_grad_decorator_no_paren, test_grad_mode_restored_reentrant,
+test_grad_mode_class_decoration as test_decorating_a_class_wraps_its_constructor_with_a_warning),
+second backwards in test_autograd_saved.py (test_backward_twice_*, test_free_unneeded_tensor),
+test_gradcheck_* in test_gradcheck_pytorch.py, test_integer_outputs in the m-z ports.
 """
 
 import threading

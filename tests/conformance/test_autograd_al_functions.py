@@ -28,6 +28,9 @@ import autograd_al_helpers as a
 
 close = a.close
 
+# PyTorch warns there too (test_autograd_al_basics checks the warning itself).
+pytestmark = pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+
 
 def _function_test(cls):
     """PyTorch's TestAutograd._function_test: ``cls(x, 2, y)`` differentiated with create_graph."""
