@@ -172,8 +172,9 @@ def test_checkpoint_detects_non_determinism_early_stop():
 
 
 @a.xfail10("utils/checkpoint.py _Frame.recompute: recomputed tensors are not compared with what "
-           "the forward saved (shape, dtype, device); PyTorch raises 'tensors have different "
-           "metadata' instead of computing with the wrong values")
+           "the forward saved (shape, dtype, device), so backward runs on the wrong values: a "
+           "SILENTLY WRONG gradient (2.745 instead of 1.225 here); PyTorch raises 'tensors have "
+           "different metadata'")
 def test_checkpoint_detects_non_determinism_metadata():
     x = a.randn(1, requires_grad=True)
     # the same number of tensors, but of another shape: PyTorch refuses it
