@@ -173,8 +173,8 @@ def test_checkpoint_detects_non_determinism_early_stop():
 
 @a.xfail10("utils/checkpoint.py _Frame.recompute: recomputed tensors are not compared with what "
            "the forward saved (shape, dtype, device), so backward runs on the wrong values: a "
-           "SILENTLY WRONG gradient (2.745 instead of 1.225 at x = 0.3); PyTorch raises 'tensors have "
-           "different metadata'")
+           "SILENTLY WRONG gradient (2.745 instead of 1.225 at x = 0.3); PyTorch raises "
+           "'tensors have different metadata'")
 def test_checkpoint_detects_non_determinism_metadata():
     x = a.randn(1, requires_grad=True)
     # the same number of tensors, but of another shape: PyTorch refuses it
