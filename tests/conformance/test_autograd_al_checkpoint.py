@@ -317,8 +317,9 @@ _UNPACKED_LOSES_GRAPH = a.xfail10(
     "autograd/function.py _unpack: a tensor returned by an unpack hook is used as it is, without "
     "the original's place in the graph (PyTorch's SavedVariable::unpack gives it the original's "
     "grad_fn or grad accumulator); a hook that copies (2 * x, to disk, to CPU) around a forward "
-    "cuts a create_graph backward there: the gradient of a gradient loses those terms, or does "
-    "not require grad")
+    "cuts a create_graph backward there: the gradient of a gradient does not require grad, or "
+    "is SILENTLY WRONG when another path keeps a graph (x ** 3 under a copying hook, plus "
+    "x ** 2: second derivative 2 instead of 6 x + 2)")
 
 
 @pytest.mark.parametrize("hooked", [
