@@ -65,6 +65,16 @@ class SparseCOOTensor:
             cupyx.scatter_add(values, inverse.reshape(-1), self.values)
         return SparseCOOTensor(unique, values, self.shape)
 
+    def add_rows_(self, other):
+        """Append ``other``'s rows (uncoalesced, as sparse + sparse): the sum, in this object."""
+        if other.shape != self.shape:
+            raise RuntimeError(f"cannot add sparse tensors of shapes {list(self.shape)} and "
+                               f"{list(other.shape)}")
+        xp = backend.get_array_module(self.values)
+        self.indices = xp.concatenate([self.indices, other.indices])
+        self.values = xp.concatenate([self.values, other.values])
+        return self
+
     def detach_copy(self):
         return SparseCOOTensor(self.indices.copy(), self.values.copy(), self.shape)
 

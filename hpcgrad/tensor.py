@@ -86,6 +86,13 @@ class Tensor:
         return (_rebuild_tensor, (type(self), backend.to_device(self.data, backend.CPU),
                                   self.requires_grad))
 
+    def __delattr__(self, name):
+        """``del t.grad`` clears the gradient, as PyTorch; the other attributes cannot go."""
+        if name == "grad":
+            self.grad = None
+            return
+        raise RuntimeError(f"The {name} attribute of a Tensor cannot be deleted")
+
     # --- array facts ----------------------------------------------------------------------
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)

@@ -1,5 +1,7 @@
 """Reverse-mode automatic differentiation: backward, grad, Function, grad modes, gradcheck."""
 
+import numpy as np
+
 from ..backend import get_array_module
 from .engine import Engine, get_default_engine  # noqa: F401
 from .function import Function, once_differentiable  # noqa: F401
@@ -30,10 +32,13 @@ def _make_grads(outputs, grad_outputs):
     grads = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
         if isinstance(out, GradientEdge):
-            if g is None:
-                raise RuntimeError(f"output {i} is a GradientEdge: pass its gradient in "
-                                   "grad_outputs (there is no tensor to build one from)")
             shape, dtype = _edge_metadata(out)
+            if g is None:
+                if int(np.prod(shape)) != 1:
+                    raise RuntimeError("grad can be implicitly created only for scalar outputs "
+                                       f"(the GradientEdge of output {i} carries shape "
+                                       f"{list(shape)}); pass its gradient in grad_outputs")
+                g = Tensor._make(np.ones(shape, dtype), False, None, 0)
             g = g if isinstance(g, Tensor) else Tensor(g, dtype=dtype)
             if g.shape != shape:
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "

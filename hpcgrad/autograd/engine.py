@@ -321,6 +321,10 @@ class Engine:
             except AttributeError:  # Python < 3.11 has no add_note
                 exc.__notes__ = getattr(exc, "__notes__", []) + [f"in {fn.name()}"]
             exc._hpcgrad_node_named = True
+        if _anomaly.enabled and not fn.metadata_stack:
+            warnings.warn(f"Error detected in {fn.name()}. No forward pass information available. "
+                          "Enable detect anomaly during forward pass for more information.",
+                          stacklevel=2)
         graph_task.set_exception(exc, fn)
 
     def evaluate_function(self, graph_task, fn, inputs, cpu_ready_queue, retire=False):

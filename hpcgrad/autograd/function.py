@@ -169,7 +169,7 @@ def _unpack(saved, node):
         if not isinstance(value, Tensor):
             raise TypeError("saved_tensors_hooks: the unpack hook must return a Tensor, got "
                             f"{type(value).__name__}")
-        return value
+        return saved.place_in_graph(value)
     return saved
 
 
@@ -244,7 +244,7 @@ def _pack_saved(saved, hooks, node):
                 packed.append(s)  # Python numbers given to the op are not shown to the hooks
                 continue
             tensor = _unpack(s, node) if type(s) is _SavedOutput else s
-            packed.append(PackedSaved(pack(tensor), unpack))
+            packed.append(PackedSaved(pack(tensor), unpack, tensor))
     finally:
         state.enabled = previous
     node._saved_outputs = True  # saved_tensors must unpack
@@ -306,6 +306,12 @@ class Function(metaclass=_FunctionMeta):
     def backward(ctx, *grads):
         raise NotImplementedError("a Function subclass must define backward(ctx, *grads) "
                                   "to be differentiated")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("Legacy autograd function with non-static forward method is deprecated. "
+                           "Please use new-style autograd function with static forward method: "
+                           "subclass Function with @staticmethod forward(ctx, ...) and backward"
+                           "(ctx, ...), then call YourFunction.apply(...)")
 
     @classmethod
     def apply(cls, *args):

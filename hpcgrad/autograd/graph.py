@@ -111,6 +111,9 @@ class Node:
         Returns the gradients of its forward inputs (one value, or a tuple when several); no
         hooks run and nothing is accumulated.
         """
+        if len(grads) != len(self.input_metadata):
+            raise TypeError(f"{self.name()}: expected {len(self.input_metadata)} arguments, got "
+                            f"{len(grads)} instead (one gradient per forward output)")
         outputs = self.apply(list(grads))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -244,6 +247,9 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
     if new_grad.is_sparse:
         _accumulate_sparse(variable, new_grad, has_post_hooks)
         return
+    if grad is not None and grad.is_sparse:
+        variable.grad = grad + new_grad  # a dense gradient into a sparse .grad: a new dense one
+        return
     if grad is None:
         if not grad_mode.is_grad_enabled() and _can_steal(new_grad, 1 + has_post_hooks):
             new_grad.requires_grad = False
@@ -279,7 +285,10 @@ def _accumulate_sparse(variable, new_grad, has_post_hooks=False):
         else:
             variable.grad = new_grad.detach_copy()
     elif grad.is_sparse:
-        variable.grad = grad + new_grad
+        if grad_mode.is_grad_enabled():
+            variable.grad = grad + new_grad
+        else:  # in place, as PyTorch: whoever holds .grad sees the sum
+            grad.add_rows_(new_grad)
     elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None
           and getattr(grad.data.flags, "writeable", True)):
         new_grad.add_to(grad.data)

@@ -8,6 +8,7 @@ checkpointing (hpcgrad.utils.checkpoint) is built on them.
 """
 
 import threading
+import weakref
 
 
 class _HookState(threading.local):
@@ -36,12 +37,37 @@ def current():
 
 
 class PackedSaved:
-    """A saved tensor in packed form, with the unpack hook that was active when it was packed."""
+    """A saved tensor in packed form, with the unpack hook that was active when it was packed.
 
-    __slots__ = ("packed", "unpack")
+    It also remembers where the original sat in the graph (its grad_fn and output number, or its
+    leaf's AccumulateGrad), held weakly, and gives the unpacked tensor that place: a hook that
+    copies (to another device, to disk) must not cut a ``create_graph`` backward, as in PyTorch.
+    """
 
-    def __init__(self, packed, unpack):
+    __slots__ = ("packed", "unpack", "_node", "_output_nr", "_leaf")
+
+    def __init__(self, packed, unpack, original):
         self.packed, self.unpack = packed, unpack
+        self._node = None
+        if original.requires_grad:
+            node, self._output_nr = original._gradient_edge()
+            self._node = weakref.ref(node)
+            self._leaf = original.grad_fn is None
+
+    def place_in_graph(self, value):
+        node = self._node() if self._node is not None else None
+        if node is None:
+            return value
+        if self._leaf:
+            accumulator = value._grad_accumulator
+            if accumulator is not None and accumulator() is node:
+                return value  # the leaf itself came back
+            tensor = type(value)._make(value.data, True, None, 0)
+            tensor._grad_accumulator = self._node  # gradients reach the original leaf
+            return tensor
+        if value.grad_fn is node and value.output_nr == self._output_nr:
+            return value
+        return type(value)._make(value.data, True, node, self._output_nr)
 
 
 class saved_tensors_hooks:
@@ -95,6 +121,8 @@ class disable_saved_tensors_hooks:
         self.error_message = str(error_message)
 
     def __enter__(self):
+        if _state.stack:
+            raise RuntimeError(self.error_message)  # hooks are active: they cannot be disabled
         self._prev = _state.disabled
         _state.disabled = self.error_message
         return self

@@ -11,7 +11,7 @@ import warnings
 
 from .. import creation
 from ..autograd import Function, backward, enable_grad, no_grad
-from ..autograd.engine import Engine
+from ..autograd.engine import Engine, current_graph_task
 from ..autograd.saved_hooks import saved_tensors_hooks
 from ..tensor import Tensor
 
@@ -68,14 +68,21 @@ class CheckpointFunction(Function):
         return (None, None) + tuple(x.grad if isinstance(x, Tensor) else None for x in inputs)
 
 
-def checkpoint(function, *args, use_reentrant=True, preserve_rng_state=True, **kwargs):
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, **kwargs):
     """``function(*args, **kwargs)`` without keeping its activations; recomputed in backward.
 
     Trades compute for memory. The recompute sees the same random numbers (dropout) as the
-    forward unless ``preserve_rng_state=False``. ``use_reentrant=True`` (the default here) is not
-    usable with ``autograd.grad`` or ``backward(inputs=...)`` and takes no keyword arguments for
-    ``function``; ``use_reentrant=False`` has neither limit (PyTorch recommends it).
+    forward unless ``preserve_rng_state=False``. Pass ``use_reentrant`` (PyTorch warns when it is
+    left out, then uses True): True is not usable with ``autograd.grad`` or
+    ``backward(inputs=...)`` and takes no keyword arguments for ``function``; False has neither
+    limit (PyTorch recommends it).
     """
+    if use_reentrant is None:
+        warnings.warn("torch.utils.checkpoint: the use_reentrant parameter should be passed "
+                      "explicitly. use_reentrant=False is recommended, but if you need to "
+                      "preserve the current default behavior, you can pass use_reentrant=True.",
+                      stacklevel=2)
+        use_reentrant = True
     if not use_reentrant:
         return _checkpoint_without_reentrant(function, preserve_rng_state, args, kwargs)
     if kwargs:
@@ -88,31 +95,56 @@ def checkpoint(function, *args, use_reentrant=True, preserve_rng_state=True, **k
     return CheckpointFunction.apply(function, preserve_rng_state, *args)
 
 
+class _StopRecomputation(Exception):
+    """Raised inside a recompute once every saved tensor is back (PyTorch's early stop)."""
+
+
+def _metadata(tensor):
+    return tuple(tensor.shape), tensor.dtype, tensor.device
+
+
 class _Frame:
-    """One non-reentrant checkpointed call: how to recompute it, and what the recompute saved."""
+    """One non-reentrant checkpointed call: how to recompute it, and what the recompute saved.
+
+    Recomputed values are kept per backward (GraphTask) and each may be read once, as PyTorch's:
+    a second backward (retain_graph) recomputes again.
+    """
 
     def __init__(self, function, args, kwargs, rng_state):
         self.function, self.args, self.kwargs = function, args, kwargs
         self.rng_state = rng_state
-        self.saved_count = 0    # tensors the forward saved (placeholders handed out)
-        self.recomputed = {}    # placeholder index -> the recomputed (detached) tensor
+        self.saved = []       # (shape, dtype, device) of each tensor the forward saved
+        self.recomputed = {}  # graph task id -> {index: recomputed (detached) tensor}
+        self.unpacked = {}    # graph task id -> indices already handed out
 
     def pack(self, tensor):
-        index = self.saved_count
-        self.saved_count += 1
-        return index  # the tensor itself is dropped: that is the memory saved
+        self.saved.append(_metadata(tensor))
+        return len(self.saved) - 1  # the tensor itself is dropped: that is the memory saved
 
     def unpack(self, index):
-        if index not in self.recomputed:
-            self.recompute()
-        # pop: each value is freed once its Node has read it; a second backward recomputes.
-        return self.recomputed.pop(index)
+        task = current_graph_task()
+        key = None if task is None else task.id
+        unpacked = self.unpacked.setdefault(key, set())
+        if index in unpacked:
+            raise CheckpointError(
+                "torch.utils.checkpoint: Unpack is being triggered for a tensor that was already "
+                "unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do "
+                "so only once.")
+        if key not in self.recomputed:
+            self.recomputed = {key: self.recompute()}  # older backwards' values are done with
+            self.unpacked = {key: unpacked}
+        unpacked.add(index)
+        # pop: each value is freed once its Node has read it.
+        return self.recomputed[key].pop(index)
 
     def recompute(self):
         values = []
+        wanted = len(self.saved)
 
         def keep(tensor):
             values.append(tensor.detach() if tensor.requires_grad else tensor)
+            if len(values) == wanted:
+                raise _StopRecomputation  # everything backward needs is back
             return None
 
         generator = creation.default_generator()
@@ -122,14 +154,24 @@ class _Frame:
         try:
             with enable_grad(), saved_tensors_hooks(keep, lambda _: None):
                 self.function(*self.args, **self.kwargs)
+        except _StopRecomputation:
+            pass
         finally:
             generator.bit_generator.state = outer_state
-        if len(values) != self.saved_count:
+        if len(values) != wanted:
             raise CheckpointError(
-                "checkpoint(use_reentrant=False): a different number of tensors was "
-                f"saved during the original forward ({self.saved_count}) and the recomputation "
-                f"({len(values)}); the checkpointed function must run the same ops each time")
-        self.recomputed = dict(enumerate(values))
+                "torch.utils.checkpoint: A different number of tensors was saved during the "
+                f"original forward and recomputation.\nNumber of tensors saved during forward: "
+                f"{wanted}\nNumber of tensors saved during recomputation: {len(values)}.\n"
+                "The checkpointed function must run the same ops each time.")
+        different = [f"tensor at position {i}:\nsaved metadata: {want}\nrecomputed metadata: "
+                     f"{_metadata(got)}" for i, (want, got) in enumerate(zip(self.saved, values))
+                     if _metadata(got) != want]
+        if different:
+            raise CheckpointError(
+                "torch.utils.checkpoint: Recomputed values for the following tensors have "
+                "different metadata than during the forward pass.\n" + "\n".join(different))
+        return dict(enumerate(values))
 
 
 def _checkpoint_without_reentrant(function, preserve_rng_state, args, kwargs):

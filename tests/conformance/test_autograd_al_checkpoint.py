@@ -81,9 +81,6 @@ def test_checkpointing_without_reentrant_correct_grad():
     close(b_grad, d_grad)
 
 
-@a.xfail10("utils/checkpoint.py _Frame.unpack: a second ctx.saved_tensors inside one backward "
-           "recomputes the block again; PyTorch raises 'Unpack is being triggered for a tensor "
-           "that was already unpacked once'")
 def test_checkpointing_without_reentrant_custom_function_works():
     msg = "Unpack is being triggered for a tensor that was already unpacked once"
 
@@ -116,8 +113,6 @@ def test_checkpointing_without_reentrant_custom_function_works():
     checkpoint(foo, x, y, z, use_reentrant=False).sum().backward()
 
 
-@a.xfail10("utils/checkpoint.py checkpoint: use_reentrant defaults to True silently; torch 2.13 "
-           "warns 'the use_reentrant parameter should be passed explicitly'")
 def test_checkpoint_warns_if_use_reentrant_not_passed_explcitly():
     x = a.randn(1, requires_grad=True)
     with warnings.catch_warnings():
@@ -161,9 +156,6 @@ def test_checkpoint_detects_non_determinism():
         checkpoint(fn, x, use_reentrant=False).backward()
 
 
-@a.xfail10("utils/checkpoint.py _Frame.recompute: a recomputation that saves more tensors than "
-           "the forward raises CheckpointError; PyTorch (early stop, its default) stops "
-           "recomputing once every tensor backward needs is there, and the result is right")
 def test_checkpoint_detects_non_determinism_early_stop():
     x = a.randn(1, requires_grad=True)
     fn = _non_det_fn(orig_fn=_save_2_tensors, recompute_fn=_save_3_tensors)
@@ -171,10 +163,6 @@ def test_checkpoint_detects_non_determinism_early_stop():
     close(x.grad, (1 - np.tanh(arr(x)) ** 2) * np.exp(np.tanh(arr(x))))
 
 
-@a.xfail10("utils/checkpoint.py _Frame.recompute: recomputed tensors are not compared with what "
-           "the forward saved (shape, dtype, device), so backward runs on the wrong values: a "
-           "SILENTLY WRONG gradient (2.745 instead of 1.225 at x = 0.3); PyTorch raises "
-           "'tensors have different metadata'")
 def test_checkpoint_detects_non_determinism_metadata():
     x = a.randn(1, requires_grad=True)
     # the same number of tensors, but of another shape: PyTorch refuses it
@@ -313,20 +301,11 @@ def test_custom_autograd_ac_early_stop():
 
 # --- saved-tensor hooks -------------------------------------------------------------------------
 
-_UNPACKED_LOSES_GRAPH = a.xfail10(
-    "autograd/function.py _unpack: a tensor returned by an unpack hook is used as it is, without "
-    "the original's place in the graph (PyTorch's SavedVariable::unpack gives it the original's "
-    "grad_fn or grad accumulator); a hook that copies (2 * x, to disk, to CPU) around a forward "
-    "cuts a create_graph backward there: the gradient of a gradient does not require grad, or "
-    "is SILENTLY WRONG when another path keeps a graph (x ** 3 under a copying hook, plus "
-    "x ** 2: second derivative 2 instead of 6 x + 2)")
-
-
 @pytest.mark.parametrize("hooked", [
     "none",
-    pytest.param("forward", marks=_UNPACKED_LOSES_GRAPH),
+    "forward",
     "backward",
-    pytest.param("both", marks=_UNPACKED_LOSES_GRAPH)])
+    "both"])
 def test_default_saved_tensors_hooks_double_backward(hooked):
     # "none": identity hooks around everything. Otherwise hooks doubling every saved tensor
     # around the forward, around grad(create_graph=True) and the second backward, or both.
@@ -355,8 +334,6 @@ def test_disabling_saved_tensor_hooks():
         pass
 
 
-@a.xfail10("autograd/saved_hooks.py disable_saved_tensors_hooks.__enter__: entering it while "
-           "saved_tensors_hooks are active is accepted; PyTorch raises its error message there")
 def test_disabling_saved_tensor_hooks_while_hooks_are_active():
     # the second half of PyTorch's test_disabling_saved_tensor_hooks
     with saved_tensors_hooks(lambda x: x, lambda x: x):

@@ -68,9 +68,6 @@ def test_anomaly_detect_nan(capsys):
     assert "MyFunc.apply(inp, inp, False)" in _reported(ws, capsys.readouterr())
 
 
-@a.xfail10("autograd/graph_task.py set_exception: when the failing Node was built outside "
-           "anomaly mode nothing is reported; PyTorch warns 'No forward pass information "
-           "available. Enable detect anomaly during forward pass for more information.'")
 def test_anomaly_detect_nan_no_forward_information(capsys):
     # the middle case of PyTorch's test_anomaly_detect_nan: forward ran without anomaly mode
     inp = a.rand(_SIZE, requires_grad=True)

@@ -130,8 +130,6 @@ def test_dont_materialize_grads():
     close(x.grad, [1.0])
 
 
-@a.xfail10("Function has no __call__: a legacy instance call gives TypeError \"'MyFunction' "
-           "object is not callable\", not PyTorch's RuntimeError naming the deprecated style")
 def test_legacy_function_deprecation_exception():
     class MyFunction(Function):
         def forward(self, x):

@@ -551,13 +551,6 @@ def test_gradient_edge_output():
         hg.autograd.backward(tmp_edge, inputs=(x,), grad_tensors=a.t([1.0, 2.0, 3.0, 4.0]))
 
 
-_IMPLICIT_EDGE_GRAD = a.xfail10(
-    "autograd/__init__.py _make_grads: a GradientEdge output without grad_outputs always raises "
-    "'pass its gradient'; PyTorch builds ones from the edge's metadata when it is a scalar and "
-    "says 'grad can be implicitly created only for scalar outputs' otherwise")
-
-
-@_IMPLICIT_EDGE_GRAD
 def test_gradient_edge_output_implicit_grad():
     # the rest of test_gradient_edge_output: edges as roots without explicit gradients
     x = a.t([1.0, 2.0], requires_grad=True)
@@ -594,7 +587,6 @@ def test_gradient_edge_output_implicit_grad():
     close(x.grad, x_grad_ref)
 
 
-@_IMPLICIT_EDGE_GRAD
 def test_gradient_edge_graph_ownership():
     # the edge keeps its graph alive after the tensor is gone
     class Clone(Function):
