@@ -23,9 +23,6 @@ class CheckpointError(RuntimeError):
 class CheckpointFunction(Function):
     @staticmethod
     def forward(ctx, run_function, preserve_rng_state, *args):
-        if not any(isinstance(a, Tensor) and a.requires_grad for a in args):
-            raise ValueError("checkpoint: none of the inputs requires grad, so there would be "
-                             "nothing to recompute; call the function directly")
         ctx.run_function = run_function
         ctx.rng_state = creation.default_generator().bit_generator.state \
             if preserve_rng_state else None

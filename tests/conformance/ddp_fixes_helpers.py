@@ -96,7 +96,7 @@ class CheckpointOnceModule(nn.Module):
 
     def forward(self, inp):
         x = self.l1(inp)
-        return checkpoint(self.l2, x)
+        return checkpoint(self.l2, x, use_reentrant=True)
 
 
 class CheckpointTwiceModule(CheckpointOnceModule):
@@ -104,8 +104,8 @@ class CheckpointTwiceModule(CheckpointOnceModule):
 
     def forward(self, inp):
         x = self.l1(inp)
-        x = checkpoint(self.l2, x)
-        return checkpoint(self.l2, x)
+        x = checkpoint(self.l2, x, use_reentrant=True)
+        return checkpoint(self.l2, x, use_reentrant=True)
 
 
 class UnusedParamTwoLinLayerNet(nn.Module):
@@ -161,7 +161,7 @@ def prepare_dummy_data(rank, size, ddp_bs=16):
 
 
 def train_model(model, inp, target, run_checkpoint=False):
-    output = checkpoint(model, inp) if run_checkpoint else model(inp)
+    output = checkpoint(model, inp, use_reentrant=True) if run_checkpoint else model(inp)
     F.mse_loss(output, target).backward()
 
 
