@@ -1,4 +1,4 @@
-"""Shared pieces of the PyTorch RPC / distributed-autograd ports: fixtures, remote functions, checks.
+"""Shared pieces of the PyTorch RPC and dist-autograd ports: fixtures, remote functions, checks.
 
 PyTorch's rpc_test.py and dist_autograd_test.py run every test on every rank at once (world
 size 4), each rank calling its ring peer ``(rank + 1) % world_size``; the ports keep that, so
@@ -454,7 +454,7 @@ def slow_add(t1, t2):
     return t3
 
 
-# --- user functions and classes of rpc_test.py -----------------------------------------------------
+# --- user functions and classes of rpc_test.py ----------------------------------------------------
 value_future = concurrent.futures.Future()
 
 
@@ -644,7 +644,7 @@ def add_use_future_cb(to, x, y, z):
     return out.result(WAIT)
 
 
-# --- DistributedOptimizer (dist_optimizer_test.py) --------------------------------------------------
+# --- DistributedOptimizer (dist_optimizer_test.py) ------------------------------------------------
 class MyModule:
     def __init__(self, requires_grad=True):
         rng = np.random.default_rng(0)  # each module draws the same weight

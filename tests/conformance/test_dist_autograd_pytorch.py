@@ -1,16 +1,16 @@
-"""Ports of PyTorch's DistAutogradTest (dist_autograd_test.py): contexts, graphs, backward passes.
+"""Ports of PyTorch's DistAutogradTest (dist_autograd_test.py): contexts, graphs, cleanup.
 
 Every rank runs each test at once, calling its ring peers, as PyTorch's do (2, 3 and 4 ranks).
-Left out: test_dist_autograd_profiling (profiler); test_backward_simple_script_call,
-test_trainer_ps_torchscript_functions (TorchScript); the *_sparse variants,
-test_embedding_bag_with_no_grad_tensors, test_no_grad_copy_sparse,
-test_grad_copy_sparse_indices_extra_ref (sparse COO tensors, EmbeddingBag); test_backward_node_failure,
-test_backward_node_failure_python_udf (they kill ranks: a faulty-agent test); test_clean_context_during_backward
-(PyTorch's own test ends its processes because peers stay stuck); CudaDistAutogradTest and
-TensorPipeCudaDistAutogradTest (CUDA, device maps).
+The backward tests are in test_dist_autograd_pytorch_backward.py. Left out of both modules:
+- test_dist_autograd_profiling: the profiler.
+- test_backward_simple_script_call, test_trainer_ps_torchscript_functions: TorchScript.
+- the *_sparse variants, test_no_grad_copy_sparse, test_grad_copy_sparse_indices_extra_ref:
+  sparse COO tensors; test_embedding_bag_with_no_grad_tensors: EmbeddingBag (not built).
+- test_backward_node_failure(_python_udf): they kill ranks (faulty-agent tests).
+- test_clean_context_during_backward: PyTorch's own test ends its processes, peers stay stuck.
+- CudaDistAutogradTest, TensorPipeCudaDistAutogradTest: CUDA and device maps.
+- FaultyAgentDistAutogradTest: the faulty agent.
 """
-
-import threading
 
 import numpy as np
 import pytest
@@ -18,7 +18,6 @@ import pytest
 import hpcgrad as hg
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
-from hpcgrad.autograd import Function
 
 import rpc_conformance_helpers as h
 from rpc_conformance_helpers import WAIT, ExecMode, rpc_step, rpc_worker  # noqa: F401  (fixtures)
@@ -54,7 +53,7 @@ def test_nested_context():
                 pass
 
 
-# --- the graph one RPC records ----------------------------------------------------------------------
+# --- the graph one RPC records --------------------------------------------------------------------
 def check_graph(fn, mode):
     """PyTorch's _test_graph: the caller's send/recv pair, and the callee's send function."""
     rank, size = h.rank_and_size()
@@ -253,7 +252,7 @@ def test_remote_complex_args():
     check_rpc_complex_args(ExecMode.REMOTE)
 
 
-# --- context cleanup --------------------------------------------------------------------------------
+# --- context cleanup ------------------------------------------------------------------------------
 def check_context_cleanup(rpc_args, func, nested=False):
     """Contexts the calls created on other ranks are released with ours, also when no tensor
     required grad (the context travels anyway), and through nested calls."""

@@ -1,9 +1,10 @@
 """Ports of PyTorch's DistOptimizerTest (dist_optimizer_test.py): DistributedOptimizer over RRefs.
 
 Every rank runs each test at once; its two parameter owners are ranks + 1 and + 2 (the same
-rank at 2 ranks). PyTorch's test_dist_optim runs Adagrad, Adadelta, RMSprop, Adamax and Rprop
-too: hpcgrad has SGD, Adam and AdamW, which are run. test_dist_optim_none_grads is left out
-(it needs a module whose parameter does not require grad on the owner and torch's generator).
+rank at 2 ranks). Left out:
+- Adagrad, Adadelta, RMSprop, Adamax, Rprop in test_dist_optim: hpcgrad has SGD, Adam, AdamW.
+- test_dist_optim_none_grads: it relies on torch's seeded generator drawing a parameter that
+  does not require grad on the owner.
 """
 
 import numpy as np

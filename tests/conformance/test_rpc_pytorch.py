@@ -3,18 +3,23 @@ futures, timeouts and worker info.
 
 Every rank runs each test at once, calling its ring peer ``(rank + 1) % world_size``, as in
 PyTorch (2, 3 and 4 ranks). torch.add and friends become hg.add; torch.futures.wait_all becomes
-the helper's wait_all. Left out: the profiler tests (profiler); TorchScript functions
-(test_stress_heavy_rpc_torchscript, ...); @rpc.functions.async_execution (not built); device maps
-and CUDA futures (CUDA); TensorPipe and backend options, dynamic RPC membership, RRef proxies
-(rref.rpc_sync()/remote()), RRef.backward, RRef leak tracking and debug info, _wait_all and
-_all_gather (not built); test_handle_send_exceptions and the faulty-agent tests (they kill ranks);
-test_nonzero (hpcgrad has no nonzero); test_rref_str (formats GloballyUniqueId); test_py_nested_pickle
-(PyTorch's internal pickler); test_my_parameter_server (EmbeddingBag and RRef proxies).
+the helper's wait_all. Left out:
+- the profiler tests: the profiler.
+- TorchScript functions (test_stress_heavy_rpc_torchscript, ...): TorchScript.
+- @rpc.functions.async_execution tests: not built.
+- device maps, CUDA futures, custom streams: CUDA.
+- TensorPipe and backend options, dynamic RPC membership: TensorPipe-specific.
+- RRef proxies (rref.rpc_sync()/remote()), RRef.backward, _wait_all, _all_gather,
+  test_rref_leak: not built.
+- test_handle_send_exceptions and the faulty-agent tests: they kill ranks.
+- test_nonzero: hpcgrad has no nonzero.
+- test_rref_str: it checks the text of PyTorch's GloballyUniqueId.
+- test_py_nested_pickle: it uses PyTorch's internal RPC pickler.
+- test_my_parameter_server: EmbeddingBag and RRef proxies.
 """
 
 import concurrent.futures
 import functools
-import time
 
 import numpy as np
 import pytest
@@ -51,7 +56,7 @@ def assert_equal(got, want):
         assert got.shape == want.shape
 
 
-# --- worker info and destinations -------------------------------------------------------------------
+# --- worker info and destinations -----------------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="issue 11: an unknown worker name raises RuntimeError")
 def test_worker_id():
     rank, _ = h.rank_and_size()
@@ -115,7 +120,7 @@ def test_expected_src():
     assert h.value_future.result(WAIT) == (rank - 1) % size
 
 
-# --- builtin-like and user functions --------------------------------------------------------------------
+# --- builtin-like and user functions --------------------------------------------------------------
 def ones_n():
     n = h.rank_and_size()[0] + 1
     return n, hg.ones(n, n)
@@ -300,7 +305,7 @@ def test_multi_layer_nested_async_rpc():
     h.multi_layer_nested_async_rpc(peer(), size, 20)
 
 
-# --- remote and RRefs -------------------------------------------------------------------------------------
+# --- remote and RRefs -----------------------------------------------------------------------------
 def test_builtin_remote_ret():
     rref = rpc.remote(h.worker_name(peer()), hg.add, args=(hg.ones(2, 2), hg.ones(2, 2)),
                       timeout=WAIT)
@@ -529,7 +534,7 @@ def test_non_cont_tensors():
     assert not t_ret.data.flags.c_contiguous
 
 
-# --- futures and callbacks ----------------------------------------------------------------------------------
+# --- futures and callbacks ------------------------------------------------------------------------
 def add_future(n_value=None):
     n, x = ones_n()
     return n, rpc.rpc_async(h.worker_name(peer()), hg.add, args=(x, hg.ones(n, n)),
@@ -671,7 +676,7 @@ def test_wait_all_with_partial_exception():
         h.wait_all(futs)
 
 
-# --- timeouts --------------------------------------------------------------------------------------------------
+# --- timeouts -------------------------------------------------------------------------------------
 def test_rpc_timeouts():
     """The per-call half of PyTorch's test_rpc_timeouts (the default-timeout half is below)."""
     dst = h.worker_name(peer())

@@ -1,11 +1,11 @@
 """Ports of PyTorch's RpcTest start-up and shutdown tests: each starts and stops RPC itself.
 
-No module-wide RPC fixture here (PyTorch's ``@dist_init(setup_rpc=False)``). Left out: backend
-and option types (test_wrong_types, test_cannot_infer_backend_from_options,
-test_invalid_names: hpcgrad has one backend and no WorkerInfo name rules), _wait_all_workers and
-test_shutdown_errors (they patch PyTorch's internal all-gather), test_pg_init_no_rpc_init (RRef
-of a DDP model's parameters without RPC: an RRef constructor from a value is tested in
-test_rpc_pytorch.py).
+No module-wide RPC fixture here (PyTorch's ``@dist_init(setup_rpc=False)``). Left out:
+- test_wrong_types, test_cannot_infer_backend_from_options: hpcgrad has one backend, no options.
+- test_invalid_names: hpcgrad's WorkerInfo is a plain named tuple (no name rules).
+- test_wait_all_workers*, test_shutdown_errors: they use or patch PyTorch's internal _all_gather.
+- test_pg_init_no_rpc_init: RRef of a DDP model's parameters without RPC (RRef from a value is
+  tested in test_rpc_pytorch.py).
 """
 
 import contextlib
