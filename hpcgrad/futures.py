@@ -122,6 +122,8 @@ class Future:
     # --- chaining -----------------------------------------------------------------------------
     def add_done_callback(self, callback):
         """``callback(self)`` once completed: now, on this thread, if it already is."""
+        if not callable(callback):
+            raise TypeError(f"add_done_callback() expects a callable, got {type(callback).__name__}")
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(callback)
@@ -130,6 +132,8 @@ class Future:
 
     def then(self, callback):
         """A future of ``callback(self)``, run when this one completes; errors carry over."""
+        if not callable(callback):
+            raise TypeError(f"then() expects a callable, got {type(callback).__name__}")
         chained = type(self)(wait_fn=self.wait if self._wait_fn is not None else None,
                              describe=self.describe)
 

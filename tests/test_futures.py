@@ -95,3 +95,10 @@ def test_collect_all():
         fut.set_result(i)
     assert [f.wait() for f in combined.wait()] == [0, 1, 2]
     assert collect_all([]).wait() == []
+
+
+def test_callbacks_must_be_callable():
+    with pytest.raises(TypeError, match="expects a callable, got NoneType"):
+        Future().then(None)
+    with pytest.raises(TypeError, match="expects a callable, got int"):
+        Future().add_done_callback(3)
