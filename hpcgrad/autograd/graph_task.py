@@ -1,5 +1,6 @@
 """GraphTask: the state of one backward (dependencies, exec_info, captures, callbacks, future)."""
 
+import collections
 import concurrent.futures
 import itertools
 import sys
@@ -62,6 +63,7 @@ class GraphTask:
         self.future = concurrent.futures.Future()
         self.final_callbacks = []
         self.final_callbacks_lock = threading.Lock()
+        self.attached = None  # per-pass state of the engine driving this task (distributed)
 
     def queue_callback(self, callback):
         """Run ``callback()`` after this task's last Node, before its backward returns.
@@ -71,6 +73,56 @@ class GraphTask:
         """
         with self.final_callbacks_lock:
             self.final_callbacks.append(callback)
+
+    # --- for an engine that drives this task from outside (the distributed engine, seed 000) ---
+    def attach(self, state):
+        """Keep ``state`` with this task (``attached``): the distributed engine's per-pass state,
+        which its Nodes (RecvRpcBackward) read from the running task."""
+        self.attached = state
+
+    def set_owner(self, device):
+        self.owner = device
+
+    def expect_roots(self, count):
+        """``count`` roots will be queued later, each when its gradient arrives from another rank
+        (send functions): count them now, so the task is not complete before they ran."""
+        with self.mutex:
+            self.outstanding_tasks += count
+
+    def count_dependencies(self, roots):
+        """Count the edges into every Node reachable from ``roots``, breadth-first as the seed's
+        distributed engine; returns the edges into leaves (Nodes without next edges), in the
+        order they were met: the gradients a distributed pass collects or sends on."""
+        dependencies, seen, leaves = self.dependencies, set(), []
+        queue = collections.deque(roots)
+        with self.mutex:
+            while queue:
+                fn = queue.popleft()
+                for edge in fn.next_edges:
+                    if edge is None:
+                        continue
+                    node = edge.node
+                    dependencies[node] = dependencies.get(node, 0) + 1
+                    if node not in seen:
+                        seen.add(node)
+                        queue.append(node)
+                        if not node.next_edges:
+                            leaves.append(edge)
+        return leaves
+
+    def captures(self):
+        """(Node, Capture) for every gradient this task captures (after ``init_to_execute``)."""
+        return [(node, capture) for node, info in self.exec_info.items() if info.captures
+                for capture in info.captures]
+
+    def mark_needed(self, node):
+        """Run ``node`` even where ``init_to_execute`` found no captured output behind it."""
+        self.exec_info.setdefault(node, ExecInfo()).needed = True
+
+    def fail(self, error):
+        """Fail this task from outside its Nodes (a gradient sent to another rank failed): its
+        queued work is skipped and its waiters wake with ``error``."""
+        self.set_exception(error, None)
 
     def can_checkpoint(self):
         return not self.exec_info
@@ -121,7 +173,7 @@ class GraphTask:
             if stack and should_execute(fn):
                 exec_info.setdefault(stack[-1][0], ExecInfo()).needed = True
 
-    def set_exception(self, exc, node):
+    def set_exception(self, exc, node=None):
         """Record the first error, print the forward stack under anomaly mode, fail the future."""
         with self.mutex:
             first = not self.has_error

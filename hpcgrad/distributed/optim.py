@@ -45,6 +45,9 @@ class DistributedOptimizer:
         self._optimizers = [rpc.remote(owner, _new_local_optimizer,
                                        args=(optimizer_class, rrefs, kwargs))
                             for owner, rrefs in sorted(by_owner.items())]
+        # As PyTorch: the optimizers' constructors ran (and their errors surface) by now.
+        for optimizer in self._optimizers:
+            optimizer._get_future().wait()
 
     def step(self, context_id):
         futures = [rpc.rpc_async(o.owner().id, _local_step, args=(o, context_id))

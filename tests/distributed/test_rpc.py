@@ -144,12 +144,18 @@ def test_bad_destinations_and_functions():
     if not driver():
         return
     _, size = rank_and_size()
-    with pytest.raises(ValueError, match=r"unknown worker 'nobody'; workers are \['worker0'"):
+    # RuntimeError as PyTorch's; a destination of the wrong type is a ValueError.
+    with pytest.raises(RuntimeError, match=r"could not find destination: unknown worker 'nobody'; "
+                                           r"workers are \['worker0'"):
         rpc.rpc_sync("nobody", cases.add, args=(1, 2))
     for bad in (size, -1):
-        with pytest.raises(ValueError, match=rf"no worker with rank {bad} \(world size {size}\)"):
+        with pytest.raises(RuntimeError, match=rf"no worker with rank {bad} \(world size {size}"):
             rpc.rpc_async(bad, cases.add, args=(1, 2))
-    with pytest.raises(ValueError, match="unknown worker 'nobody'"):
+        with pytest.raises(RuntimeError, match=rf"no worker with rank {bad}"):
+            rpc.remote(bad, cases.add, args=(1, 2))
+    with pytest.raises(ValueError, match="a destination is a worker name, a rank"):
+        rpc.rpc_sync(0.5, cases.add, args=(1, 2))
+    with pytest.raises(RuntimeError, match="unknown worker 'nobody'"):
         rpc.get_worker_info("nobody")
     with pytest.raises(TypeError, match="must be defined at module level"):
         rpc.rpc_sync(1, lambda: 1)

@@ -5,11 +5,12 @@
         dist_autograd.backward(ctx, [loss])
         grads = dist_autograd.get_gradients(ctx)   # {tensor: gradient}; .grad is untouched
 
-Every tensor that requires grad and crosses ranks inside a context (RPC arguments, results,
-or ``send``/``recv``) gets a SendRpcBackward on the sender and a RecvRpcBackward on the
-receiver, registered in the context under one message id; backward follows them back.
-All send/recv functions of a context are assumed to take part in its backward (PyTorch's
-FAST mode).
+Every message that carries tensors requiring grad across ranks inside a context (RPC
+arguments, results, or ``send``/``recv``) gets one SendRpcBackward on the sender and one
+RecvRpcBackward on the receiver, registered in the context under one message id; backward
+follows them back. All send/recv functions of a context are assumed to take part in its
+backward (PyTorch's FAST mode). This package rides on RPC through its codec (Note [RPC codec]
+in hpcgrad/distributed/rpc/__init__.py), registered when it is imported.
 
 SPMD pipelines use ``send``/``recv`` instead of RPC: every rank opens its own context; a tensor
 received inside a context joins that context, and its gradient goes back to the sender's.
@@ -28,18 +29,22 @@ received inside a context joins that context, and its gradient goes back to the 
 import concurrent.futures
 import contextlib
 import itertools
+import numbers
 import queue
 import threading
 import time
 
 from ...tensor import Tensor
+from .. import rpc
+from ..rpc import message
 from ..rpc.agent import RpcError, RpcFuture, RpcTimeoutError
-from .context import container, current_context_id, set_current
-from .engine import dist_engine, fail_graph_task
+from .context import PassState, container, current_context_id, set_current
+from .engine import dist_engine
 from .functions import RecvRpcBackward, SendRpcBackward
 
 _agent = None
 _message_ids = itertools.count(1)
+_pass_ids = itertools.count(1)
 _inbox = {}  # src rank -> queue of SPMD send() messages
 _inbox_lock = threading.Lock()
 DEFAULT_TIMEOUT = 60.0
@@ -52,26 +57,48 @@ def _require_agent():
     return _agent
 
 
-def _install(agent):
-    """Called by init_rpc: the backward pass rides on the RPC agent."""
-    global _agent
-    _agent = agent
-    container.rank = agent.rank
-    agent.register_handler("backward", _serve_backward)
-    agent.register_handler("release", _serve_release, inline=True)
-    agent.register_handler("p2p", _serve_p2p, inline=True)  # arrival order is recv() order
+class _AutogradCodec(rpc.Codec):
+    """What distributed autograd adds to RPC messages (Note [RPC codec])."""
 
+    def install(self, agent):
+        global _agent
+        _agent = agent
+        container.rank = agent.rank
+        agent.register_handler("backward", _serve_backward)
+        agent.register_handler("release", _serve_release, inline=True)
+        agent.register_handler("abort", _serve_abort, inline=True)
+        agent.register_handler("p2p", _serve_p2p, inline=True)  # arrival order is recv() order
 
-def _uninstall():
-    """Called by rpc.shutdown."""
-    global _agent
-    _agent = None
+    def uninstall(self):
+        global _agent
+        _agent = None
+
+    def request_fields(self, dst):
+        """A request made inside a context runs in it on the callee (which must release it)."""
+        context_id = current_context_id()
+        if context_id is None:
+            return {}
+        container.retrieve(context_id).known_workers.add(dst)
+        return {"ctx": context_id}
+
+    def on_send(self, dst, tensors):
+        return attach_send(tensors)
+
+    def on_receive(self, src, tensors, metadata):
+        attach_recv(tensors, metadata, src)
+
+    def serving(self, envelope):
+        return context_guard(envelope.get("ctx"))
 
 
 # --- contexts ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def context():
     """A new autograd context; yields its id (unique across ranks). Released on exit, everywhere."""
+    if current_context_id() is not None:
+        raise RuntimeError(f"Already have an autograd context id for this thread (context "
+                           f"{current_context_id()}); nested dist_autograd.context() blocks are "
+                           "not supported: use one context per forward/backward")
     ctx = container.new_context()
     previous = set_current(ctx.context_id)
     try:
@@ -83,7 +110,10 @@ def context():
 
 def _release(context_id):
     ctx = container.release(context_id)
-    if ctx is None or _agent is None:
+    if ctx is None:
+        return
+    _end_running_pass(ctx, f"context {context_id} was released")
+    if _agent is None:
         return
     for worker in sorted(ctx.known_workers):
         if worker != _agent.rank:
@@ -95,8 +125,21 @@ def _serve_release(src, envelope, payloads):
     ctx = container.release(envelope["context_id"])
     if ctx is None:
         return
+    _end_running_pass(ctx, f"context {ctx.context_id} was released by rank {src}")
     for worker in sorted(ctx.known_workers - {src, _agent.rank}):
         _agent.send(worker, "release", context_id=ctx.context_id)
+
+
+def _end_running_pass(ctx, why, pass_id=None):
+    """Fail the pass running in ``ctx`` (``pass_id``, or any): it answers and is cleaned up."""
+    state = ctx.current_pass
+    if state is None or (pass_id is not None and state.pass_id != pass_id):
+        return
+    error = RpcError(f"backward pass {state.pass_id:#x} in context {ctx.context_id} ended "
+                     f"on rank {container.rank}: {why}")
+    state.graph_task.fail(error)
+    for future in state.outstanding():
+        _agent.cancel(future, error)
 
 
 @contextlib.contextmanager
@@ -124,31 +167,32 @@ def _get_debug_info():
 
 
 # --- tensors crossing ranks ----------------------------------------------------------------------
-def attach_send(tensor):
-    """On the sender: a SendRpcBackward for ``tensor`` in the current context (None outside)."""
+def attach_send(tensors):
+    """On the sender of a message: one SendRpcBackward for its ``tensors`` in the current
+    context; returns the ids its receiver needs (None outside a context)."""
     context_id = current_context_id()
     if context_id is None:
         return None
     ctx = container.retrieve(context_id)
     message_id = (container.rank << 48) | next(_message_ids)
-    ctx.add_send_function(message_id, SendRpcBackward(tensor._gradient_edge()))
+    ctx.add_send_function(message_id, SendRpcBackward([t._gradient_edge() for t in tensors]))
     return (context_id, message_id)
 
 
-def attach_recv(tensor, ids, src):
-    """On the receiver: ``tensor`` becomes the output of a RecvRpcBackward toward ``src``.
+def attach_recv(tensors, ids, src):
+    """On the receiver: ``tensors`` become the outputs of one RecvRpcBackward toward ``src``.
 
-    It joins the current context (an RPC runs in its caller's; an SPMD rank in its own), or,
+    They join the current context (an RPC runs in its caller's; an SPMD rank in its own), or,
     on a thread without one (an RPC result arriving), the sender's context.
     """
     peer_context_id, message_id = ids
     current = current_context_id()
     ctx = container.get_or_create(peer_context_id if current is None else current)
     ctx.known_workers.add(src)
-    fn = RecvRpcBackward(ctx, peer_context_id, message_id, src, tensor, _send_grad)
+    fn = RecvRpcBackward(ctx, peer_context_id, message_id, src, tensors, _send_grad)
     ctx.add_recv_function(message_id, fn)
-    tensor.requires_grad, tensor.grad_fn, tensor._output_nr = True, fn, 0
-    return tensor
+    for i, t in enumerate(tensors):
+        t.requires_grad, t.grad_fn, t._output_nr = True, fn, i
 
 
 def note_peer(dst):
@@ -158,22 +202,27 @@ def note_peer(dst):
         container.retrieve(context_id).known_workers.add(dst)
 
 
-def _send_grad(node, graph_task, array):
-    """RecvRpcBackward's gradient to its sender: an outstanding RPC of the running pass.
+def _send_grad(node, graph_task, arrays):
+    """RecvRpcBackward's gradients to their sender: an outstanding RPC of the running pass.
 
-    A failed or expired reply fails the running graph task at once (as PyTorch does), so no
-    rank waits for send functions that will never run.
+    They carry the pass id and retain_graph (the peer keeps its part of the graph for the next
+    pass, as the seed's PropagateGradientsReq). A failed or expired reply fails the running
+    graph task at once (as PyTorch does), so no rank waits for send functions that never run.
     """
     agent = _require_agent()
-    ctx = getattr(graph_task, "dist_context", None) or node.context
-    from ..rpc.message import _host  # gradients are often broadcast views (strides 0)
-    reply = agent.request(node.peer, "backward", payloads=[_host(array)],
+    state = None if graph_task is None else graph_task.attached
+    if not isinstance(state, PassState):
+        raise RuntimeError("RecvRpcBackward ran outside a distributed backward pass: use "
+                           "dist_autograd.backward(context_id, roots) for tensors received "
+                           "in a context")
+    reply = agent.request(node.peer, "backward", payloads=[message.host_array(a) for a in arrays],
                           context_id=node.peer_context_id, message_id=node.message_id,
-                          timeout=ctx.timeout, pass_timeout=ctx.timeout,
+                          pass_id=state.pass_id, keep_graph=state.keep_graph,
+                          timeout=state.timeout, pass_timeout=state.timeout,
                           describe=f"backward to rank {node.peer} (context "
                                    f"{node.peer_context_id})")
-    result = RpcFuture(reply.describe, ctx.timeout)
-    result.message_id = reply.message_id  # cancel() forgets the request
+    result = RpcFuture(reply.describe, state.timeout)
+    result.message_id = reply.message_id  # agent.cancel() forgets the request
 
     def check(future):
         try:
@@ -183,11 +232,10 @@ def _send_grad(node, graph_task, array):
             result.set_result(None)
         except BaseException as exc:  # noqa: BLE001  (goes to the graph task and the waiter)
             result.set_exception(exc)
-            if graph_task is not None:
-                fail_graph_task(graph_task, exc)
+            graph_task.fail(exc)
 
     reply.add_done_callback(check)
-    ctx.add_outstanding(result)
+    state.add_outstanding(result)
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -197,16 +245,50 @@ def backward(context_id, roots, retain_graph=False, timeout=DEFAULT_TIMEOUT):
     Gradients of leaves are accumulated in the context (``get_gradients``) on each rank.
     Returns when this rank's graph and every rank it sent gradients to are done; an error on
     any rank is raised here as "Error on Node N: ..."; past ``timeout`` seconds (None: never)
-    an RpcTimeoutError names the rank still owing an answer. A context whose pass failed
-    refuses further gradients: use a fresh context.
+    an RpcTimeoutError names the rank still owing an answer. After a failed pass the same
+    context can run backward again (with ``retain_graph=True`` on the failed one).
     """
-    _require_agent()
+    if not isinstance(context_id, numbers.Integral) or isinstance(context_id, bool):
+        raise TypeError(f"backward(context_id, roots): context_id must be an int (from "
+                        f"dist_autograd.context()), got {type(context_id).__name__}")
+    if not isinstance(roots, (list, tuple)):
+        raise TypeError(f"backward(context_id, roots): roots must be a list of Tensors, got "
+                        f"{type(roots).__name__}")
+    agent = _require_agent()
     ctx = container.retrieve(context_id)
-    ctx.timeout, ctx.abandoned = timeout, False
-    dist_engine.execute(ctx, list(roots), retain_graph, lambda c: _wait_for_pass(c, timeout))
+    state = PassState(ctx, (agent.rank << 48) | next(_pass_ids), retain_graph, timeout)
+    try:
+        dist_engine.execute(state, list(roots), lambda s: _wait_for_pass(s, timeout))
+    except BaseException as exc:
+        _abort(ctx, state, exc)
+        raise
 
 
-def _wait_for_pass(ctx, timeout):
+def _abort(ctx, state, error):
+    """The pass failed here: every rank it may have reached ends its part (Note in engine.py)."""
+    if _agent is None or state.graph_task is None:
+        return
+    for worker in sorted(ctx.known_workers - {_agent.rank}):
+        _agent.send(worker, "abort", context_id=ctx.context_id, pass_id=state.pass_id,
+                    error=str(error))
+
+
+def _serve_abort(src, envelope, payloads):
+    """End the pass here if it runs, and on the ranks this one reached; once per pass."""
+    try:
+        ctx = container.retrieve(envelope["context_id"])
+    except RuntimeError:
+        return
+    pass_id = envelope["pass_id"]
+    if not ctx.mark_aborted(pass_id):
+        return
+    _end_running_pass(ctx, f"rank {src} abandoned it ({envelope['error']})", pass_id)
+    for worker in sorted(ctx.known_workers - {src, _agent.rank}):
+        _agent.send(worker, "abort", **{k: envelope[k] for k in ("context_id", "pass_id",
+                                                                 "error")})
+
+
+def _wait_for_pass(state, timeout):
     """The local graph (its send functions wait for other ranks), then every gradient sent on."""
     deadline = time.monotonic() + timeout if timeout else None
 
@@ -216,66 +298,68 @@ def _wait_for_pass(ctx, timeout):
     pending = []
     try:
         try:
-            ctx.graph_task.future.result(left())
+            state.graph_task.future.result(left())
         except concurrent.futures.TimeoutError:
-            raise _pass_timeout(ctx, ctx.take_outstanding(), timeout) from None
+            raise _pass_timeout(state, state.take_outstanding(), timeout) from None
         except BaseException as exc:
             raise _node_error(exc) from exc
-        pending = ctx.take_outstanding()
+        pending = state.take_outstanding()
         for i, future in enumerate(pending):
             try:
                 future.wait(left())
             except RpcTimeoutError:
-                raise _pass_timeout(ctx, pending[i:], timeout) from None
-    except BaseException:
-        ctx.abandoned = True
-        error = RpcError(f"backward pass in context {ctx.context_id} was abandoned")
-        for future in pending + ctx.take_outstanding():
-            _agent.cancel(future, error)
+                raise _pass_timeout(state, pending[i:], timeout) from None
+    except BaseException as exc:
+        for future in pending + state.take_outstanding():
+            _agent.cancel(future, RpcError(f"backward pass in context "
+                                           f"{state.context.context_id} failed: {exc}"))
         raise
 
 
-def _pass_timeout(ctx, outstanding, timeout):
+def _pass_timeout(state, outstanding, timeout):
     waiting = [f for f in outstanding if not f.done() or f.exception() is not None]
     for f in outstanding:
-        _agent.cancel(f, RpcError(f"backward pass in context {ctx.context_id} timed out"))
+        _agent.cancel(f, RpcError(f"backward pass in context {state.context.context_id} "
+                                  "timed out"))
     what = (waiting[0].describe if waiting else
-            f"backward in context {ctx.context_id} (waiting for gradients from other ranks)")
+            f"backward in context {state.context.context_id} (waiting for gradients from "
+            "other ranks)")
     return RpcTimeoutError(f"dist_autograd.backward: {what} timed out after {timeout:g} s")
 
 
 def _node_error(exc):
-    """``exc`` as "Error on Node N: ..." (N: where it was raised; remote errors already are)."""
+    """``exc`` as "Error on Node N: <message>" (N: where it was raised; remote errors already
+    are), as PyTorch words it; the Node that raised follows in the note."""
     text = str(exc)
     kind = RpcTimeoutError if isinstance(exc, TimeoutError) else RpcError
     if isinstance(exc, RpcError) and text.startswith("Error on Node"):
         return kind(text)
     notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
-    return kind(f"Error on Node {_agent.rank}: {type(exc).__name__}: {text}{notes}")
+    return kind(f"Error on Node {container.rank}: {text}{notes}")
 
 
 def _serve_backward(src, envelope, payloads):
     agent = _require_agent()
-    ctx_id = envelope["context_id"]
 
-    def on_done(error):
+    def answer(future):
+        error = future.exception()
         if error is None:
             agent.reply(src, envelope["id"], "done")
         else:
             agent.reply(src, envelope["id"], "error", error=str(_node_error(error)))
 
     try:
-        ctx = container.retrieve(ctx_id)
-        if ctx.abandoned:
-            raise RuntimeError(f"a backward pass in context {ctx_id} failed or timed out on "
-                               "this rank earlier; run backward in a fresh context")
-        ctx.timeout = envelope.get("pass_timeout")  # bounds the gradients this rank sends on
+        ctx = container.retrieve(envelope["context_id"])
         send_function = ctx.send_functions[envelope["message_id"]]
-        send_function.grads = [Tensor._make(payloads[0], False, None, 0)]
-        with context_guard(ctx_id):
-            dist_engine.execute_send_function(ctx, send_function, False, on_done)
+        send_function.grads = [Tensor._make(p, False, None, 0) for p in payloads]
+        state = PassState(ctx, envelope["pass_id"], envelope["keep_graph"],
+                          envelope.get("pass_timeout"))
+        with context_guard(ctx.context_id):
+            answered = dist_engine.execute_send_function(state, send_function)
     except BaseException as exc:  # noqa: BLE001  (answered to the peer)
-        on_done(exc)
+        answered = concurrent.futures.Future()
+        answered.set_exception(exc)
+    answered.add_done_callback(answer)
 
 
 def wait_for_backward(context_id, timeout=DEFAULT_TIMEOUT):
@@ -295,7 +379,6 @@ def send(tensor, dst):
     agent = _require_agent()
     if dst == agent.rank:
         raise ValueError("send to self would deadlock; use the tensor directly")
-    from ..rpc import message
     body, payloads = message.encode(tensor, attach_send)
     note_peer(dst)
     agent.send(dst, "p2p", body, payloads)
@@ -311,8 +394,8 @@ def recv(src, timeout=DEFAULT_TIMEOUT):
         envelope, payloads = _inbox_of(src).get(timeout=timeout)
     except queue.Empty:
         raise TimeoutError(f"recv(src={src}): nothing arrived within {timeout:g} s") from None
-    from ..rpc import message
-    return message.decode(envelope["body"], payloads, lambda t, ids: attach_recv(t, ids, src))
+    return message.decode(envelope["body"], payloads,
+                          lambda tensors, ids: attach_recv(tensors, ids, src))
 
 
 def _inbox_of(src):
@@ -322,3 +405,6 @@ def _inbox_of(src):
 
 def _serve_p2p(src, envelope, payloads):
     _inbox_of(src).put((envelope, payloads))
+
+
+rpc.register_codec(_AutogradCodec())

@@ -1,4 +1,4 @@
-"""Distributed autograd contexts: the send/recv functions and gradients of one forward pass."""
+"""Distributed autograd contexts: the send/recv functions, gradients and passes of one forward."""
 
 import itertools
 import threading
@@ -6,8 +6,34 @@ import threading
 from ...tensor import Tensor
 
 
+class PassState:
+    """One backward pass on this rank: kept with its GraphTask (``GraphTask.attach``), where the
+    RecvRpcBackward Nodes it runs find the pass id, retain_graph and timeout to send on, and
+    where the gradients they sent wait for their answers (the seed's outstanding RPCs)."""
+
+    def __init__(self, context, pass_id, keep_graph, timeout):
+        self.context, self.pass_id = context, pass_id
+        self.keep_graph, self.timeout = keep_graph, timeout
+        self.graph_task = None
+        self._lock = threading.Lock()
+        self._outstanding = []
+
+    def add_outstanding(self, future):
+        with self._lock:
+            self._outstanding.append(future)
+
+    def outstanding(self):
+        with self._lock:
+            return list(self._outstanding)
+
+    def take_outstanding(self):
+        with self._lock:
+            pending, self._outstanding = self._outstanding, []
+            return pending
+
+
 class DistAutogradContext:
-    """Everything one rank knows about one distributed forward/backward pass."""
+    """Everything one rank knows about one distributed forward pass and its backward passes."""
 
     def __init__(self, context_id):
         self.context_id = context_id
@@ -15,13 +41,17 @@ class DistAutogradContext:
         self.send_functions = {}   # autograd message id -> SendRpcBackward
         self.recv_functions = {}   # autograd message id -> RecvRpcBackward
         self._grads = {}           # leaf Tensor -> accumulated gradient Tensor
-        self.graph_task = None
-        self._outstanding = []     # futures of gradients sent to peers (RecvRpcBackward)
+        self.current_pass = None   # PassState of the backward pass running here, if any
+        self.ended_passes = set()  # ids of passes that ended here: their late gradients are refused
+        self._aborted_passes = set()
         self.known_workers = set()
-        self.timeout = None         # of the current pass: bounds the RPCs it sends
-        self.abandoned = False      # a pass failed or timed out here: late messages are refused
         self.backward_error = None  # why this rank's part of the last pass failed
         self.backward_done = threading.Event()  # this rank's part of a pass ended (peers)
+
+    @property
+    def graph_task(self):
+        state = self.current_pass
+        return None if state is None else state.graph_task
 
     def add_send_function(self, message_id, fn):
         with self._lock:
@@ -46,20 +76,28 @@ class DistAutogradContext:
         with self._lock:
             return dict(self._grads)
 
-    def add_outstanding(self, future):
+    def start_pass(self, state):
         with self._lock:
-            self._outstanding.append(future)
+            self.current_pass = state
 
-    def take_outstanding(self):
+    def end_pass(self, state):
+        """The pass ``state`` is over here: later gradients of it are refused."""
         with self._lock:
-            pending, self._outstanding = self._outstanding, []
-            return pending
+            self.ended_passes.add(state.pass_id)
+            if self.current_pass is state:
+                self.current_pass = None
 
-    def finish_pass(self, error):
-        """This rank's part of a backward pass ended (``error`` None on success)."""
+    def mark_aborted(self, pass_id):
+        """Record that ``pass_id`` was abandoned; True the first time (it is passed on once)."""
+        with self._lock:
+            first = pass_id not in self._aborted_passes
+            self._aborted_passes.add(pass_id)
+            self.ended_passes.add(pass_id)
+            return first
+
+    def signal_done(self, error):
+        """This rank's part of a pass it did not start ended (``error`` None on success)."""
         self.backward_error = error
-        if error is not None:
-            self.abandoned = True
         self.backward_done.set()
 
 

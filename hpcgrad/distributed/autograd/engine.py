@@ -5,27 +5,52 @@ in the context runs its part when their gradients come back: the first gradient 
 dependencies of the whole local graph (roots: every send function of the context), later ones
 just run their send function. A rank's part is done when its graph task and every gradient it
 sent on (its outstanding RPCs) are done; only then does it answer the rank that called it.
+The engine drives a GraphTask only through its methods (attach, expect_roots,
+count_dependencies, captures, mark_needed, fail), never through its fields.
+
+Note [GPU to CPU continuations]
+    As in the seed: the GraphTasks of this engine get one process-wide CPU ready queue, served
+    by one thread. Work is normally run by whichever thread delivered a gradient (on a fresh
+    queue per call, so several threads can run one GraphTask at once); but a CPU Node made
+    ready by a device thread (a CPU -> GPU -> CPU backward) goes to the GraphTask's CPU queue,
+    and without a thread serving it the pass would never finish. That thread hands each such
+    task to the launch pool, which runs it until its queue is empty.
+
+Note [Launching send functions]
+    A gradient RPC is answered by the agent's request pool. Its handler computes dependencies
+    (the first gradient of a pass) and launches the send function on the engine's own pool,
+    then returns at once (a later gradient is answered at once; the first one is answered when
+    this rank's part of the pass is done, from a callback). So a backward Node that blocks only
+    holds a launch thread, and many concurrent passes cannot exhaust the RPC pool.
 """
 
-import collections
+import concurrent.futures
 import threading
+import traceback
 
-from ...autograd.engine import (CPU_DEVICE, ExecInfo, GraphTask, InputBuffer, NodeTask,
-                                ReadyQueue, get_default_engine, validate_outputs)
+from ... import backend
+from ...autograd.engine import (CPU_DEVICE, GraphTask, InputBuffer, NodeTask, ReadyQueue,
+                                get_default_engine, validate_outputs)
 from ...autograd.graph import AccumulateGrad, GraphRoot, make_edge
 from ...tensor import Tensor
+from .context import PassState
 from .functions import RecvRpcBackward
+
+_LAUNCH_THREADS = 32  # the engine's pool (Note [Launching send functions]); made lazily
 
 
 class DistAccumulateGradCaptureHook:
-    """Capture hook for a leaf: its pre-hooks, then the context's accumulation, then post-hooks."""
+    """Capture hook for a leaf: its Node pre-hooks, the context's accumulation, its post-hooks.
+
+    Tensor pre-hooks (``register_hook`` on the leaf) are not run here: the engine already ran
+    them on the captured gradient, once, as the seed's capture hook relies on.
+    """
 
     def __init__(self, accumulator, context):
         self.accumulator, self.context = accumulator, context
 
     def __call__(self, grad):
         grads = [grad]
-        grads = self.accumulator.call_tensor_pre_hooks(grads)
         if self.accumulator._pre_hooks:
             grads = self.accumulator.call_pre_hooks(grads)
         if grads[0] is not None:
@@ -36,35 +61,68 @@ class DistAccumulateGradCaptureHook:
 
 
 class DistEngine:
-    """Tracks which contexts have a backward pass running on this rank."""
+    """Tracks which contexts have a backward pass running on this rank, and runs their parts."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._initialized = set()
         self.engine = get_default_engine()
+        self.cpu_ready_queue = ReadyQueue()  # Note [GPU to CPU continuations]
+        self._cpu_thread = None
+        self._cpu_thread_lock = threading.Lock()
+        self._launcher = concurrent.futures.ThreadPoolExecutor(
+            _LAUNCH_THREADS, thread_name_prefix="hpcgrad-dist-engine")
 
     def num_backward_passes(self):
         with self._lock:
             return len(self._initialized)
 
+    # --- threads --------------------------------------------------------------------------------
+    def launch(self, node_task):
+        """Run ``node_task`` (already counted as outstanding) and what it makes ready, on the pool."""
+        self._launcher.submit(self._run, node_task)
+
+    def _run(self, node_task):
+        try:
+            self.engine.run_until_ready_queue_empty(node_task, False)
+        except BaseException:  # the engine records Node errors in the task; this is a bug
+            traceback.print_exc()
+
+    def _start_cpu_thread(self):
+        if self._cpu_thread is None:
+            with self._cpu_thread_lock:
+                if self._cpu_thread is None:
+                    self._cpu_thread = threading.Thread(target=self._serve_cpu_queue, daemon=True,
+                                                        name="hpcgrad-dist-engine-cpu")
+                    self._cpu_thread.start()
+
+    def _serve_cpu_queue(self):
+        """Note [GPU to CPU continuations]: launch what device threads queue for the CPU."""
+        while True:
+            task = self.cpu_ready_queue.pop()
+            if task.is_shutdown:
+                return
+            self.launch(task)
+
     # --- the caller's side ------------------------------------------------------------------------
-    def execute(self, context, roots, retain_graph, wait):
-        """Backward from ``roots`` in ``context``; ``wait(context)`` blocks until every rank's part
-        is done (it raises on errors and timeouts). Cleans up on every outcome."""
+    def execute(self, state, roots, wait):
+        """Backward from ``roots`` in ``state.context``; ``wait(state)`` blocks until every rank's
+        part is done (it raises on errors and timeouts). Cleans up on every outcome."""
         root_edges, grads = self._validate_roots(roots)
         graph_root = GraphRoot(root_edges, grads)
+        context = state.context
         with self._lock:
             if context.context_id in self._initialized:
                 raise RuntimeError(f"a backward pass is already running in context "
-                                   f"{context.context_id}; run one backward per context")
-            self.compute_dependencies(context, graph_root, retain_graph)
+                                   f"{context.context_id}; run one backward per context at a time")
+            self.compute_dependencies(state, graph_root)
             self._initialized.add(context.context_id)
         try:
             self.engine.run_until_ready_queue_empty(
-                NodeTask(context.graph_task, graph_root, InputBuffer()), True)
-            wait(context)
+                NodeTask(state.graph_task, graph_root, InputBuffer()), True)
+            wait(state)
         finally:
-            self.cleanup(context)
+            self.cleanup(state)
 
     @staticmethod
     def _validate_roots(roots):
@@ -83,110 +141,98 @@ class DistEngine:
                 raise RuntimeError(f"root {i} does not have a valid gradient function (a leaf "
                                    "needs no backward)")
             edges.append(root._gradient_edge())
-            grads.append(Tensor._make(root.data * 0 + 1, False, None, 0))
+            # ones, not root * 0 + 1: an inf or nan root still seeds a gradient of 1
+            xp = backend.get_array_module(root.data)
+            grads.append(Tensor._make(xp.ones_like(root.data), False, None, 0))
         validate_outputs(edges, grads, lambda msg: msg)
         return edges, grads
 
-    def compute_dependencies(self, context, graph_root, retain_graph):
-        """Dependencies from ``graph_root`` and every send function; leaves are captured."""
-        graph_task = GraphTask(retain_graph, False, 0, ReadyQueue(), exit_on_error=True)
+    def compute_dependencies(self, state, graph_root):
+        """A GraphTask for ``state``'s pass: dependencies from ``graph_root`` and every send
+        function of the context; leaves are captured into the context, recv functions run."""
+        self._start_cpu_thread()
+        context = state.context
+        graph_task = GraphTask(state.keep_graph, False, 0, self.cpu_ready_queue,
+                               exit_on_error=True)
         sends = context.sends()
         # Each send function will run once its peer's gradient arrives: count it now, so the
         # task is not complete before then.
-        graph_task.outstanding_tasks += len(sends)
-        dependencies, seen = graph_task.dependencies, set()
-        queue = collections.deque([graph_root, *sends])
-        outputs, recv_edges = [], []
-        while queue:  # breadth-first, as in the seed
-            fn = queue.popleft()
-            for edge in fn.next_edges:
-                if edge is None:
-                    continue
-                node = edge.node
-                dependencies[node] = dependencies.get(node, 0) + 1
-                if node not in seen:
-                    seen.add(node)
-                    queue.append(node)
-                    if not node.next_edges:  # a leaf: AccumulateGrad or RecvRpcBackward
-                        outputs.append(edge)
-                        if isinstance(node, RecvRpcBackward):
-                            recv_edges.append(edge)
+        graph_task.expect_roots(len(sends))
+        outputs = graph_task.count_dependencies([graph_root, *sends])
         if outputs:
             dummy = GraphRoot([make_edge(s, 0) for s in sends] + [make_edge(graph_root, 0)], [])
             graph_task.init_to_execute(dummy, outputs, False, 0)
-            for node, info in graph_task.exec_info.items():
-                if info.captures and isinstance(node, AccumulateGrad):
-                    for capture in info.captures:
-                        capture.register_capture_hook(DistAccumulateGradCaptureHook(node, context))
-            for edge in recv_edges:  # leaves for dependency counting, but they must run
-                graph_task.exec_info.setdefault(edge.node, ExecInfo()).needed = True
-        graph_task.owner = CPU_DEVICE
-        graph_task.dist_context = context  # RecvRpcBackward files its reply under this context
-        context.graph_task = graph_task
+            for node, capture in graph_task.captures():
+                if isinstance(node, AccumulateGrad):
+                    capture.register_capture_hook(DistAccumulateGradCaptureHook(node, context))
+            for edge in outputs:  # leaves for dependency counting, but they must run
+                if isinstance(edge.node, RecvRpcBackward):
+                    graph_task.mark_needed(edge.node)
+        graph_task.set_owner(CPU_DEVICE)
+        graph_task.attach(state)  # RecvRpcBackward sends on with this pass's id and options
+        state.graph_task = graph_task
+        context.start_pass(state)
 
     # --- a peer's side ----------------------------------------------------------------------------
-    def execute_send_function(self, context, send_function, retain_graph, on_done):
-        """Run ``send_function`` (its gradients set); ``on_done(error)`` when this rank's part is.
+    def execute_send_function(self, state, send_function):
+        """Run ``send_function`` (its gradients set) in the pass ``state`` names; returns a
+        Future completed (None, or the error) when this rank may answer the gradient.
 
         The first gradient of a pass computes the dependencies (under the lock, so a second
-        gradient arriving meanwhile finds them ready) and answers only when the whole local
-        graph and every RPC it sent on are done; later gradients just run their send function.
+        gradient arriving meanwhile finds them ready) and its Future completes when the whole
+        local graph and every RPC it sent on are done; a later gradient's Future is complete at
+        once (the first gradient's answer covers it). Note [Launching send functions].
         """
-        error = None
+        context = state.context
         with self._lock:
+            running = context.current_pass
             first = context.context_id not in self._initialized
             if first:
-                try:
-                    self.compute_dependencies(context, GraphRoot([], []), retain_graph)
-                    self._initialized.add(context.context_id)
-                except BaseException as exc:  # noqa: BLE001  (answered to the peer)
-                    error = exc
-            graph_task = context.graph_task
-        if error is not None or graph_task is None:
-            on_done(error or RuntimeError(f"context {context.context_id} has no backward pass "
-                                          "running on this rank"))
-            return
+                if state.pass_id in context.ended_passes:
+                    raise RuntimeError(f"a gradient of backward pass {state.pass_id:#x} in "
+                                       f"context {context.context_id} arrived after that pass "
+                                       "ended on this rank (it failed or was abandoned)")
+                self.compute_dependencies(state, GraphRoot([], []))
+                self._initialized.add(context.context_id)
+            elif running is None or running.pass_id != state.pass_id:
+                raise RuntimeError(f"a gradient of backward pass {state.pass_id:#x} in context "
+                                   f"{context.context_id} arrived while another pass runs here; "
+                                   "run one backward per context at a time")
+            else:
+                state = running
+        graph_task = state.graph_task
+        answered = concurrent.futures.Future()
         if not first:
-            # The first gradient's answer covers this one (its task counts every send).
-            self.engine.run_until_ready_queue_empty(
-                NodeTask(graph_task, send_function, InputBuffer()), False)
-            on_done(None)
-            return
+            self.launch(NodeTask(graph_task, send_function, InputBuffer()))
+            answered.set_result(None)
+            return answered
 
         def after_graph(future):
             error = future.exception()
             if error is not None:
                 finish(error)
             else:
-                wait_all(context.take_outstanding(), finish)
+                wait_all(state.outstanding(), finish)
 
         def finish(error):
-            if error is not None:
-                context.abandoned = True  # before cleanup: late gradients must not restart it
-            self.cleanup(context)
-            context.finish_pass(error)
-            on_done(error)
+            self.cleanup(state)  # before answering: the caller may start its next pass at once
+            context.signal_done(error)
+            if error is None:
+                answered.set_result(None)
+            else:
+                answered.set_exception(error)
 
         graph_task.future.add_done_callback(after_graph)
-        self.engine.run_until_ready_queue_empty(NodeTask(graph_task, send_function, InputBuffer()),
-                                                False)
+        self.launch(NodeTask(graph_task, send_function, InputBuffer()))
+        return answered
 
-    def cleanup(self, context):
-        context.graph_task = None
-        context.take_outstanding()
+
+    def cleanup(self, state):
+        context = state.context
+        state.take_outstanding()
+        context.end_pass(state)
         with self._lock:
             self._initialized.discard(context.context_id)
-
-
-def fail_graph_task(graph_task, error):
-    """Fail ``graph_task`` from outside its Nodes (a gradient sent on failed): its waiters wake."""
-    with graph_task.mutex:
-        graph_task.has_error = True
-        if graph_task.error is None:
-            graph_task.error = error
-        first, graph_task.future_completed = not graph_task.future_completed, True
-    if first:
-        graph_task.future.set_exception(error)
 
 
 def wait_all(futures, callback):
@@ -198,12 +244,9 @@ def wait_all(futures, callback):
     lock = threading.Lock()
 
     def one_done(future):
-        try:
-            future.wait(0)
-        except BaseException as exc:
-            with lock:
-                state["error"] = state["error"] or exc
+        error = future.exception()
         with lock:
+            state["error"] = state["error"] or error
             state["left"] -= 1
             last = state["left"] == 0
         if last:

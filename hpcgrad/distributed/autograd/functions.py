@@ -1,19 +1,25 @@
-"""SendRpcBackward and RecvRpcBackward: where a backward pass leaves and re-enters a rank."""
+"""SendRpcBackward and RecvRpcBackward: where a backward pass leaves and re-enters a rank.
+
+As in the seed, one pair per RPC message: the sender's SendRpcBackward has one next edge per
+tensor of the message that requires grad, the receiver's RecvRpcBackward one output per tensor
+(in the same order). A message is the unit of the backward pass: its RecvRpcBackward runs when
+any of its tensors is used, and sends every gradient at once (zeros for the unused ones), so
+the peer's SendRpcBackward always gets its gradients.
+"""
 
 import numpy as np
 
 from ...autograd.engine import current_graph_task
 from ...autograd.graph import Node
-from ...tensor import Tensor
 
 
 class SendRpcBackward(Node):
-    """On the sender of a tensor: a root of its local backward, fed by the peer's gradients."""
+    """On the sender of a message: a root of its local backward, fed by the peer's gradients."""
 
     __slots__ = ("grads",)
 
-    def __init__(self, edge):
-        super().__init__([edge])
+    def __init__(self, edges):
+        super().__init__(list(edges))
         self.grads = None
 
     def name(self):
@@ -26,29 +32,28 @@ class SendRpcBackward(Node):
 
 
 class RecvRpcBackward(Node):
-    """On the receiver: a leaf of its local backward that ships the gradient to the sender.
+    """On the receiver: a leaf of its local backward that ships the gradients to the sender.
 
-    ``peer_context_id`` and ``message_id`` name the sender's SendRpcBackward. The gradient's
-    reply is an outstanding RPC of the context whose backward runs this Node (normally
-    ``context``; with SPMD send/recv, the receiver's own context).
+    ``peer_context_id`` and ``message_id`` name the sender's SendRpcBackward. The reply is an
+    outstanding RPC of the pass that runs this Node (its GraphTask's attached state).
     """
 
     __slots__ = ("context", "peer_context_id", "message_id", "peer", "send_grad")
 
-    def __init__(self, context, peer_context_id, message_id, peer, tensor, send_grad):
+    def __init__(self, context, peer_context_id, message_id, peer, tensors, send_grad):
         super().__init__([])
         self.context, self.peer_context_id = context, peer_context_id
         self.message_id, self.peer = message_id, peer
-        self.send_grad = send_grad  # (this node, running graph task, array) -> None
-        self.input_metadata = [(tensor.data.shape, tensor.data.dtype, tensor.device)]
+        self.send_grad = send_grad  # (this node, running graph task, [array]) -> None
+        self.input_metadata = [(t.data.shape, t.data.dtype, t.device) for t in tensors]
 
     def name(self):
         return "RecvRpcBackward"
 
     def apply(self, grads):
-        grad = grads[0]
-        if grad is None:
-            shape, dtype, _ = self.input_metadata[0]
-            grad = Tensor._make(np.zeros(shape, dtype), False, None, 0)
-        self.send_grad(self, current_graph_task(), grad.data)
+        arrays = []
+        for grad, (shape, dtype, _) in zip(grads, self.input_metadata):
+            arrays.append(np.zeros(shape, dtype) if grad is None else grad.data)
+        self.send_grad(self, current_graph_task(), arrays)
         return []
+

@@ -1,12 +1,23 @@
 """torch.distributed.rpc on MPI: init_rpc, rpc_sync, rpc_async, remote/RRef, shutdown.
 
 Functions run on the callee's pool threads; a remote exception is raised in the caller with
-the remote rank and traceback. Inside ``hpcgrad.distributed.autograd.context()``, tensors that
-require grad carry the backward across ranks (see hpcgrad/distributed/autograd).
+the remote rank and traceback, and logged on the rank where it happened.
+
+Note [RPC codec]
+    RPC knows nothing of autograd. One codec rides along with every message: ``on_send`` gets
+    the tensors of a message that require grad and returns metadata for the header (or None);
+    the receiver's ``on_receive`` gets them back with that metadata; ``request_fields`` adds
+    fields to a request's envelope (the caller's state) and ``serving(envelope)`` is the scope
+    a request is served and its result encoded in. hpcgrad.distributed.autograd registers its
+    codec when it is imported (``register_codec``) and installs its message handlers through
+    ``install(agent)`` at init_rpc, before the agent serves.
 """
 
 import collections
+import contextlib
 import itertools
+import logging
+import numbers
 import threading
 import traceback
 
@@ -15,6 +26,9 @@ from . import message
 from .agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
 
 DEFAULT_RPC_TIMEOUT = 60.0
+UNSET_RPC_TIMEOUT = -1.0   # as PyTorch: a timeout argument left out means the default
+_default_timeout = DEFAULT_RPC_TIMEOUT
+_log = logging.getLogger(__name__)
 
 WorkerInfo = collections.namedtuple("WorkerInfo", ["name", "id"])
 _agent = None
@@ -22,6 +36,43 @@ _rrefs = {}            # rref id -> value, on the owner
 _rref_lock = threading.Lock()
 _rref_created = threading.Condition(_rref_lock)  # a fetch may arrive before its remote() ran
 _rref_ids = itertools.count(1)
+
+
+class Codec:
+    """What travels with every message besides its values: Note [RPC codec]. This one adds
+    nothing; hpcgrad.distributed.autograd registers its own."""
+
+    def install(self, agent):
+        """init_rpc: register message handlers on ``agent`` (before it serves)."""
+
+    def uninstall(self):
+        """shutdown: the agent is gone."""
+
+    def request_fields(self, dst):
+        """Extra envelope fields of a request to ``dst`` (picklable values)."""
+        return {}
+
+    def on_send(self, dst, tensors):
+        """Metadata for the header of a message to ``dst`` carrying ``tensors`` (requires_grad)."""
+        return None
+
+    def on_receive(self, src, tensors, metadata):
+        """The tensors of a message from ``src`` whose sender's ``on_send`` gave ``metadata``."""
+
+    def serving(self, envelope):
+        """The scope a request (its envelope) is served and its result encoded in."""
+        return contextlib.nullcontext()
+
+
+_codec = Codec()
+
+
+def register_codec(codec):
+    """Use ``codec`` for every message from now on (installed at once if RPC is running)."""
+    global _codec
+    _codec = codec
+    if _agent is not None:
+        codec.install(_agent)
 
 
 def _require_agent():
@@ -42,14 +93,14 @@ def init_rpc(name, rank=None, world_size=None, num_worker_threads=8):
                          "mpiexec the MPI rank is the RPC rank (leave rank out)")
     if world_size is not None and world_size != comm.Get_size():
         raise ValueError(f"world_size={world_size} but the MPI job has {comm.Get_size()} ranks")
-    _agent = MPIRpcAgent(name, comm, num_worker_threads)
+    agent = MPIRpcAgent(name, comm, num_worker_threads)
     for kind, handler in (("call", _serve_call), ("remote", _serve_remote),
                           ("fetch", _serve_fetch), ("forget", _serve_forget)):
-        _agent.register_handler(kind, handler)
-    from ..autograd import _install  # the backward pass rides on the same agent
-    _install(_agent)
-    _agent.start()  # only now: a request arriving earlier would find no handler
-    return _agent
+        agent.register_handler(kind, handler)
+    _codec.install(agent)
+    _agent = agent
+    agent.start()  # only now: a request arriving earlier would find no handler
+    return agent
 
 
 def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
@@ -61,10 +112,27 @@ def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
     agent.fail_pending(RpcError("RPC agent shut down before the reply arrived"))
     agent.stop()
     _agent = None
-    from ..autograd import _uninstall
-    _uninstall()
+    _codec.uninstall()
     with _rref_lock:
         _rrefs.clear()
+
+
+def get_rpc_timeout():
+    """The default timeout of RPCs, in seconds (0: none), as PyTorch's ``rpc.get_rpc_timeout``."""
+    return _default_timeout
+
+
+def _set_rpc_timeout(timeout):
+    """Set the default timeout (seconds; 0: none) of RPCs that give none themselves."""
+    global _default_timeout
+    if not isinstance(timeout, numbers.Real) or timeout < 0:
+        raise ValueError(f"_set_rpc_timeout: expected a number of seconds >= 0 (0: no timeout), "
+                         f"got {timeout!r}")
+    _default_timeout = float(timeout)
+
+
+def _timeout_of(timeout):
+    return _default_timeout if timeout is None or timeout < 0 else timeout
 
 
 def get_worker_info(worker_name=None):
@@ -80,38 +148,37 @@ def _rank_of(to):
     agent = _require_agent()
     if isinstance(to, WorkerInfo):
         return to.id
-    if isinstance(to, int):
+    if isinstance(to, numbers.Integral) and not isinstance(to, bool):
         if not 0 <= to < agent.size:
-            raise ValueError(f"no worker with rank {to} (world size {agent.size})")
-        return to
+            raise RuntimeError(f"could not find destination: no worker with rank {to} "
+                               f"(world size {agent.size}; ranks are 0 to {agent.size - 1})")
+        return int(to)
+    if not isinstance(to, str):
+        raise ValueError(f"a destination is a worker name, a rank (int) or a WorkerInfo; got "
+                         f"{type(to).__name__} {to!r}")
     if to not in agent.names:
-        raise ValueError(f"unknown worker {to!r}; workers are {agent.names}")
+        raise RuntimeError(f"could not find destination: unknown worker {to!r}; workers are "
+                           f"{agent.names}")
     return agent.names.index(to)
 
 
 # --- calls ------------------------------------------------------------------------------------
-def _encode(obj):
-    from ..autograd import attach_send
-    return message.encode(obj, attach_send)
+def _encode(obj, dst):
+    return message.encode(obj, lambda tensors: _codec.on_send(dst, tensors))
 
 
 def _decode(body, payloads, src):
-    from ..autograd import attach_recv
-    return message.decode(body, payloads, lambda t, ids: attach_recv(t, ids, src))
+    return message.decode(body, payloads,
+                          lambda tensors, metadata: _codec.on_receive(src, tensors, metadata))
 
 
-def _context_fields():
-    from ..autograd import current_context_id
-    ctx = current_context_id()
-    return {} if ctx is None else {"ctx": ctx}
-
-
-def rpc_async(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
-    """Run ``func(*args, **kwargs)`` on worker ``to``; returns a future of its result."""
+def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Run ``func(*args, **kwargs)`` on worker ``to``; returns a future of its result.
+    ``timeout`` in seconds: left out, the default (``get_rpc_timeout``); 0, none."""
     return _call(to, "call", (func, tuple(args or ()), dict(kwargs or {})), timeout)
 
 
-def rpc_sync(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
+def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """``rpc_async(...).wait()``: blocks until the result arrives, or raises past ``timeout``."""
     return rpc_async(to, func, args, kwargs, timeout).wait()
 
@@ -119,16 +186,15 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
 def _call(to, kind, obj, timeout):
     agent = _require_agent()
     dst = _rank_of(to)
-    body, payloads = _encode(obj)
-    from ..autograd import note_peer
-    note_peer(dst)
+    timeout = _timeout_of(timeout)
+    body, payloads = _encode(obj, dst)
     name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
     reply = agent.request(dst, kind, body, payloads,
                           describe=f"RPC {name} to {agent.names[dst]} (rank {dst})",
-                          timeout=timeout, **_context_fields())
+                          timeout=timeout, **_codec.request_fields(dst))
     result = RpcFuture(reply.describe, timeout)
 
-    def unpack(fut):
+    def unpack(fut):  # on the callback pool: Note [Replies on the callback pool]
         try:
             envelope, payloads = fut.value()
             if envelope["kind"] == "error":
@@ -153,40 +219,49 @@ def _remote_error(envelope):
     return error_class(text)
 
 
-def error_fields(exc):
+def error_fields(exc, what="a request"):
+    """The envelope fields of an error reply; the error is logged here, where it happened."""
     agent = _require_agent()
-    return dict(error=str(exc), error_type=type(exc).__name__,
-                traceback="".join(traceback.format_exception(exc)),
+    trace = "".join(traceback.format_exception(exc))
+    _log.error("%s (rank %d) failed serving %s: %s", agent.name, agent.rank, what, trace)
+    return dict(error=str(exc), error_type=type(exc).__name__, traceback=trace,
                 worker=agent.name, rank=agent.rank)
-
-
-def _run_in_context(envelope, fn):
-    from ..autograd import context_guard
-    with context_guard(envelope.get("ctx")):
-        return fn()
 
 
 def _serve_call(src, envelope, payloads):
     agent = _require_agent()
     try:
-        def run():
+        with _codec.serving(envelope):
             func, args, kwargs = _decode(envelope["body"], payloads, src)
-            return _encode(func(*args, **kwargs))
-        body, out = _run_in_context(envelope, run)
+            body, out = _encode(func(*args, **kwargs), src)
         agent.reply(src, envelope["id"], "result", body, out)
     except BaseException as exc:
-        agent.reply(src, envelope["id"], "error", **error_fields(exc))
+        agent.reply(src, envelope["id"], "error", **error_fields(exc, f"an RPC from rank {src}"))
 
 
 # --- remote references --------------------------------------------------------------------------
-class RRef:
-    """A reference to a value that lives on its owner."""
+_NO_VALUE = object()
 
-    def __init__(self, owner, rref_id, value=None, local=False):
-        self._owner, self._id = owner, rref_id
-        if local:
-            with _rref_lock:
-                _rrefs[rref_id] = value
+
+class RRef:
+    """A reference to a value that lives on its owner.
+
+    ``RRef(value)`` makes one owned by this rank; ``remote(...)`` returns one owned by the
+    callee. Passed to another rank in an RPC, it refers to the same value.
+    """
+
+    def __init__(self, value):
+        agent = _require_agent()
+        self._owner, self._id = agent.rank, (agent.rank << 40) | next(_rref_ids)
+        self._value = value       # an owner's own RRef holds its value itself
+        self._created = None
+
+    @classmethod
+    def _handle(cls, owner, rref_id, created=None):
+        """An RRef to the value ``rref_id`` of ``owner`` (kept in the owner's table)."""
+        rref = cls.__new__(cls)
+        rref._owner, rref._id, rref._value, rref._created = owner, rref_id, _NO_VALUE, created
+        return rref
 
     def owner(self):
         return WorkerInfo(_require_agent().names[self._owner], self._owner)
@@ -201,42 +276,56 @@ class RRef:
         if not self.is_owner():
             raise RuntimeError(f"local_value() on rank {_require_agent().rank}: this RRef is owned "
                                f"by rank {self._owner}; use to_here()")
-        return _owned_value(self._id, DEFAULT_RPC_TIMEOUT)
+        if self._value is not _NO_VALUE:
+            return self._value
+        return _owned_value(self._id, _timeout_of(None))
 
-    def to_here(self, timeout=DEFAULT_RPC_TIMEOUT):
+    def _get_future(self):
+        """As PyTorch's: a future completed when the value exists on the owner (its error, if
+        creating it failed)."""
+        if self._created is None:
+            done = RpcFuture("RRef value")
+            done.set_result(None)
+            return done
+        return self._created.then(lambda fut: None)
+
+    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
         """The value, copied from the owner (the owner's own value, on the owner)."""
-        created = getattr(self, "_created", None)
-        if created is not None:
-            created.wait(timeout or None)  # the remote() call's own error surfaces here
+        timeout = _timeout_of(timeout)
+        if self._created is not None:
+            self._created.wait(timeout or None)  # the remote() call's own error surfaces here
         if self.is_owner():
             return self.local_value()
         return _call(self._owner, "fetch", self._id, timeout).wait()
 
-    def __getstate__(self):
-        return (self._owner, self._id)
-
-    def __setstate__(self, state):
-        self._owner, self._id = state
+    def __reduce__(self):
+        if self._value is not _NO_VALUE:  # shared: users find the value in the owner's table
+            with _rref_created:
+                _rrefs.setdefault(self._id, self._value)
+                _rref_created.notify_all()
+        return (_rref_handle, (self._owner, self._id))
 
     def __repr__(self):
         return f"RRef(owner=rank {self._owner}, id={self._id})"
 
 
-def remote(to, func, args=None, kwargs=None, timeout=DEFAULT_RPC_TIMEOUT):
+def _rref_handle(owner, rref_id):
+    return RRef._handle(owner, rref_id)
+
+
+def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Run ``func`` on ``to`` and keep the result there; returns an RRef to it at once."""
     agent = _require_agent()
     dst = _rank_of(to)
     rref_id = (agent.rank << 40) | next(_rref_ids)
-    rref = RRef(dst, rref_id)
     created = _call(dst, "remote", (func, tuple(args or ()), dict(kwargs or {}), rref_id), timeout)
-    rref._created = created  # errors surface on to_here()/wait of this future
-    return rref
+    return RRef._handle(dst, rref_id, created)  # errors surface on to_here()
 
 
 def _serve_remote(src, envelope, payloads):
     agent = _require_agent()
     try:
-        def run():
+        with _codec.serving(envelope):
             func, args, kwargs, rref_id = _decode(envelope["body"], payloads, src)
             try:
                 value = func(*args, **kwargs)
@@ -247,21 +336,23 @@ def _serve_remote(src, envelope, payloads):
                 _rref_created.notify_all()
             if isinstance(value, _Failed):
                 raise value.error
-            return _encode(None)
-        body, out = _run_in_context(envelope, run)
+            body, out = _encode(None, src)
         agent.reply(src, envelope["id"], "result", body, out)
     except BaseException as exc:
-        agent.reply(src, envelope["id"], "error", **error_fields(exc))
+        agent.reply(src, envelope["id"], "error",
+                    **error_fields(exc, f"a remote() call from rank {src}"))
 
 
 def _serve_fetch(src, envelope, payloads):
     agent = _require_agent()
     try:
-        value = _owned_value(_decode(envelope["body"], payloads, src), DEFAULT_RPC_TIMEOUT)
-        body, out = _run_in_context(envelope, lambda: _encode(value))
+        with _codec.serving(envelope):
+            value = _owned_value(_decode(envelope["body"], payloads, src), _timeout_of(None))
+            body, out = _encode(value, src)
         agent.reply(src, envelope["id"], "result", body, out)
     except BaseException as exc:
-        agent.reply(src, envelope["id"], "error", **error_fields(exc))
+        agent.reply(src, envelope["id"], "error",
+                    **error_fields(exc, f"an RRef fetch from rank {src}"))
 
 
 class _Failed:
@@ -273,7 +364,7 @@ class _Failed:
 
 def _owned_value(rref_id, timeout):
     with _rref_created:
-        if not _rref_created.wait_for(lambda: rref_id in _rrefs, timeout):
+        if not _rref_created.wait_for(lambda: rref_id in _rrefs, timeout or None):
             raise RpcTimeoutError(f"RRef {rref_id}: its value was not created on the owner "
                                   f"(rank {_require_agent().rank}) within {timeout:g} s")
         value = _rrefs[rref_id]

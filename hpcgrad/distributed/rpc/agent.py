@@ -15,10 +15,16 @@ Note [Progress thread and the GIL]
     by its reply) only wins it when its 5 ms switch interval expires: hops cost milliseconds.
     Sleeping releases the GIL for real. Sleeps start at 10 us (the thread's timer slack is set
     to 1 ns, or Linux would round them up to 60 us), and double up to 0.5 ms once the agent has
-    been quiet for 2 ms. Replies are resolved on the progress thread itself (one handoff fewer:
-    the waiter wakes directly), so callbacks on an RPC future must be quick and never block.
-    Measured on the 1x8 round trip of benchmarks/dist_autograd.py, 3,000 iterations, 2 ranks
-    on 2 busy cores: 22-38 s wall before (polling loop, replies via the pool), 9-13 s after.
+    been quiet for 2 ms. Measured on the 1x8 round trip of benchmarks/dist_autograd.py, 3,000
+    iterations, 2 ranks on 2 busy cores: 22-38 s wall before (polling loop), 9-13 s after.
+
+Note [Replies on the callback pool]
+    The progress thread only receives. A reply completes its future on a small pool of its own
+    (never on the progress thread, and never on the request pool): its callbacks decode the
+    result and may do real work (a distributed-autograd reply fails or finishes a graph task),
+    so one slow callback must not stall every RPC of the rank; and requests that block waiting
+    for a nested RPC's reply can fill the request pool without starving the replies they wait
+    for. It costs one thread handoff per reply.
 """
 
 import heapq
@@ -127,7 +133,7 @@ class RpcFuture:
 class MPIRpcAgent:
     """Sends and serves RPCs for one rank over a private duplicate of COMM_WORLD."""
 
-    def __init__(self, name, comm, num_worker_threads=8):
+    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.name = name
@@ -145,6 +151,10 @@ class MPIRpcAgent:
         self._handlers = {}           # kind -> handler(src, envelope, obj) run on the pool
         self._pool = ThreadPoolExecutor(num_worker_threads,
                                         thread_name_prefix=f"hpcgrad-rpc-{self.rank}")
+        # Note [Replies on the callback pool]
+        self._callback_pool = ThreadPoolExecutor(num_callback_threads,
+                                                 thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
+        self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
         self._running = False
         self._thread = threading.Thread(target=self._progress, daemon=True,
                                         name=f"hpcgrad-rpc-progress-{self.rank}")
@@ -197,6 +207,7 @@ class MPIRpcAgent:
             requests = [self.comm.Isend(b.spec, dest=dst, tag=tag) for b in buffers]
             requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
             self._pending_sends.append((requests, (buffers, data)))
+            self.messages_sent += len(requests)
 
     def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
         self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
@@ -283,8 +294,8 @@ class MPIRpcAgent:
         if reply_to is not None:
             with self._waiting_lock:
                 future = self._waiting.pop(reply_to, None)
-            if future is not None:  # resolved here: Note [Progress thread and the GIL]
-                self._resolve(future, src, envelope, payloads)
+            if future is not None:  # Note [Replies on the callback pool]
+                self._callback_pool.submit(self._resolve, future, src, envelope, payloads)
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
         if handler is None:
@@ -300,9 +311,8 @@ class MPIRpcAgent:
     def _resolve(self, future, src, envelope, payloads):
         try:
             future.set_result((envelope, payloads))
-        except BaseException as exc:  # a callback failed: it must not kill the pool thread
+        except BaseException:  # a callback failed: report it, the pool thread lives on
             traceback.print_exc()
-            del exc
 
     def _run_handler(self, handler, src, envelope, payloads):
         try:
@@ -329,4 +339,5 @@ class MPIRpcAgent:
             self._complete_sends()
             time.sleep(1e-4)
         self._pool.shutdown(wait=True)
+        self._callback_pool.shutdown(wait=True)
         self.comm.Free()

@@ -1,9 +1,11 @@
 """RPC messages: a small pickled header plus the raw bytes of every array (never pickled).
 
 Tensors and arrays inside the arguments or results are replaced by placeholders; their
-buffers travel as separate MPI messages after the header. A tensor that requires grad, sent
-inside a distributed-autograd context, carries the ids its receiver needs to attach a
-RecvRpcBackward (see hpcgrad/distributed/autograd/functions.py).
+buffers travel as separate MPI messages after the header. The tensors of one message that
+require grad are handed, together and in order, to the codec's ``on_send``; whatever it returns
+(picklable, or None) rides in the header and is given back, with the received tensors, to the
+receiver's ``on_receive`` (Note [RPC codec] in rpc/__init__.py). RPC itself knows nothing of
+what the codec does with them.
 """
 
 import pickle
@@ -17,18 +19,17 @@ from ...tensor import Tensor
 class ArrayRef:
     """Placeholder for an array: its position among the payloads, shape and dtype."""
 
-    __slots__ = ("index", "shape", "dtype", "tensor", "requires_grad", "autograd")
+    __slots__ = ("index", "shape", "dtype", "tensor", "requires_grad")
 
-    def __init__(self, index, array, tensor, requires_grad=False, autograd=None):
+    def __init__(self, index, array, tensor, requires_grad=False):
         self.index, self.shape, self.dtype = index, array.shape, array.dtype.str
-        self.tensor, self.requires_grad, self.autograd = tensor, requires_grad, autograd
+        self.tensor, self.requires_grad = tensor, requires_grad
 
     def __getstate__(self):
-        return (self.index, self.shape, self.dtype, self.tensor, self.requires_grad, self.autograd)
+        return (self.index, self.shape, self.dtype, self.tensor, self.requires_grad)
 
     def __setstate__(self, state):
-        (self.index, self.shape, self.dtype, self.tensor, self.requires_grad,
-         self.autograd) = state
+        self.index, self.shape, self.dtype, self.tensor, self.requires_grad = state
 
 
 def _walk(obj, leaf):
@@ -42,26 +43,29 @@ def _walk(obj, leaf):
     return leaf(obj)
 
 
-def encode(obj, attach_send=None):
+def encode(obj, on_send=None):
     """(header bytes, payload arrays) for ``obj``.
 
-    ``attach_send(tensor) -> autograd ids or None`` is called for tensors that require grad.
+    ``on_send(tensors) -> metadata or None`` gets the tensors of ``obj`` that require grad (in
+    the order they are met); the metadata travels in the header.
     """
-    payloads = []
+    payloads, grad_tensors = [], []
 
     def leaf(x):
         if isinstance(x, Tensor):
-            ids = attach_send(x) if (attach_send is not None and x.requires_grad) else None
-            payloads.append(_host(x.data))
-            return ArrayRef(len(payloads) - 1, payloads[-1], True, x.requires_grad, ids)
+            if x.requires_grad:
+                grad_tensors.append(x)
+            payloads.append(host_array(x.data))
+            return ArrayRef(len(payloads) - 1, payloads[-1], True, x.requires_grad)
         if isinstance(x, np.ndarray) or backend.is_gpu_array(x):
-            payloads.append(_host(x))
+            payloads.append(host_array(x))
             return ArrayRef(len(payloads) - 1, payloads[-1], False)
         return x
 
     skeleton = _walk(obj, leaf)
+    metadata = on_send(grad_tensors) if (on_send is not None and grad_tensors) else None
     try:
-        header = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        header = pickle.dumps((skeleton, metadata), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise TypeError(f"cannot send {type(obj).__name__} over RPC: {exc}. Functions must be "
                         "defined at module level (no lambdas or closures), and arguments must be "
@@ -69,9 +73,11 @@ def encode(obj, attach_send=None):
     return header, payloads
 
 
-def decode(header, payloads, attach_recv=None):
-    """The object ``encode`` took apart; ``attach_recv(tensor, ids)`` for autograd tensors."""
-    skeleton = pickle.loads(header)
+def decode(header, payloads, on_receive=None):
+    """The object ``encode`` took apart. Its tensors that require grad come back as new leaves,
+    or, when the sender's codec attached metadata, go to ``on_receive(tensors, metadata)``."""
+    skeleton, metadata = pickle.loads(header)
+    grad_tensors = []
 
     def leaf(x):
         if not isinstance(x, ArrayRef):
@@ -81,15 +87,22 @@ def decode(header, payloads, attach_recv=None):
             return array
         t = Tensor._make(array, False, None, 0)
         if x.requires_grad:
-            if x.autograd is not None and attach_recv is not None:
-                return attach_recv(t, x.autograd)
-            t.requires_grad = True  # outside a context: a new leaf, as in PyTorch
+            t.requires_grad = True  # a new leaf, as in PyTorch, unless on_receive says otherwise
+            grad_tensors.append(t)
         return t
 
-    return _walk(skeleton, leaf)
+    obj = _walk(skeleton, leaf)
+    if metadata is not None:
+        if on_receive is None:
+            raise RuntimeError("this message carries distributed-autograd metadata but this rank "
+                               "has no codec for it: import hpcgrad.distributed.autograd on every "
+                               "rank before init_rpc")
+        on_receive(grad_tensors, metadata)
+    return obj
 
 
-def _host(array):
+def host_array(array):
+    """``array`` as a C-contiguous host array (what MPI sends): copied only when it is not."""
     array = backend.to_device(array, backend.CPU)
     # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
     return array if array.flags.c_contiguous else np.array(array, order="C")
