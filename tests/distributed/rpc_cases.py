@@ -7,6 +7,7 @@ A weight is named after the rank that owns it and drawn from a seed derived from
 the caller can rebuild every rank's weights and compute the reference gradients locally.
 """
 
+import logging
 import threading
 import time
 import zlib
@@ -360,3 +361,116 @@ def run_in_threads(threads, per_thread, fn):
     if errors:
         raise errors[0]
     return results
+
+
+# --- issue 11: graph shape, hooks, passes, concurrency ----------------------------------------------
+def three_parts(x):
+    """Several tensors in one result: x*1, x*2, x*3."""
+    return x * 1.0, x * 2.0, x * 3.0
+
+
+def first_of_two(a, b):
+    """Ignores its second grad-requiring argument (it came in the same message as the first)."""
+    return a * 2.0
+
+
+def message_graph(context_id):
+    """[(number of next edges, number of inputs)] of the context's send and recv functions."""
+    ctx = dist_autograd.container.retrieve(context_id)
+    return ([len(fn.next_edges) for fn in ctx.send_functions.values()],
+            [len(fn.input_metadata) for fn in ctx.recv_functions.values()])
+
+
+_fail_switch = threading.Event()
+
+
+def set_failing(on):
+    """Switch ``fail_while_set``'s backward failure on or off on this rank."""
+    (_fail_switch.set if on else _fail_switch.clear)()
+
+
+class _FailWhileSet(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        if _fail_switch.is_set():
+            raise ValueError("deliberate failure while switched on")
+        return g
+
+
+def fail_while_set(x):
+    return _FailWhileSet.apply(x * 2.0)
+
+
+_stalled = threading.Semaphore(0)
+
+
+class _StallUntilWoken(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        _stalled.release()
+        _wake.wait(WAIT_LIMIT)
+        return g
+
+
+def stall_until_woken(x):
+    return _StallUntilWoken.apply(x * 2.0)
+
+
+def stalled_count():
+    """How many backward Nodes have stalled in stall_until_woken so far (and forget them)."""
+    n = 0
+    while _stalled.acquire(blocking=False):
+        n += 1
+    return n
+
+
+_log_records = []
+
+
+class _ListHandler(logging.Handler):
+    def emit(self, record):
+        _log_records.append(record.getMessage())
+
+
+def capture_rpc_log():
+    """Keep this rank's RPC error log in a list (``rpc_log``) from now on."""
+    logger = logging.getLogger("hpcgrad.distributed.rpc")
+    if not any(isinstance(h, _ListHandler) for h in logger.handlers):
+        logger.addHandler(_ListHandler())
+    _log_records.clear()
+
+
+def rpc_log():
+    return list(_log_records)
+
+
+class Cast(Function):
+    """``x`` in ``dtype``; its gradient comes back in ``x``'s dtype."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return hg.tensor(x.data.astype(dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        return hg.tensor(g.data.astype(ctx.dtype)), None
+
+
+def times_three(x):
+    return x * 3.0
+
+
+class FailingOptimizerOnConstructor:
+    """An optimizer class whose constructor raises (on the parameters' owner)."""
+
+    def __init__(self, params, **kwargs):
+        raise ValueError("Error creating optimizer.")

@@ -287,7 +287,7 @@ class RRef:
             done = RpcFuture("RRef value")
             done.set_result(None)
             return done
-        return self._created.then(lambda fut: None)
+        return self._created.then(_no_value)
 
     def to_here(self, timeout=UNSET_RPC_TIMEOUT):
         """The value, copied from the owner (the owner's own value, on the owner)."""
@@ -307,6 +307,10 @@ class RRef:
 
     def __repr__(self):
         return f"RRef(owner=rank {self._owner}, id={self._id})"
+
+
+def _no_value(future):
+    future.value()  # raises the error the future completed with
 
 
 def _rref_handle(owner, rref_id):
