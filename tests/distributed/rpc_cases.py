@@ -474,3 +474,19 @@ class FailingOptimizerOnConstructor:
 
     def __init__(self, params, **kwargs):
         raise ValueError("Error creating optimizer.")
+
+
+_kept = {}
+
+
+def keep(name, value):
+    """Hold ``value`` (an RRef, say) on this rank under ``name``."""
+    _kept[name] = value
+
+
+def kept(name):
+    return _kept[name]
+
+
+def drop(name):
+    _kept.pop(name, None)

@@ -32,7 +32,8 @@ _log = logging.getLogger(__name__)
 
 WorkerInfo = collections.namedtuple("WorkerInfo", ["name", "id"])
 _agent = None
-_rrefs = {}            # rref id -> value, on the owner
+_rrefs = {}            # rref id -> value, on the owner, while some RRef handle refers to it
+_rref_users = {}       # rref id -> handles alive (Note [RRef reference counting])
 _rref_lock = threading.Lock()
 _rref_created = threading.Condition(_rref_lock)  # a fetch may arrive before its remote() ran
 _rref_ids = itertools.count(1)
@@ -95,8 +96,10 @@ def init_rpc(name, rank=None, world_size=None, num_worker_threads=8):
         raise ValueError(f"world_size={world_size} but the MPI job has {comm.Get_size()} ranks")
     agent = MPIRpcAgent(name, comm, num_worker_threads)
     for kind, handler in (("call", _serve_call), ("remote", _serve_remote),
-                          ("fetch", _serve_fetch), ("forget", _serve_forget)):
+                          ("fetch", _serve_fetch)):
         agent.register_handler(kind, handler)
+    agent.register_handler("fork", _serve_fork, inline=True)
+    agent.register_handler("forget", _serve_forget, inline=True)
     _codec.install(agent)
     _agent = agent
     agent.start()  # only now: a request arriving earlier would find no handler
@@ -115,6 +118,7 @@ def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
     _codec.uninstall()
     with _rref_lock:
         _rrefs.clear()
+        _rref_users.clear()
 
 
 def get_rpc_timeout():
@@ -240,6 +244,16 @@ def _serve_call(src, envelope, payloads):
 
 
 # --- remote references --------------------------------------------------------------------------
+# Note [RRef reference counting]
+#     An owner keeps a value in ``_rrefs`` while RRef handles to it exist anywhere; a handle is
+#     an RRef made by remote() or by unpickling (an owner's own ``RRef(value)`` holds its value
+#     itself and is not counted). Every pickled RRef becomes one handle where it is unpickled, so
+#     pickling adds one user at the owner *before* the message leaves (on the owner itself at
+#     once; elsewhere by a "fork" round trip to the owner), and a handle's deletion removes one
+#     (a "forget" message; sent from the progress thread, as __del__ may run anywhere). Adding
+#     always happens before the matching removal, so the count reaches 0 only when no handle is
+#     left: then the owner drops the value. remote() counts its creator's handle when the owner
+#     runs it; a "forget" overtaking it takes the count to -1 and the value is never stored.
 _NO_VALUE = object()
 
 
@@ -247,7 +261,8 @@ class RRef:
     """A reference to a value that lives on its owner.
 
     ``RRef(value)`` makes one owned by this rank; ``remote(...)`` returns one owned by the
-    callee. Passed to another rank in an RPC, it refers to the same value.
+    callee. Passed to another rank in an RPC, it refers to the same value, which its owner
+    keeps while any rank holds such a reference (Note [RRef reference counting]).
     """
 
     def __init__(self, value):
@@ -258,7 +273,7 @@ class RRef:
 
     @classmethod
     def _handle(cls, owner, rref_id, created=None):
-        """An RRef to the value ``rref_id`` of ``owner`` (kept in the owner's table)."""
+        """A counted RRef to the value ``rref_id`` of ``owner`` (kept in the owner's table)."""
         rref = cls.__new__(cls)
         rref._owner, rref._id, rref._value, rref._created = owner, rref_id, _NO_VALUE, created
         return rref
@@ -299,14 +314,55 @@ class RRef:
         return _call(self._owner, "fetch", self._id, timeout).wait()
 
     def __reduce__(self):
-        if self._value is not _NO_VALUE:  # shared: users find the value in the owner's table
-            with _rref_created:
-                _rrefs.setdefault(self._id, self._value)
-                _rref_created.notify_all()
+        """One more user at the owner, before the message carrying this copy leaves."""
+        agent = _require_agent()
+        if self._owner == agent.rank:
+            _add_users(self._id, 1, self._value)
+        else:  # ordered after this rank's remote() request, so counted after its creation
+            _call(self._owner, "fork", self._id, _timeout_of(None)).wait()
         return (_rref_handle, (self._owner, self._id))
+
+    def __del__(self):
+        if self._value is not _NO_VALUE or _agent is None:
+            return
+        agent, owner, rref_id = _agent, self._owner, self._id
+        agent.call_soon(lambda: _forget(agent, owner, rref_id))
 
     def __repr__(self):
         return f"RRef(owner=rank {self._owner}, id={self._id})"
+
+
+def _add_users(rref_id, delta, value=_NO_VALUE):
+    """Count ``delta`` handles to ``rref_id`` on its owner (storing ``value`` when given); the
+    value goes once none is left."""
+    with _rref_created:
+        users = _rref_users.get(rref_id, 0) + delta
+        if users == 0:
+            _rref_users.pop(rref_id, None)
+            _rrefs.pop(rref_id, None)
+            return
+        _rref_users[rref_id] = users
+        if value is not _NO_VALUE and users > 0:
+            _rrefs[rref_id] = value
+            _rref_created.notify_all()
+
+
+def _forget(agent, owner, rref_id):
+    """On the progress thread: one handle to ``rref_id`` is gone."""
+    if owner == agent.rank:
+        _add_users(rref_id, -1)
+    else:
+        agent.send(owner, "forget", rref_id=rref_id)
+
+
+def _serve_fork(src, envelope, payloads):
+    _add_users(_decode(envelope["body"], payloads, src), 1)
+    body, out = _encode(None, src)
+    _require_agent().reply(src, envelope["id"], "result", body, out)
+
+
+def _serve_forget(src, envelope, payloads):
+    _add_users(envelope["rref_id"], -1)
 
 
 def _no_value(future):
@@ -335,9 +391,7 @@ def _serve_remote(src, envelope, payloads):
                 value = func(*args, **kwargs)
             except BaseException as exc:
                 value = _Failed(exc)
-            with _rref_created:
-                _rrefs[rref_id] = value
-                _rref_created.notify_all()
+            _add_users(rref_id, 1, value)  # its creator's handle
             if isinstance(value, _Failed):
                 raise value.error
             body, out = _encode(None, src)
@@ -375,8 +429,3 @@ def _owned_value(rref_id, timeout):
     if isinstance(value, _Failed):
         raise value.error
     return value
-
-
-def _serve_forget(src, envelope, payloads):
-    with _rref_lock:
-        _rrefs.pop(_decode(envelope["body"], payloads, src), None)

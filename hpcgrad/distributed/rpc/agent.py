@@ -27,6 +27,8 @@ Note [Replies on the callback pool]
     for. It costs one thread handoff per reply.
 """
 
+import collections
+import ctypes
 import heapq
 import itertools
 import pickle
@@ -50,7 +52,6 @@ _MAX_SLEEP_SECONDS = 5e-4
 def _allow_short_sleeps():
     """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60."""
     try:
-        import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
     except (OSError, AttributeError):
         pass
@@ -155,6 +156,7 @@ class MPIRpcAgent:
         self._callback_pool = ThreadPoolExecutor(num_callback_threads,
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
+        self._soon = collections.deque()  # functions for the progress thread (call_soon)
         self._running = False
         self._thread = threading.Thread(target=self._progress, daemon=True,
                                         name=f"hpcgrad-rpc-progress-{self.rank}")
@@ -212,6 +214,19 @@ class MPIRpcAgent:
     def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
         self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
 
+    def call_soon(self, fn):
+        """Run ``fn()`` on the progress thread soon. Safe from anywhere, also from ``__del__``
+        or a signal handler (deque.append takes no lock that its caller might hold)."""
+        self._soon.append(fn)
+
+    def _run_soon(self):
+        while self._soon:
+            fn = self._soon.popleft()
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001  (a bug in fn: report it, keep serving)
+                traceback.print_exc()
+
     def fail_pending(self, error):
         with self._waiting_lock:
             waiting, self._waiting = self._waiting, {}
@@ -258,6 +273,8 @@ class MPIRpcAgent:
         status = MPI.Status()
         last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
         while self._running:
+            if self._soon:
+                self._run_soon()
             busy = self._complete_sends()
             if self._deadlines and self._deadlines[0][0] <= time.monotonic():
                 self._expire_requests()
