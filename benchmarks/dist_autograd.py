@@ -127,11 +127,26 @@ def run_library(lib, args, rank):
                 profiler.disable()
                 profiler.dump_stats(f"{args.profile}.{size}")
     if lib == "hpcgrad":
+        results["messages"] = count_messages(rank, make)
         hg_rpc.shutdown()
     else:
         import torch.distributed.rpc as rpc
         rpc.shutdown()
     return results if rank == 0 else None
+
+
+def count_messages(rank, make, iterations=100):
+    """MPI messages (envelopes and payloads, both ranks) of one 1x8 round trip, on rank 0."""
+    agent = hg_rpc._require_agent()
+    agent.join(60)  # every rank here: nothing else in flight
+    start = agent.messages_sent
+    if rank == 0:
+        x = make(SIZES["1x8"][0])
+        for _ in range(iterations):
+            hg_iteration(x, "1x8")
+    agent.join(60)
+    sent = comm_world().gather(agent.messages_sent - start, root=0)
+    return None if rank != 0 else sum(sent) / iterations
 
 
 def _free_port():
@@ -186,6 +201,8 @@ def main(argv=None):
             row += (f" {fmt(statistics.median(theirs)):>13} ({fmt(min(theirs)):>8})"
                     f" {ratio:>6.2f}x {TARGETS[size]:>6.1f}x")
         print(row)
+    print(f"MPI messages per 1x8 round trip (hpcgrad, both ranks): "
+          f"{results['hpcgrad']['messages']:g}")
     print(f"iterations: {args.iterations}")
     return 0
 

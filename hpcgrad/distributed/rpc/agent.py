@@ -7,6 +7,9 @@ Note [RPC wire format]
     the envelope arrives its payloads are already on their way; messages with the same tag
     from one sender do not overtake each other, so payloads are received in order. Every
     Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
+    Payloads of at most INLINE_BYTES in all travel inside the envelope instead (one MPI message
+    per RPC instead of one per array): a 1x8 distributed-autograd round trip took 11 MPI
+    messages, 7 with them inline.
 
 Note [Progress thread and the GIL]
     The progress thread sleeps between every two polls, also while messages are flowing. A
@@ -43,6 +46,7 @@ from mpi4py import MPI
 from ..buffers import MessageBuffer
 
 ENVELOPE_TAG = 1
+INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
 _PAYLOAD_TAG_BASE = 2
 _IDLE_SPIN_SECONDS = 2e-3   # poll at the shortest interval this long after the last message
 _MIN_SLEEP_SECONDS = 1e-5   # then back off, doubling, to the longest
@@ -202,6 +206,9 @@ class MPIRpcAgent:
             raise ValueError(f"no worker with rank {dst} (world size {self.size})")
         envelope = dict(fields, kind=kind, id=message_id, reply_to=reply_to, body=body,
                         specs=[(a.shape, a.dtype.str) for a in payloads])
+        if payloads and sum(a.nbytes for a in payloads) <= INLINE_BYTES:
+            envelope["inline"] = [a.tobytes() for a in payloads]
+            payloads = ()
         data = np.frombuffer(pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
         buffers = [MessageBuffer(a) for a in payloads]
         tag = self._payload_tag(message_id)
@@ -301,12 +308,17 @@ class MPIRpcAgent:
         data = np.empty(nbytes, np.uint8)
         self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
         envelope = pickle.loads(data.tobytes())
-        tag = self._payload_tag(envelope["id"])
-        payloads = []
-        for shape, dtype in envelope["specs"]:
-            array = np.empty(shape, np.dtype(dtype))
-            self.comm.Recv(MessageBuffer(array, writable=True).spec, source=src, tag=tag)
-            payloads.append(array)
+        inline = envelope.pop("inline", None)
+        if inline is not None:  # writable arrays of their own (bytearray), like received ones
+            payloads = [np.frombuffer(bytearray(raw), np.dtype(dtype)).reshape(shape)
+                        for raw, (shape, dtype) in zip(inline, envelope["specs"])]
+        else:
+            tag = self._payload_tag(envelope["id"])
+            payloads = []
+            for shape, dtype in envelope["specs"]:
+                array = np.empty(shape, np.dtype(dtype))
+                self.comm.Recv(MessageBuffer(array, writable=True).spec, source=src, tag=tag)
+                payloads.append(array)
         reply_to = envelope.get("reply_to")
         if reply_to is not None:
             with self._waiting_lock:
