@@ -162,11 +162,6 @@ def test_backward_different_tensor_dims():
     run_same_code(LOCAL_SYNC_REMOTE, forward, t1, t2, t2, t3, t4)
 
 
-UNUSED = pytest.mark.xfail(strict=True, reason="issue 11: a remote result of several tensors "
-                                               "of which the caller uses some must complete "
-                                               "with zero gradients for the unused ones")
-
-
 def test_backward_unused_tensors():
     t1, t2, t3 = rand(3, 3), rand(3, 3), rand(3, 3)
 
@@ -178,7 +173,6 @@ def test_backward_unused_tensors():
     run_same_code(LOCAL_SYNC_REMOTE, forward, t1, t2, t3)
 
 
-@UNUSED
 def test_backward_multiple_output_tensors():
     t = rand(10, 2)
 
@@ -190,7 +184,6 @@ def test_backward_multiple_output_tensors():
     run_same_code(LOCAL_SYNC_REMOTE, forward, t, timeout=5)  # it hangs: bounded
 
 
-@UNUSED
 def test_backward_ignored_argument():
     """Not in PyTorch's suite (issue 11): the callee ignores a grad-requiring argument, which
     reaches it in the same message as the one it uses; the pass completes and that argument's
@@ -206,8 +199,6 @@ def test_backward_ignored_argument():
             h.assert_close(grads[t2], np.zeros((3, 3), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: an inf root gives NaN gradients (the root's "
-                                       "seed gradient is computed as root * 0 + 1)")
 def test_backward_inf_root():
     """Not in PyTorch's suite (issue 11): the seed gradient of a root is 1 whatever its value."""
     t = hg.tensor(np.array([np.inf, 1.0], np.float32), requires_grad=True)
@@ -229,8 +220,6 @@ def test_backward_unused_send_function():
             h.backward(context_id, [val.sum()], timeout=2)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: errors read 'Error on Node N: <message>' "
-                                       "(hpcgrad puts the exception type between them)")
 def test_backward_autograd_engine_error():
     with dist_autograd.context() as context_id:
         t1, t2 = rand(3, 3), rand(3, 3)
@@ -281,7 +270,6 @@ def test_backward_invalid_args():
             dist_autograd.backward(context_id, [hg.rand(1, requires_grad=True)])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: backward(None, None) raises TypeError")
 def test_backward_invalid_args_no_context():
     """The second check of PyTorch's test_backward_invalid_args."""
     with dist_autograd.context():
@@ -379,11 +367,6 @@ def test_async_dist_autograd():
             raise errors[0]
 
 
-RETAIN = pytest.mark.xfail(strict=True, reason="issue 11: retain_graph is not sent to peers "
-                                               "(their part of the graph is freed)")
-
-
-@RETAIN
 def test_backward_accumulate_grads():
     t1, t2 = rand(3, 3), rand(3, 3)
     with dist_autograd.context() as context_id:
@@ -420,8 +403,6 @@ def test_multiple_backward():
             h.backward(context_id, [loss], retain_graph=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: a context whose pass failed once is refused "
-                                       "for good (PyTorch recovers once the error is gone)")
 def test_multiple_backward_with_errors():
     t1, t2 = rand(3, 3), rand(3, 3)
     try:
@@ -443,8 +424,6 @@ def test_multiple_backward_with_errors():
         h.set_simulate_error(True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: a hook on a leaf runs twice in a distributed "
-                                       "backward")
 def test_backward_verify_hooks():
     t1 = hg.ones(3, 3, requires_grad=True)
     t1.register_hook(lambda grad: grad * 2)  # doubles the gradient

@@ -52,8 +52,6 @@ def test_dist_optim_exception():
             dist_optim.step(context_id)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: DistributedOptimizer must raise the optimizer "
-                                       "constructor's error at construction")
 def test_dist_optim_exception_on_constructor():
     _, _, params = remote_params()
     with pytest.raises(Exception, match="Error creating optimizer."):

@@ -57,7 +57,6 @@ def assert_equal(got, want):
 
 
 # --- worker info and destinations -----------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 11: an unknown worker name raises RuntimeError")
 def test_worker_id():
     rank, _ = h.rank_and_size()
     assert rpc.get_worker_info().name == h.worker_name(rank)
@@ -87,7 +86,6 @@ def test_send_to_rank(mode):
     assert_equal(ret, hg.ones(2, 2) + 1)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: an out-of-range rank raises RuntimeError")
 @pytest.mark.parametrize("mode", [SYNC, ASYNC, REMOTE])
 def test_send_to_rank_invalid(mode):
     """The invalid-rank half of PyTorch's test_send_to_rank."""
@@ -452,11 +450,6 @@ def test_rref_forward_chain():
     assert_equal(ret_rref, hg.add(x, 1))
 
 
-LOCAL_RREF = pytest.mark.xfail(strict=True, reason="issue 11: RRef(local_value) (an RRef owned "
-                                                   "here, made from a value)")
-
-
-@LOCAL_RREF
 def test_local_rref_no_fork():
     assert rpc.RRef(35).local_value() == 35
 
@@ -469,7 +462,6 @@ def test_local_value_not_on_owner():
         rref.local_value()
 
 
-@LOCAL_RREF
 def test_return_local_rrefs():
     rref_list = rpc.rpc_sync(h.worker_name(peer()), h.get_rref_list, args=([1, 2, 3],),
                              timeout=WAIT)
@@ -481,7 +473,6 @@ def test_return_local_rrefs():
     assert rets == [11, 12, 13]
 
 
-@LOCAL_RREF
 def test_owner_equality():
     a, b = rpc.RRef(40), rpc.RRef(50)
     other_a = rpc.remote(h.worker_name(peer()), hg.add, args=(hg.ones(1), 1), timeout=WAIT)
@@ -496,7 +487,6 @@ def test_owner_equality():
     assert x[b.owner()] is a and x[other_b.owner()] is other_a and len(x) == 2
 
 
-@LOCAL_RREF
 def test_pass_local_rrefs():
     dst = h.worker_name(peer())
     rref = rpc.RRef(40)
@@ -597,9 +587,6 @@ def test_callback_in_rpc():
     assert_equal(ret, hg.ones(2, 2) + 1 + 2)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 (one future): then() callbacks run on the RPC "
-                                       "progress thread, so a callback that waits for another "
-                                       "RPC blocks the reply it waits for")
 def test_callback_with_ret():
     dst = h.worker_name(peer())
 
@@ -692,11 +679,6 @@ def test_rpc_timeouts():
     rpc.rpc_sync(dst, h.my_sleep_func, args=(1,), timeout=0)
 
 
-DEFAULT_TIMEOUT = pytest.mark.xfail(strict=True, reason="issue 11: rpc.get_rpc_timeout / "
-                                                        "rpc._set_rpc_timeout")
-
-
-@DEFAULT_TIMEOUT
 def test_rpc_timeouts_default():
     """The default-timeout half of PyTorch's test_rpc_timeouts."""
     dst = h.worker_name(peer())
@@ -715,7 +697,6 @@ def test_rpc_timeouts_default():
             rpc._set_rpc_timeout(rpc.DEFAULT_RPC_TIMEOUT)
 
 
-@DEFAULT_TIMEOUT
 def test_default_timeout_used():
     dst = h.worker_name(peer())
     try:

@@ -107,7 +107,6 @@ def test_duplicate_name_2():
         comm_world().Barrier()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: rpc.get_rpc_timeout / rpc._set_rpc_timeout")
 @pytest.mark.mpi(min_size=2)
 def test_set_and_get_default_rpc_timeout():
     """PyTorch sets the timeout through its backend options; hpcgrad has no options object, so

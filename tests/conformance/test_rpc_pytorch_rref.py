@@ -31,8 +31,6 @@ def wait_for_count(want):
         time.sleep(0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: RRef(local_value) and RRef reference counting "
-                                       "(an owner forgets a value once no user holds it)")
 def test_rref_context_debug_info():
     rank, size = h.rank_and_size()
     dst = h.worker_name((rank + 1) % size)
