@@ -8,6 +8,7 @@ import threading
 
 from .thread_state import NO_DEVICE, _tls
 
+
 class Capture:
     """Where ``grad()`` reads a gradient: input ``input_idx`` of a Node -> result ``output_idx``."""
 

@@ -33,7 +33,6 @@ from ...autograd.engine import (CPU_DEVICE, GraphTask, InputBuffer, NodeTask, Re
                                 get_default_engine, validate_outputs)
 from ...autograd.graph import AccumulateGrad, GraphRoot, make_edge
 from ...tensor import Tensor
-from .context import PassState
 from .functions import RecvRpcBackward
 
 _LAUNCH_THREADS = 32  # the engine's pool (Note [Launching send functions]); made lazily
