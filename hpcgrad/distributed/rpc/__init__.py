@@ -323,9 +323,13 @@ class RRef:
         return (_rref_handle, (self._owner, self._id))
 
     def __del__(self):
-        if self._value is not _NO_VALUE or _agent is None:
+        try:
+            agent = _agent
+        except NameError:  # module globals already gone at interpreter exit
             return
-        agent, owner, rref_id = _agent, self._owner, self._id
+        if self._value is not _NO_VALUE or agent is None:
+            return
+        owner, rref_id = self._owner, self._id
         agent.call_soon(lambda: _forget(agent, owner, rref_id))
 
     def __repr__(self):
