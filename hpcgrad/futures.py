@@ -49,13 +49,15 @@ class Future:
     # --- completing ---------------------------------------------------------------------------
     def set_result(self, value):
         if not self._complete(value, None):
-            raise RuntimeError(f"{self!r}: set_result on a Future that is already completed")
+            raise RuntimeError(f"Future can only be marked completed once: {self!r} is already "
+                               "completed (set_result)")
 
     def set_exception(self, error):
         if not isinstance(error, BaseException):
             raise TypeError(f"set_exception expects an exception, got {type(error).__name__}")
         if not self._complete(None, error):
-            raise RuntimeError(f"{self!r}: set_exception on a Future that is already completed")
+            raise RuntimeError(f"Future can only be marked completed once: {self!r} is already "
+                               "completed (set_exception)")
 
     def try_set_result(self, value):
         """``set_result`` unless already completed; True when this call completed it."""
@@ -130,12 +132,16 @@ class Future:
                 return
         self._run(callback)
 
+    def _chained(self):
+        """The future ``then`` returns: same type, driven by this one's producer."""
+        return type(self)(wait_fn=self.wait if self._wait_fn is not None else None,
+                          describe=self.describe)
+
     def then(self, callback):
         """A future of ``callback(self)``, run when this one completes; errors carry over."""
         if not callable(callback):
             raise TypeError(f"then() expects a callable, got {type(callback).__name__}")
-        chained = type(self)(wait_fn=self.wait if self._wait_fn is not None else None,
-                             describe=self.describe)
+        chained = self._chained()
 
         def run(fut):
             try:

@@ -1,11 +1,11 @@
 """GraphTask: the state of one backward (dependencies, exec_info, captures, callbacks, future)."""
 
 import collections
-import concurrent.futures
 import itertools
 import sys
 import threading
 
+from ..futures import Future
 from .thread_state import NO_DEVICE, _tls
 
 
@@ -61,7 +61,7 @@ class GraphTask:
         self.has_error = False
         self.error = None
         self.future_completed = False
-        self.future = concurrent.futures.Future()
+        self.future = Future(describe=f"backward pass {self.id}")
         self.final_callbacks = []
         self.final_callbacks_lock = threading.Lock()
         self.attached = None  # per-pass state of the engine driving this task (distributed)
@@ -183,7 +183,7 @@ class GraphTask:
                 self.error = exc
             # Test-and-set under the mutex, as mark_as_completed_and_run_post_processing does
             # (the seed's future_completed_.exchange(true)): whichever of the two gets here first
-            # completes the future; the other must not, or Future raises InvalidStateError.
+            # completes the future; the other must not: a Future is set once.
             complete, self.future_completed = not self.future_completed, True
         if first and node is not None and node.metadata_stack:
             sys.stderr.write(f"Traceback of forward call that caused the error in {node.name()}:\n"

@@ -610,8 +610,6 @@ def test_callback_with_error():
         fut1.wait(WAIT)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 (one future): then(None) is accepted; the "
-                                       "error surfaces only when the callback runs")
 def test_callback_none():
     with pytest.raises(TypeError):
         rpc.rpc_async(h.worker_name(peer()), h.raise_func, timeout=WAIT).then(None)
@@ -627,8 +625,6 @@ def test_add_done_callback():
     assert set_by_cb == [True]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 (one future): setting a completed future's "
-                                       "result again is silently ignored")
 def test_mark_future_twice():
     fut = rpc.rpc_async(h.worker_name(peer()), hg.add, args=(hg.zeros(2, 2), 1), timeout=WAIT)
     assert_equal(fut.wait(WAIT), hg.zeros(2, 2) + 1)

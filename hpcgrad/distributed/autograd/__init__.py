@@ -26,7 +26,6 @@ received inside a context joins that context, and its gradient goes back to the 
         grads = dist_autograd.get_gradients(ctx)
 """
 
-import concurrent.futures
 import contextlib
 import itertools
 import numbers
@@ -34,6 +33,7 @@ import queue
 import threading
 import time
 
+from ...futures import Future, FutureTimeoutError
 from ...tensor import Tensor
 from .. import rpc
 from ..rpc import message
@@ -229,9 +229,9 @@ def _send_grad(node, graph_task, arrays):
             envelope, _ = future.value()
             if envelope["kind"] == "error":
                 raise RpcError(envelope["error"])
-            result.set_result(None)
+            result.try_set_result(None)  # try: agent.cancel() may have failed it already
         except BaseException as exc:  # noqa: BLE001  (goes to the graph task and the waiter)
-            result.set_exception(exc)
+            result.try_set_exception(exc)
             graph_task.fail(exc)
 
     reply.add_done_callback(check)
@@ -299,7 +299,7 @@ def _wait_for_pass(state, timeout):
     try:
         try:
             state.graph_task.future.result(left())
-        except concurrent.futures.TimeoutError:
+        except FutureTimeoutError:
             raise _pass_timeout(state, state.take_outstanding(), timeout) from None
         except BaseException as exc:
             raise _node_error(exc) from exc
@@ -357,7 +357,7 @@ def _serve_backward(src, envelope, payloads):
         with context_guard(ctx.context_id):
             answered = dist_engine.execute_send_function(state, send_function)
     except BaseException as exc:  # noqa: BLE001  (answered to the peer)
-        answered = concurrent.futures.Future()
+        answered = Future()
         answered.set_exception(exc)
     answered.add_done_callback(answer)
 

@@ -32,6 +32,7 @@ from ... import backend
 from ...autograd.engine import (CPU_DEVICE, GraphTask, InputBuffer, NodeTask, ReadyQueue,
                                 get_default_engine, validate_outputs)
 from ...autograd.graph import AccumulateGrad, GraphRoot, make_edge
+from ...futures import Future
 from ...tensor import Tensor
 from .functions import RecvRpcBackward
 
@@ -200,7 +201,7 @@ class DistEngine:
             else:
                 state = running
         graph_task = state.graph_task
-        answered = concurrent.futures.Future()
+        answered = Future()
         if not first:
             self.launch(NodeTask(graph_task, send_function, InputBuffer()))
             answered.set_result(None)

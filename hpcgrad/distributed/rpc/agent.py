@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
+from ...futures import Future
 from ..buffers import MessageBuffer
 
 ENVELOPE_TAG = 1
@@ -69,70 +70,18 @@ class RpcTimeoutError(RpcError, TimeoutError):
     """An RPC did not complete within its timeout."""
 
 
-class RpcFuture:
-    """The eventual result of an RPC (``wait(timeout)``, ``value()``, ``then(fn)``, ``done()``)."""
+class RpcFuture(Future):
+    """The eventual result of an RPC: hpcgrad's one Future (Note [One Future] in
+    hpcgrad/futures.py) whose wait raises RpcTimeoutError and which carries its RPC's timeout."""
 
-    def __init__(self, describe="", timeout=None):
-        self._event = threading.Event()
-        self._value = self._error = None
-        self._callbacks = []
-        self._lock = threading.Lock()
-        self.describe, self.timeout = describe, timeout
+    timeout_error = RpcTimeoutError
 
-    def done(self):
-        return self._event.is_set()
+    def __init__(self, describe="", timeout=None, wait_fn=None):
+        super().__init__(wait_fn=wait_fn, describe=describe)
+        self.timeout = timeout
 
-    def set_result(self, value):
-        self._finish(value, None)
-
-    def set_exception(self, error):
-        self._finish(None, error)
-
-    def _finish(self, value, error):
-        with self._lock:
-            if self._event.is_set():
-                return
-            self._value, self._error = value, error
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-    def wait(self, timeout=None):
-        """The result (or raise the error). A request's own timeout ends it without ``timeout``."""
-        if not self._event.wait(timeout):
-            raise RpcTimeoutError(f"{self.describe} timed out after {timeout:g} s")
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def exception(self):
-        """The error it completed with (None if none, or not completed yet)."""
-        return self._error if self.done() else None
-
-    def value(self):
-        if not self.done():
-            raise RuntimeError("RpcFuture.value(): not completed yet; call wait()")
-        return self.wait()
-
-    def add_done_callback(self, callback):
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(callback)
-                return
-        callback(self)
-
-    def then(self, callback):
-        chained = RpcFuture(self.describe, self.timeout)
-
-        def run(fut):
-            try:
-                chained.set_result(callback(fut))
-            except BaseException as exc:
-                chained.set_exception(exc)
-
-        self.add_done_callback(run)
-        return chained
+    def _chained(self):
+        return RpcFuture(self.describe, self.timeout)
 
 
 class MPIRpcAgent:
@@ -238,13 +187,13 @@ class MPIRpcAgent:
         with self._waiting_lock:
             waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
-            future.set_exception(error)
+            future.try_set_exception(error)  # a reply may have won the race
 
     def cancel(self, future, error):
         """Forget the request of ``future`` (a reply is dropped) and fail it with ``error``."""
         with self._waiting_lock:
             self._waiting.pop(getattr(future, "message_id", None), None)
-        future.set_exception(error)
+        future.try_set_exception(error)
 
     def pending_count(self):
         """Requests still waiting for their reply."""
@@ -264,7 +213,7 @@ class MPIRpcAgent:
                 self._deadlines = [d for d in deadlines if d[1] in self._waiting]
                 heapq.heapify(self._deadlines)
         for future in expired:
-            future.set_exception(RpcTimeoutError(f"{future.describe} timed out after "
+            future.try_set_exception(RpcTimeoutError(f"{future.describe} timed out after "
                                                  f"{future.timeout:g} s"))
 
     # --- receiving ------------------------------------------------------------------------------
@@ -338,10 +287,7 @@ class MPIRpcAgent:
             self._pool.submit(self._run_handler, handler, src, envelope, payloads)
 
     def _resolve(self, future, src, envelope, payloads):
-        try:
-            future.set_result((envelope, payloads))
-        except BaseException:  # a callback failed: report it, the pool thread lives on
-            traceback.print_exc()
+        future.try_set_result((envelope, payloads))  # may have been cancelled meanwhile
 
     def _run_handler(self, handler, src, envelope, payloads):
         try:
