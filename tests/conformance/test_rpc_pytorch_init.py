@@ -93,8 +93,6 @@ def test_init_rpc_twice():
         rpc.rpc_sync(dst, h.foo_add, timeout=WAIT)
 
 
-@pytest.mark.xfail(strict=True, reason="init_rpc raises ValueError for duplicate worker names; "
-                                       "PyTorch raises RuntimeError ('... is not unique')")
 @pytest.mark.mpi(min_size=2)
 def test_duplicate_name_2():
     rank, size = rank_size()

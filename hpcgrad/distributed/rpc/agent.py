@@ -93,7 +93,9 @@ class MPIRpcAgent:
         self.name = name
         self.names = self.comm.allgather(name)
         if len(set(self.names)) != self.size:
-            raise ValueError(f"init_rpc: worker names must be unique, got {self.names}")
+            repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+            raise RuntimeError(f"init_rpc: worker name {repeated[0]!r} is not unique (names by "
+                               f"rank: {self.names}); give every rank its own name")
         self._ids = itertools.count(1)
         self._tag_window = max(min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767, 1 << 30)
                                - _PAYLOAD_TAG_BASE, 1)
