@@ -67,12 +67,16 @@ run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
 run "mpi, 1 rank" timeout -k 10 "$mpi_limit" "$python" -m pytest --with-mpi -m mpi "$@"
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
-        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi --color=no -q "$@"
+        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi \
+        -m "mpi and not four_ranks" --color=no -q "$@"
 done
-# RPC and distributed autograd once more at 4 ranks, as PyTorch's own tests run them.
-run "mpi, 4 ranks (rpc)" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
-    "$mpiexec" "${mpiexec_args[@]}" -n 4 "$python" -m pytest --with-mpi -m "mpi and four_ranks" \
-    --color=no -q "$@"
+# RPC and distributed autograd in processes of their own (a full-suite process showed an
+# intermittent failure there, see the issue log), at 2, 3 and 4 ranks as PyTorch's tests run.
+for n in 2 3 4; do
+    run "mpi, $n ranks (rpc)" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
+        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi \
+        -m "mpi and four_ranks" --color=no -q "$@"
+done
 
 echo "=== summary (tests/run.sh, ${SECONDS}s)"
 printf '  %s\n' "${summary[@]}"
