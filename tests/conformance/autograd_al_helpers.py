@@ -1,43 +1,20 @@
 """Helpers of the ports of PyTorch's TestAutograd tests test_a*..test_l*: tensors, Functions."""
 
 import numpy as np
-import pytest
 
 import hpcgrad as hg
 from hpcgrad.autograd import Function
 
 import autograd_helpers as h
+from autograd_helpers import ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 close = h.assert_close
 arr = h.arr
 
 
-def t(data, requires_grad=False):
-    """A float64 tensor (PyTorch's autograd tests run with double as the default dtype)."""
-    return h.leaf(data, requires_grad)
-
-
-def ones(*shape, requires_grad=False):
-    return t(np.ones(shape), requires_grad)
-
-
-def zeros(*shape, requires_grad=False):
-    return t(np.zeros(shape), requires_grad)
-
-
 def randn(*shape, requires_grad=False, seed=0):
     """Seeded standard normal float64 values (reruns see the same numbers)."""
     return t(np.random.default_rng(seed).standard_normal(shape), requires_grad)
-
-
-def rand(*shape, requires_grad=False, seed=0):
-    """Seeded uniform [0, 1) float64 values, as torch.rand."""
-    return t(np.random.default_rng(seed).random(shape), requires_grad)
-
-
-def xfail10(what):
-    """Strict xfail for a defect issue 10 is fixing now: the lead removes it when the fix lands."""
-    return pytest.mark.xfail(strict=True, reason=f"issue 10: {what}")
 
 
 def mul2(use_custom_function):

@@ -33,3 +33,21 @@ def randn(*shape, requires_grad=True, seed=0):
 def torch_or_skip():
     """torch, or skip the test: for checks against PyTorch itself (CI installs torch 2.13 CPU)."""
     return pytest.importorskip("torch")
+
+
+def t(data, requires_grad=False):
+    """A float64 tensor (PyTorch's autograd tests run with double as the default dtype)."""
+    return leaf(data, requires_grad)
+
+
+def ones(*shape, requires_grad=False):
+    return t(np.ones(shape), requires_grad)
+
+
+def zeros(*shape, requires_grad=False):
+    return t(np.zeros(shape), requires_grad)
+
+
+def rand(*shape, requires_grad=False, seed=0):
+    """Seeded uniform [0, 1) float64 values, as torch.rand (reruns see the same numbers)."""
+    return t(np.random.default_rng(seed).random(shape), requires_grad)

@@ -3,39 +3,16 @@
 import contextlib
 
 import numpy as np
-import pytest
 
 import hpcgrad as hg
 from hpcgrad.autograd import Function
 
-import autograd_helpers as h
-
-
-def t(data, requires_grad=False):
-    """A float64 tensor (PyTorch's autograd tests run with double as the default dtype)."""
-    return h.leaf(data, requires_grad)
-
-
-def ones(*shape, requires_grad=False):
-    return t(np.ones(shape), requires_grad)
-
-
-def zeros(*shape, requires_grad=False):
-    return t(np.zeros(shape), requires_grad)
-
-
-def rand(*shape, requires_grad=False, seed=0):
-    """Uniform [0, 1) float64 values, as torch.rand (seeded: reruns see the same numbers)."""
-    return t(np.random.default_rng(seed).random(shape), requires_grad)
+import autograd_helpers as h  # noqa: F401  (the ports reach it as m.h)
+from autograd_helpers import ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 
 def randn(*shape, requires_grad=False, seed=0):
     return t(np.random.default_rng(seed).standard_normal(shape), requires_grad)
-
-
-def xfail10(what):
-    """Strict xfail for a defect issue 10 is fixing now: the lead removes it when the fix lands."""
-    return pytest.mark.xfail(strict=True, reason=f"issue 10: {what}")
 
 
 def graph_api(name):
