@@ -67,31 +67,13 @@ run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
 run "mpi, 1 rank" timeout -k 10 "$mpi_limit" "$python" -m pytest --with-mpi -m mpi "$@"
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
-        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi \
-        -m "mpi and not four_ranks" --color=no -q "$@"
+        "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi \
+        --color=no -q "$@"
 done
-# RPC and distributed autograd at 2, 3 and 4 ranks, one MPI job per module, as PyTorch starts
-# fresh processes for its RPC tests: a module's RPC shutdown and the next one's init_rpc in one
-# process showed an intermittent failure (see the issue log). With arguments, one job as given.
-rpc_modules() {
-    local n=$1 module rc=0
-    shift
-    for module in $(find tests -name 'test_rpc*.py' -o -name 'test_dist_autograd*.py' | sort); do
-        env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) "$mpiexec" \
-            "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m "mpi and four_ranks" \
-            --color=no -q "$module" || rc=$?
-    done
-    return "$rc"
-}
-for n in 2 3 4; do
-    if [ "$#" -eq 0 ]; then
-        run "mpi, $n ranks (rpc)" rpc_modules "$n"
-    else
-        run "mpi, $n ranks (rpc)" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 \
-            $((mpi_limit + 30)) "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest \
-            --with-mpi -m "mpi and four_ranks" --color=no -q "$@"
-    fi
-done
+# RPC and distributed autograd also at 4 ranks (PyTorch's tests use a world of 4).
+run "mpi, 4 ranks (rpc)" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
+    "$mpiexec" "${mpiexec_args[@]}" -n 4 "$python" -m pytest --with-mpi -m "mpi and four_ranks" \
+    --color=no -q "$@"
 
 echo "=== summary (tests/run.sh, ${SECONDS}s)"
 printf '  %s\n' "${summary[@]}"

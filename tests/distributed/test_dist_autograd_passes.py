@@ -312,3 +312,22 @@ def test_soak_2000_contexts_leave_nothing_behind():
     assert sorted(v for v in results.values() if v is not None) == [3.0] * 1800
     states = cases.wait_until_idle(range(size))
     assert set(states) == set(range(size))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_request_served_after_its_context_was_released_leaves_no_context():
+    """A request sent in a context that is left before the callee runs it: the release (handled
+    on arrival) overtakes the request (queued for the pool). The callee must not bring the
+    context back to life for good (it leaked one context per race, and every later
+    ``debug_info()`` check of the process failed)."""
+    if not driver():
+        return
+    x = hg.tensor(np.arange(3.0), requires_grad=True)
+    futures = []
+    for _ in range(50):
+        with dist_autograd.context():
+            futures.append(rpc.rpc_async(last_rank(), cases.three_parts, args=(x,),
+                                         timeout=WAIT_LIMIT))
+    for future in futures:
+        np.testing.assert_allclose(future.wait()[2].data, 3.0 * x.data)
+    cases.wait_until_idle(range(rank_and_size()[1]))

@@ -72,6 +72,7 @@ class _AutogradCodec(rpc.Codec):
     def uninstall(self):
         global _agent
         _agent = None
+        container.clear()  # their peers are gone; a later init_rpc starts clean
 
     def request_fields(self, dst):
         """A request made inside a context runs in it on the callee (which must release it)."""
@@ -144,11 +145,11 @@ def _end_running_pass(ctx, why, pass_id=None):
 
 @contextlib.contextmanager
 def context_guard(context_id):
-    """Run with ``context_id`` (created if new on this rank) as the current context."""
-    if context_id is None:
+    """Run with ``context_id`` (created if new on this rank) as the current context; outside
+    any when it was released here already (Note [Released contexts stay released])."""
+    if context_id is None or container.get_or_create(context_id) is None:
         yield None
         return
-    container.get_or_create(context_id)
     previous = set_current(context_id)
     try:
         yield context_id
@@ -188,6 +189,8 @@ def attach_recv(tensors, ids, src):
     peer_context_id, message_id = ids
     current = current_context_id()
     ctx = container.get_or_create(peer_context_id if current is None else current)
+    if ctx is None:  # a reply after its context was left: Note [Released contexts stay released]
+        return
     ctx.known_workers.add(src)
     fn = RecvRpcBackward(ctx, peer_context_id, message_id, src, tensors, _send_grad)
     ctx.add_recv_function(message_id, fn)

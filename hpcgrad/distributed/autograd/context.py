@@ -1,5 +1,6 @@
 """Distributed autograd contexts: the send/recv functions, gradients and passes of one forward."""
 
+import collections
 import itertools
 import threading
 
@@ -102,11 +103,23 @@ class DistAutogradContext:
 
 
 class DistAutogradContainer:
-    """The contexts of this rank; ids carry the creating rank in their high bits."""
+    """The contexts of this rank; ids carry the creating rank in their high bits.
+
+    Note [Released contexts stay released]
+        A message can reach a rank after its context was released there: a request queued
+        for the pool while the release, handled on arrival, overtakes it; a reply to an RPC
+        whose caller left the context before waiting. Creating the context again would keep
+        it forever (no second release comes). So the container remembers the ids it released
+        (ids are never reused; the last RELEASED_MEMORY of them) and ``get_or_create`` gives
+        None for them: such late work runs, and its tensors arrive, outside any context.
+    """
+
+    RELEASED_MEMORY = 1 << 16
 
     def __init__(self):
         self._lock = threading.Lock()
         self._contexts = {}
+        self._released = collections.OrderedDict()  # id -> None, oldest first
         self._counter = itertools.count(1)
         self.rank = 0
 
@@ -125,15 +138,28 @@ class DistAutogradContainer:
         return context
 
     def get_or_create(self, context_id):
+        """The context, created on first contact; None when it was already released here."""
         with self._lock:
             context = self._contexts.get(context_id)
-            if context is None:
+            if context is None and context_id not in self._released:
                 context = self._contexts[context_id] = DistAutogradContext(context_id)
             return context
 
     def release(self, context_id):
+        """Forget the context (None if it is not here); it is never created again."""
         with self._lock:
+            self._released[context_id] = None
+            if len(self._released) > self.RELEASED_MEMORY:
+                self._released.popitem(last=False)
             return self._contexts.pop(context_id, None)
+
+    def clear(self):
+        """Drop every context (RPC shut down: no peer can reach them any more)."""
+        with self._lock:
+            self._released.update(dict.fromkeys(self._contexts))
+            while len(self._released) > self.RELEASED_MEMORY:
+                self._released.popitem(last=False)
+            self._contexts.clear()
 
     def __len__(self):
         with self._lock:

@@ -1,0 +1,126 @@
+"""Arrays -> MPI buffers: dtype map, contiguity checks, and CUDA-aware or host-staged GPU memory.
+
+This is the one place that synchronizes a GPU stream before MPI touches device memory.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import backend
+from .mpi import cuda_aware_mpi
+
+
+def _mpi_type(name):
+    datatype = getattr(MPI, name, MPI.DATATYPE_NULL)
+    return None if datatype == MPI.DATATYPE_NULL else datatype
+
+
+_MPI_TYPES = {
+    np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.int64): MPI.INT64_T, np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int16): MPI.INT16_T, np.dtype(np.int8): MPI.INT8_T,
+    np.dtype(np.uint64): MPI.UINT64_T, np.dtype(np.uint32): MPI.UINT32_T,
+    np.dtype(np.uint16): MPI.UINT16_T, np.dtype(np.uint8): MPI.UINT8_T,
+    np.dtype(np.bool_): MPI.C_BOOL,
+    np.dtype(np.complex64): MPI.C_FLOAT_COMPLEX, np.dtype(np.complex128): MPI.C_DOUBLE_COMPLEX,
+}
+_FLOAT16 = _mpi_type("FLOAT16_T")  # MPI 4.1+; MPICH 5 has it
+if _FLOAT16 is not None:
+    _MPI_TYPES[np.dtype(np.float16)] = _FLOAT16
+# Types without an MPI equivalent here (bfloat16 from ml_dtypes; float16 on older MPIs) travel
+# as float32: exact for these narrower types, and sums come back rounded once, not per step.
+_UPCAST = {"float16", "bfloat16"}
+
+_cuda_aware = None
+
+
+def cuda_aware():
+    """Whether device arrays go to MPI directly (decided once; see hpcgrad.mpi.cuda_aware_mpi)."""
+    global _cuda_aware
+    if _cuda_aware is None:
+        _cuda_aware = cuda_aware_mpi()[0]
+    return _cuda_aware
+
+
+def is_array(x):
+    """Whether ``x`` is a numpy or cupy array (what this layer sends; it knows no Tensor)."""
+    return isinstance(x, np.ndarray) or backend.is_gpu_array(x)
+
+
+def is_floating(dtype):
+    """Floating point for ReduceOp.AVG: float16/32/64, complex, and bfloat16 (numpy kind 'V')."""
+    return dtype.kind in "fc" or dtype.name in _UPCAST
+
+
+class MessageBuffer:
+    """What MPI reads or writes for one array, and the copy back when it had to be staged.
+
+    MPI gets the array itself when it can (host memory of a known MPI type, or device memory
+    with a CUDA-aware MPI); otherwise a host or float32 copy, written back by ``finish()``.
+    """
+
+    __slots__ = ("array", "staged", "writable", "spec")
+
+    def __init__(self, array, writable=False, name="tensor", upcast=False):
+        """``upcast``: send float16 as float32 even where MPI has a float16 type (for AVG, whose
+        sum would overflow 65504 before the division)."""
+        if type(array) is np.ndarray:  # the hot path: one flags object, one dict lookup
+            flags = array.flags
+            if not flags.c_contiguous:
+                raise _not_contiguous(array, name)
+            if writable and not flags.writeable:
+                raise _read_only(name)
+            mpi_type = _MPI_TYPES.get(array.dtype)
+            if mpi_type is not None and not (upcast and array.dtype.name in _UPCAST):
+                self.array = self.staged = array
+                self.writable = writable
+                self.spec = [array, mpi_type]
+                return
+        else:
+            if not array.flags.c_contiguous:
+                raise _not_contiguous(array, name)
+            if writable and not getattr(array.flags, "writeable", True):
+                raise _read_only(name)
+        self.array, self.writable = array, writable
+        staged = array
+        if backend.is_gpu_array(array):
+            cupy = backend.cupy_module()
+            cupy.cuda.get_current_stream().synchronize()  # the producer's kernels are done
+            if not cuda_aware():
+                staged = cupy.asnumpy(array)
+        dtype = staged.dtype
+        mpi_type = None if upcast and dtype.name in _UPCAST else _MPI_TYPES.get(dtype)
+        if mpi_type is None:
+            if dtype.name not in _UPCAST:
+                raise TypeError(f"{name} has dtype {dtype}, which hpcgrad cannot send over MPI; "
+                                f"supported: {sorted(str(d) for d in _MPI_TYPES)} plus float16/"
+                                "bfloat16 (sent as float32)")
+            staged = staged.astype(np.float32) if not backend.is_gpu_array(staged) \
+                else staged.astype("float32")
+            mpi_type = MPI.FLOAT
+        self.staged = staged
+        self.spec = [staged, mpi_type]
+
+    @property
+    def is_staged(self):
+        return self.staged is not self.array
+
+    def finish(self):
+        """Write received data back into the caller's array if MPI worked on a copy."""
+        if self.writable and self.staged is not self.array:
+            if backend.is_gpu_array(self.array):
+                self.array[...] = backend.cupy_module().asarray(self.staged).astype(
+                    self.array.dtype)
+            else:
+                np.copyto(self.array, self.staged, casting="unsafe")
+
+
+def _not_contiguous(array, name):
+    return ValueError(f"{name} must be contiguous for MPI (shape {list(array.shape)}, strides "
+                      f"{list(array.strides)}); pass a contiguous copy, e.g. "
+                      "numpy.ascontiguousarray(x) or x.clone()")
+
+
+def _read_only(name):
+    return ValueError(f"{name} is read-only (writeable=False, e.g. numpy.frombuffer over bytes) "
+                      "and cannot receive data; pass a writable copy, e.g. x.copy()")

@@ -1,0 +1,273 @@
+"""Work handles for pending MPI requests, their futures, and the timeout that ends a stuck wait."""
+
+import os
+import threading
+import time
+import weakref
+
+from mpi4py import MPI
+
+from ..futures import Future  # the one Future type (Note [One Future] in hpcgrad/futures.py)
+
+DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
+# Note [Waiting without hanging]: see wait_requests.
+_HOT_POLLS = 32
+_POLLS_PER_CLOCK = 64
+_SPIN_SECONDS = 0.05
+_MAX_SLEEP = 1e-3
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class CommTimeoutError(RuntimeError):
+    """A blocking wait on a collective or point-to-point operation ran past its timeout."""
+
+
+def default_timeout():
+    """Seconds a blocking wait may take before CommTimeoutError (env HPCGRAD_COMM_TIMEOUT; 0: off)."""
+    raw = os.environ.get(DEFAULT_TIMEOUT_ENV, "1800")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEFAULT_TIMEOUT_ENV} must be a number of seconds (0 turns timeouts "
+                         f"off), got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{DEFAULT_TIMEOUT_ENV} must be >= 0, got {value}")
+    return value
+
+
+def describe_call(what):
+    """An operation's name for errors, from a callable or ProcessGroup's tuple
+    (name, peer, call number, array, group size), formatted only when an error needs it."""
+    if callable(what):
+        return what()
+    name, peer, seq, array, size = what
+    where = "" if peer is None else f" with rank {peer}"
+    return (f"{name}{where} #{seq} ({array.size} x {array.dtype}, shape {list(array.shape)}) "
+            f"in a group of {size} ranks")
+
+
+def wait_requests(requests, timeout, describe):
+    """Wait for all ``requests``; past ``timeout`` s raise CommTimeoutError naming ``describe``
+    (a callable or a describe_call tuple).
+
+    Note [Waiting without hanging]
+    MPI_Wait cannot time out, so we poll with Test. MPICH advances a nonblocking collective only
+    while its ranks are inside MPI, so how a rank waits decides how fast its peers finish:
+    - Sleeping between polls stalls the steps the peers need, and two ranks that sleep in turn
+      lock into that rhythm: a 64 KB all_reduce on 2 ranks went from 40 us to 3 ms per call
+      with a 1 ms spin, then 1 ms sleeps (as first written).
+    - Never yielding the core is as bad when two ranks share one (3 ranks on 2 cores, or 2
+      ranks that other processes' load pushed onto one core): the poller runs out its time
+      slice while the rank it waits for cannot run. 2 ranks pinned to one core
+      (``taskset -c 0 mpiexec -n 2``), 4 KB all_reduce: 13 ms with Test in a bare loop; 824 us
+      with a yield every 4096 polls; 171 us with 200 polls before yielding on every poll;
+      64 us yielding on every poll after the first 32; MPI_Allreduce itself 19 us. With a
+      core each, yielding on every poll costs ~0.3 us per poll and changed no figure of
+      benchmarks/comm.py beyond its noise.
+    So: _HOT_POLLS polls back to back (~10 us: small operations finish there, with no system
+    call), then sched_yield after every poll; once a wait has lasted _SPIN_SECONDS (a peer is
+    computing, or stuck) it sleeps between polls, for at most 0.2% of the time waited so far
+    (capped at _MAX_SLEEP), which bounds what a step arriving late can lose. The clock is read
+    once per _POLLS_PER_CLOCK polls. ``timeout`` 0 (or None) means no limit: MPI Waitall.
+    """
+    if len(requests) == 1:
+        test = requests[0].Test
+        if test():  # small operations are often done by now: return at once
+            return
+    elif all(isinstance(r, MPI.Request) for r in requests):
+        def test():
+            return MPI.Request.Testall(requests)
+    else:
+        def test():
+            return all([r.Test() for r in requests])
+    for _ in range(_HOT_POLLS):
+        if test():
+            return
+    if not timeout and all(isinstance(r, MPI.Request) for r in requests):
+        MPI.Request.Waitall(requests)
+        return
+    start = time.monotonic()
+    while True:
+        for _ in range(_POLLS_PER_CLOCK):
+            if test():
+                return
+            _yield()
+        elapsed = time.monotonic() - start
+        if timeout and elapsed > timeout:
+            raise CommTimeoutError(f"{describe_call(describe)} did not complete within "
+                                   f"{timeout:g} s on rank {MPI.COMM_WORLD.Get_rank()}: a peer "
+                                   f"rank never joined it, or joined a different operation"
+                                   f"{_detail_hint()}")
+        if elapsed >= _SPIN_SECONDS:
+            time.sleep(min(_MAX_SLEEP, elapsed * 2e-3))
+
+
+class Watchdog:
+    """Bounds blocking MPI calls, which cannot be interrupted: past its deadline, a call still
+    running is reported as a CommTimeoutError and the job is aborted (Note [Blocking calls]).
+
+    Note [Blocking calls]
+    A collective called without async_op runs the blocking MPI function (MPI_Allreduce, ...),
+    not its nonblocking twin and a Test loop: MPICH's blocking collectives use other algorithms
+    and wait better than any loop of ours when ranks share cores. Measured (benchmarks/comm.py,
+    2 ranks): with a Test loop, 1 MB all_reduce reached 0.92-0.93 of MPI_Allreduce on a quiet
+    machine, and under other jobs' load 4-64 KB calls took 60-100 us where MPI_Allreduce took
+    20-50 us (as did MPI_Iallreduce + MPI_Wait: the nonblocking algorithm, not our loop). A
+    blocking call cannot time out, so this thread watches it, like PyTorch's NCCL watchdog:
+    the error names the operation, its size and call number, and since a collective some rank
+    never joined leaves MPI unusable, the job ends (MPI_Abort) instead of raising. Waits on
+    Work (async_op=True), DETAIL checks and point-to-point keep the polling wait, whose
+    CommTimeoutError can be caught. Arming is two attribute stores on the group: a first
+    version that read the clock and kept a per-thread table cost 9-15 us per call with cold
+    caches (256 KB all_reduce, 2 ranks), this one 1-2 us.
+    """
+
+    def __init__(self, interval=0.1):
+        self.interval = interval
+        self._watched = []  # weak references to objects with ``_inflight`` and ``timeout``
+        self._seen = {}  # id(object) -> (the call in flight, when first seen in flight)
+        self._lock = threading.Lock()
+        self._thread = None
+        self.on_expire = _abort_job  # tests replace it
+
+    def watch(self, owner):
+        """Watch ``owner`` (a ProcessGroup): while ``owner._inflight`` holds the same call (a
+        describe_call tuple) for longer than ``owner.timeout`` s, that call has overrun.
+
+        Arming costs the caller two attribute stores per call, and no clock read: the
+        watchdog times a call from when it first sees it (so within ``interval`` s late).
+        """
+        with self._lock:
+            self._watched.append(weakref.ref(owner))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hpcgrad-watchdog",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self):
+        while True:
+            time.sleep(self.interval)
+            with self._lock:
+                self._watched = [ref for ref in self._watched if ref() is not None]
+                owners = [ref() for ref in self._watched]
+            now = time.monotonic()
+            for owner in owners:
+                if owner is None:
+                    continue
+                what, key = owner._inflight, id(owner)
+                seen = self._seen.get(key)
+                if what is None or not owner.timeout:
+                    self._seen.pop(key, None)
+                elif seen is None or seen[0] is not what:
+                    self._seen[key] = (what, now)
+                elif now - seen[1] > owner.timeout:
+                    self._seen[key] = (what, float("inf"))  # reported: once
+                    self.on_expire(CommTimeoutError(
+                        f"{describe_call(what)} did not complete within {owner.timeout:g} s on "
+                        f"rank {MPI.COMM_WORLD.Get_rank()}: a peer rank never joined it, or "
+                        f"joined a different operation{_detail_hint()}"))
+
+
+def _abort_job(error):
+    """Print ``error`` as '[rank N] ...' lines and abort every rank (the caller is stuck in MPI)."""
+    import sys
+    prefix = f"[rank {MPI.COMM_WORLD.Get_rank()}] "
+    sys.stdout.flush()
+    sys.stderr.write(f"{prefix}blocking call timed out (watchdog) -> MPI_Abort(COMM_WORLD, 1)\n"
+                     f"{prefix}{type(error).__module__}.{type(error).__qualname__}: {error}\n")
+    sys.stderr.flush()
+    try:
+        MPI.COMM_WORLD.Abort(1)
+    finally:
+        os._exit(1)
+
+
+watchdog = Watchdog()
+
+
+def _detail_hint():
+    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        return ""  # the checks ran: the peer is missing, not calling something else
+    return " (set HPCGRAD_DISTRIBUTED_DEBUG=DETAIL to compare every rank's calls)"
+
+
+class Work:
+    """A pending operation. It owns its buffers until it completes, so MPI never sees freed memory.
+
+    ``finish`` runs once after completion (copy staged data back, divide for AVG, split lists).
+    ``describe`` names the operation in errors (see describe_call).
+    Thread-safe: MPI forbids two threads testing one request, so a per-Work lock admits one
+    tester at a time (``is_completed`` never blocks on it: it reports "not yet" instead).
+    """
+
+    __slots__ = ("_requests", "_buffers", "_what", "_timeout", "_finish", "_result",
+                 "_completed", "_future", "_lock")
+
+    def __init__(self, requests, buffers, describe, timeout, finish=None, result=None):
+        self._requests = requests
+        self._buffers = buffers
+        self._what = describe
+        self._timeout = timeout
+        self._finish = finish
+        self._result = result
+        self._completed = False
+        self._future = None
+        self._lock = threading.Lock()
+
+    def _describe(self):
+        return describe_call(self._what)
+
+    def __repr__(self):
+        return f"<Work {self._describe()} completed={self._completed}>"
+
+    def is_completed(self):
+        """True once the operation is done (tests the requests without blocking)."""
+        if not self._completed and self._lock.acquire(False):
+            try:
+                if not self._completed:
+                    requests = self._requests
+                    if requests[0].Test() if len(requests) == 1 else \
+                            MPI.Request.Testall(requests):
+                        self._complete()
+            finally:
+                self._lock.release()
+            self._resolve_future()
+        return self._completed
+
+    def wait(self, timeout=None):
+        """Block until done; ``timeout`` (s) overrides the group's; raises CommTimeoutError."""
+        if not self._completed:
+            with self._lock:
+                if not self._completed:
+                    wait_requests(self._requests, self._timeout if timeout is None else timeout,
+                                  self._describe)
+                    self._complete()
+            self._resolve_future()
+        return True
+
+    def _complete(self):
+        """Run the finish step (under the lock, once)."""
+        if self._finish is not None:
+            self._finish()
+        self._completed = True
+        self._buffers = ()  # MPI is done with them
+
+    def _resolve_future(self):
+        # Outside the lock: a callback may call back into this Work.
+        if self._future is not None and self._completed:
+            self._future.try_set_result(self._result)  # may race another waiter
+
+    def result(self):
+        """The tensors this operation produced (after ``wait``)."""
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        """A Future completed with ``result()``; its ``wait()`` waits for this Work."""
+        if self._future is None:
+            self._future = Future(wait_fn=self.wait)
+            self._resolve_future()
+        return self._future
+
+    def exception(self):
+        return None

@@ -1,0 +1,413 @@
+"""DistributedDataParallel: one model replica per rank, gradients averaged by the Reducer."""
+
+import contextlib
+import copy
+import dataclasses
+import inspect
+import warnings
+import weakref
+
+import numpy as np
+
+from .. import backend
+from .. import distributed as dist
+from ..autograd import grad_mode
+from ..autograd.function import Function
+from ..distributed import api as dist_api
+from ..distributed.grad_bucket import GradBucket
+from ..futures import Future
+from ..nn.module import Module
+from ..tensor import Tensor
+from . import buckets as bucket_rules
+from .reducer import Reducer
+
+
+def _children(item):
+    """The items directly inside a container of a forward's output (torch's _find_tensors)."""
+    if isinstance(item, (list, tuple, set, frozenset)):  # namedtuples are tuples
+        return list(item)
+    if isinstance(item, dict):
+        return list(item.values())
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return [getattr(item, f.name) for f in dataclasses.fields(item)]
+    return []
+
+
+def _find_tensors(obj):
+    """Every Tensor in a forward's output (tensors in lists, tuples, namedtuples, dicts, sets
+    and dataclasses), without recursion."""
+    found, stack = [], [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            found.append(item)
+        else:
+            stack.extend(_children(item))
+    return found
+
+
+def _replace_tensors(obj, new):
+    """``obj`` rebuilt with each Tensor ``t`` replaced by ``new[id(t)]`` where given.
+
+    Recursive: an output's nesting is a few containers deep, not a graph. Namedtuples and
+    dataclasses keep their type (a dataclass is copied, its fields reassigned, frozen or not).
+    """
+    if isinstance(obj, Tensor):
+        return new.get(id(obj), obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_replace_tensors(x, new) for x in obj))
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return type(obj)(_replace_tensors(x, new) for x in obj)
+    if isinstance(obj, dict):
+        rebuilt = copy.copy(obj)  # keeps OrderedDict/defaultdict and their extras
+        for key, value in obj.items():
+            rebuilt[key] = _replace_tensors(value, new)
+        return rebuilt
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        rebuilt = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(rebuilt, f.name, _replace_tensors(getattr(obj, f.name), new))
+        return rebuilt
+    return obj
+
+
+class _DDPSink(Function):
+    """Identity on the forward's outputs that tells the reducer which of them reach the loss.
+
+    As PyTorch's _DDPSink: backward sees every output's gradient at once, None for an output
+    left out of the loss, so parameters reachable only from such outputs are marked unused
+    (find_unused_parameters) instead of leaving their buckets unreduced.
+    """
+
+    @staticmethod
+    def forward(ctx, reducer_ref, *tensors):
+        ctx.set_materialize_grads(False)
+        ctx.reducer_ref = reducer_ref
+        ctx.roots = [t.grad_fn for t in tensors]
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reducer = ctx.reducer_ref()
+        if reducer is not None:
+            reducer.outputs_left_out([fn for fn, g in zip(ctx.roots, grads)
+                                      if g is not None and fn is not None])
+        return (None,) + grads
+
+
+def _check_comm_hook(hook):
+    """PyTorch's checks of a comm hook, at registration: callable, ``(state, bucket)``, and
+    annotations (when given) of a GradBucket parameter and a Future result."""
+    if not callable(hook):
+        raise TypeError("Communication hook must be callable.")
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: judged when it runs
+    try:
+        sig.bind(None, None)
+    except TypeError as error:
+        raise TypeError(f"Communication hook must take two arguments (state, bucket); "
+                        f"{getattr(hook, '__qualname__', hook)}{sig} cannot: {error}") from None
+    params = list(sig.parameters.values())
+    bucket = sig.parameters.get("bucket", params[1] if len(params) > 1 else None)
+    if bucket is not None and bucket.annotation is not inspect.Parameter.empty \
+            and not _names(bucket.annotation, GradBucket):
+        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    if sig.return_annotation is not inspect.Signature.empty \
+            and not _names(sig.return_annotation, Future):
+        raise ValueError("Communication hook: return annotation should be "
+                         "hpcgrad.distributed.Future (torch.futures.Future[torch.Tensor]).")
+
+
+def _names(annotation, cls):
+    """``annotation`` is ``cls``, a generic of it, or a string naming it (``from __future__
+    import annotations``)."""
+    if isinstance(annotation, str):
+        return annotation.split("[")[0].split(".")[-1] == cls.__name__
+    return annotation is cls or getattr(annotation, "__origin__", None) is cls
+
+
+class DistributedDataParallel(Module):
+    """Wraps ``module``: same parameters on every rank, gradients averaged during backward.
+
+    Every rank builds the same model and calls forward/backward in step; gradients are
+    reduced in buckets of ``bucket_cap_mb`` while backward still runs. Parameters and buffers
+    start from rank 0's values. See README "Data parallel" for the options.
+    """
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
+                 process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
+                 gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
+        super().__init__()
+        if static_graph:
+            raise NotImplementedError("static_graph=True is not built yet (it lets a parameter be "
+                                      "marked ready more than once, e.g. with checkpointing); "
+                                      "leave it False")
+        self.module = module
+        self.process_group = process_group or dist.init_process_group()
+        self._init_buffer_options(broadcast_buffers, forward_sync_buffers)
+        self.find_unused_parameters = find_unused_parameters
+        self.static_graph = static_graph
+        self.require_backward_grad_sync = True
+        self._join = None  # (divide_by_initial_world_size, throw_on_early_termination)
+        self._trained = 0  # synced iterations this rank ran itself: its model is current if max
+        self._bucket_cap_mb = bucket_cap_mb
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        named = self._named_trainable()
+        if not named:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have "
+                               "any parameter that requires a gradient.")
+        self._verify_same_parameters(named)
+        self._sync_module_states()
+        self._build_reducer(named)
+
+    def _named_trainable(self):
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def _build_reducer(self, named):
+        """The Reducer over ``named``: local work only (no collective), so unpickling can too."""
+        params = [p for _, p in named]
+        sparse_weights = {id(m.weight) for m in self.module.modules()
+                          if getattr(m, "sparse", False) and hasattr(m, "weight")}
+        expect_sparse = [id(p) in sparse_weights for p in params]
+        cap = int(self._bucket_cap_mb * (1 << 20))
+        # Built in registration order, then reversed: gradients arrive roughly last-to-first.
+        indices = bucket_rules.compute_bucket_assignment_by_size(
+            params, [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, cap], expect_sparse)
+        object.__setattr__(self, "reducer", Reducer(
+            params, list(reversed(indices)), self.process_group, expect_sparse, cap,
+            self.find_unused_parameters, self.gradient_as_bucket_view, [n for n, _ in named]))
+
+    # --- pickling ------------------------------------------------------------------------------
+    def _check_default_group(self):
+        try:
+            default = dist_api._group(None)
+        except RuntimeError:
+            default = None
+        if self.process_group is not default:
+            raise RuntimeError("DDP Pickling/Unpickling are only supported when using DDP with "
+                               "the default process group. That is, when you have called "
+                               "init_process_group and have not passed process_group argument "
+                               "to DDP constructor")
+
+    def __getstate__(self):
+        """As PyTorch: the process group and the reducer (MPI handles, hooks) stay behind."""
+        self._check_default_group()
+        state = dict(self.__dict__)
+        del state["process_group"], state["reducer"]
+        state["_join"] = None
+        return state
+
+    def __setstate__(self, state):
+        """The default group of this process, and a new reducer over the copied parameters."""
+        self.__dict__.update(state)
+        object.__setattr__(self, "process_group", dist_api._group(None))
+        self._build_reducer(self._named_trainable())
+
+    # --- construction ---------------------------------------------------------------------------
+    def _verify_same_parameters(self, named):
+        """Every rank raises, naming the first parameter (name, shape, dtype) where a rank's
+        model differs from the first rank's; the collective comes first, so nobody hangs."""
+        mine = [(n, list(p.shape), str(p.dtype)) for n, p in named]
+        everyone = [None] * self.process_group.size()
+        dist.all_gather_object(everyone, mine, group=self.process_group)  # timed, checked
+        reference, ranks = everyone[0], self.process_group.ranks
+        for rank, theirs in zip(ranks, everyone):
+            for i in range(max(len(theirs), len(reference))):
+                if i < len(theirs) and i < len(reference) and theirs[i] == reference[i]:
+                    continue
+                if i >= len(reference):
+                    problem = "has parameter {} {} {} that rank {} does not have".format(
+                        *theirs[i], ranks[0])
+                elif i >= len(theirs):
+                    problem = "lacks parameter {} {} {} of rank {}".format(*reference[i], ranks[0])
+                else:
+                    problem = "has parameter {} {} {} where rank {} has {} {} {}".format(
+                        *theirs[i], ranks[0], *reference[i])
+                raise ValueError("DistributedDataParallel expects the same model on every rank "
+                                 "(parameters requiring grad, in registration order): rank "
+                                 f"{rank} {problem}")
+
+    def _sync_module_states(self):
+        """Rank 0's parameters and buffers everywhere (a model may be initialized per rank);
+        ``broadcast_buffers=False`` leaves rank-local buffers alone, as PyTorch's DDP."""
+        self._broadcast_in_place(self._module_states(self._init_sync_buffers))
+
+    def _init_buffer_options(self, broadcast_buffers, forward_sync_buffers):
+        """PyTorch 2.13's two buffer options: ``forward_sync_buffers`` (rank 0's buffers before
+        every forward; buffers are always synced at construction) and the deprecated
+        ``broadcast_buffers`` (the same, but False also skips the construction-time sync)."""
+        if broadcast_buffers is not None:
+            if forward_sync_buffers is not None:
+                warnings.warn("Both `broadcast_buffers` and `forward_sync_buffers` were specified. "
+                              "`broadcast_buffers` is deprecated and its value is ignored when "
+                              "`forward_sync_buffers` is provided.", FutureWarning, stacklevel=3)
+            else:
+                warnings.warn("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` "
+                              "instead. Unlike `broadcast_buffers=False`, "
+                              "`forward_sync_buffers=False` still syncs buffers at construction.",
+                              FutureWarning, stacklevel=3)
+        if forward_sync_buffers is not None:
+            self.forward_sync_buffers, self._init_sync_buffers = bool(forward_sync_buffers), True
+        else:
+            sync = True if broadcast_buffers is None else bool(broadcast_buffers)
+            self.forward_sync_buffers = self._init_sync_buffers = sync
+        self.broadcast_buffers = self.forward_sync_buffers  # the older name, still read by users
+
+    def _module_states(self, buffers=True):
+        buffers = list(self.module.buffers()) if buffers else []
+        return list(self.module.parameters()) + buffers
+
+    def _broadcast_in_place(self, tensors, src=0):
+        """Every rank's ``tensors`` become those of group rank ``src``."""
+        # MPI sends contiguous memory: a strided parameter (say, stored transposed) travels
+        # as a contiguous copy and is written back, keeping its layout.
+        staged = [(t, t.data if t.data.flags.c_contiguous
+                   else backend.get_array_module(t.data).ascontiguousarray(t.data))
+                  for t in tensors]
+        works = [dist.broadcast(array, src=self.process_group.ranks[src],
+                                group=self.process_group, async_op=True) for _, array in staged]
+        for work in works:
+            work.wait()
+        for t, array in staged:
+            if array is not t.data:
+                t.data[...] = array
+
+    def _sync_buffers(self):
+        self._broadcast_in_place(list(self.module.buffers()))
+
+    # --- each iteration -------------------------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
+        active = self._announce_active(syncing) if self._join is not None else None
+        if syncing:
+            self._rebuild_buckets()
+        if self.forward_sync_buffers:
+            self._sync_buffers()
+        output = self.module(*inputs, **kwargs)
+        if syncing:
+            outputs = _find_tensors(output) if self.find_unused_parameters else ()
+            self.reducer.prepare_for_backward(outputs)
+            if self.find_unused_parameters:
+                output = self._through_sink(output, outputs)
+            self._trained += 1
+        if active is not None:
+            active.wait()  # a pending request must complete even when nobody needs its value
+        return output
+
+    def _through_sink(self, output, tensors):
+        tensors = list({id(t): t for t in tensors if t.requires_grad}.values())  # once each
+        if not tensors:
+            return output
+        sunk = _DDPSink.apply(weakref.ref(self.reducer), *tensors)
+        sunk = sunk if isinstance(sunk, tuple) else (sunk,)
+        return _replace_tensors(output, {id(t): s for t, s in zip(tensors, sunk)})
+
+    def _rebuild_buckets(self):
+        # Decided locally (Reducer.should_rebuild_buckets): only once a backward has recorded
+        # an order, on every rank alike, does this call a collective.
+        if self.reducer.should_rebuild_buckets():
+            self.reducer.rebuild_buckets()
+        else:
+            self.reducer.ensure_prior_reduction_finished()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside, backward accumulates gradients locally; the next synced backward reduces them."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state, hook):
+        """``hook(state, bucket) -> Future`` replaces the all-reduce of each bucket.
+
+        A sparse-gradient parameter's bucket holds its SparseCOOTensor gradient; the hook's
+        Future then gives the reduced sparse gradient (comm_hooks.allreduce_hook handles both).
+        """
+        _check_comm_hook(hook)
+        self.reducer.register_comm_hook(state, hook)
+
+    # --- uneven inputs ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Train on uneven inputs: a rank that runs out keeps matching the others' collectives.
+
+        Each iteration the active ranks count themselves and say whether they sync gradients
+        (no_sync() does not); a rank that has left the loop answers with zero gradients in
+        the synced iterations until every rank is done, then all ranks take the model of the
+        rank that trained longest. With ``divide_by_initial_world_size=False`` the gradient is
+        averaged over the active ranks only. With ``throw_on_early_termination=True`` the
+        first rank to run out raises instead, and so do the others at their next forward.
+        """
+        if not enable:
+            yield
+            return
+        self._join = (divide_by_initial_world_size, throw_on_early_termination)
+        try:
+            yield
+            self._shadow_until_all_done()
+        finally:
+            self._join = None
+            # Outside join() the divisor is the world size again, not the last active count.
+            self.reducer.set_forward_pass_work_handle(None)
+
+    def _announce_active(self, syncing):
+        """Count this iteration's active ranks and those syncing (joined ranks answer 0, 0).
+
+        The count is left in flight (forward waits for it at its end); with
+        throw_on_early_termination a second, blocking all-reduce hears whether some rank ran
+        out, as PyTorch's Join.notify_join_context.
+        """
+        divide_by_initial_world_size, throw = self._join
+        work = dist.all_reduce(np.array([1.0, float(syncing)]), group=self.process_group,
+                               async_op=True)
+        self.reducer.set_forward_pass_work_handle(None if divide_by_initial_world_size else work)
+        if throw:
+            exhausted = np.zeros(1)
+            dist.all_reduce(exhausted, group=self.process_group)
+            if exhausted[0]:
+                work.wait()
+                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
+                                   "across all ranks.")
+        return work
+
+    def _shadow_until_all_done(self):
+        throw = self._join[1]
+        while True:
+            # [active ranks, ranks syncing gradients] of this iteration. Nonblocking, as the
+            # active ranks' call: MPI never matches a blocking collective with a nonblocking one.
+            counts = np.zeros(2)
+            dist.all_reduce(counts, group=self.process_group, async_op=True).wait()
+            if counts[0] == 0:
+                break
+            if throw:  # answers the active ranks' check in _announce_active
+                dist.all_reduce(np.ones(1), group=self.process_group)
+                raise RuntimeError(f"Rank {self.process_group.rank()} exhausted all inputs.")
+            self._shadow_iteration(syncing=counts[1] > 0)
+        self._sync_final_model()
+
+    def _shadow_iteration(self, syncing):
+        """The collectives of one iteration of the active ranks, with nothing to contribute.
+
+        In a no_sync() iteration the active ranks reduce nothing, so neither does this rank
+        (PyTorch's _check_global_requires_backward_grad_sync)."""
+        if syncing:
+            self._rebuild_buckets()
+        if self.forward_sync_buffers:
+            self._sync_buffers()
+        if syncing:
+            self.reducer.shadow_backward()
+
+    def _sync_final_model(self):
+        # Joined ranks stopped updating: the model to keep is one of a rank that trained the
+        # most iterations itself (the lowest such rank), not of one that only shadowed them.
+        mine = np.array([self._trained * self.process_group.size()
+                         + (self.process_group.size() - 1 - self.process_group.rank())])
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.process_group)
+        authority = self.process_group.size() - 1 - int(mine[0] % self.process_group.size())
+        self._broadcast_in_place(self._module_states(self.forward_sync_buffers), src=authority)

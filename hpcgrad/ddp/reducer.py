@@ -1,0 +1,592 @@
+"""Reducer: bucketed, overlapped gradient all-reduce driven by AccumulateGrad hooks (DDP's core).
+
+Follows PyTorch's reducer.cpp: parameters are grouped in buckets with one flat buffer each and
+a view per parameter laid out like it. When a parameter's gradient is accumulated, its hook
+marks it ready and copies it, divided by the world size, into its view (in the hook, as the
+seed, so a later post-hook cannot change what is reduced); a bucket whose gradients are all
+ready is launched (strictly in bucket order) as a nonblocking all-reduce or a registered comm
+hook; the last ready gradient queues a final callback on the engine that waits for every
+bucket and writes the averaged gradients back.
+"""
+
+import threading
+import warnings
+import weakref
+
+import numpy as np
+
+from .. import backend, kernels
+from ..autograd.engine import Engine, current_graph_task
+from ..comm.process_group import ReduceOp
+from ..distributed import api
+from ..distributed.grad_bucket import GradBucket
+from ..futures import Future
+from ..sparse import SparseCOOTensor
+from ..tensor import Tensor
+from ..distributed.sparse_reduce import SparseAllGather
+from . import buckets as bucket_rules
+
+
+def _memory_order(array):
+    """The axes of ``array`` from the largest stride to the smallest (its layout in memory)."""
+    return sorted(range(array.ndim), key=lambda axis: -abs(array.strides[axis]))
+
+
+def _view_like(flat, variable):
+    """A view of the 1-D ``flat`` shaped like ``variable`` and laid out like it in memory.
+
+    As the seed's Note "Gradient Layout Contract": a dense parameter (C- or F-contiguous, or
+    any permutation of axes) gets a bucket view with its own strides, so a gradient laid out
+    like the parameter is copied in one flat pass and, with gradient_as_bucket_view, ``.grad``
+    keeps the parameter's layout. Anything else falls back to a C-contiguous view.
+    """
+    if variable.flags.c_contiguous or variable.ndim < 2:
+        return flat.reshape(variable.shape)
+    order = _memory_order(variable)
+    permuted = variable.transpose(order)
+    if not permuted.flags.c_contiguous:  # overlapping or with gaps: not dense
+        return flat.reshape(variable.shape)
+    inverse = np.argsort(order)
+    return flat.reshape(permuted.shape).transpose(inverse)
+
+
+def _flat_in_memory_order(array):
+    """``array`` as a 1-D view in memory order, or None when it is not dense."""
+    if array.flags.c_contiguous:
+        return array.reshape(-1)
+    order = _memory_order(array)
+    permuted = array.transpose(order)
+    return permuted.reshape(-1) if permuted.flags.c_contiguous else None
+
+
+def scaled_copy_like(view, grad, scale):
+    """``view[...] = grad * scale`` in one pass; a flat kernel when both share one layout."""
+    if view.flags.c_contiguous and grad.flags.c_contiguous:
+        kernels.scaled_copy(view, grad, scale)
+        return
+    if view.strides == grad.strides:
+        dst, src = _flat_in_memory_order(view), _flat_in_memory_order(grad)
+        if dst is not None and src is not None:
+            kernels.scaled_copy(dst, src, scale)
+            return
+    # Layouts differ (a gradient that breaks the layout contract): still one strided pass.
+    kernels.scaled_copy_strided(view, grad, scale)
+
+
+class Bucket:
+    """One flat buffer of a dtype and device, with a view per parameter laid out like it."""
+
+    def __init__(self, variables, variable_indices, expect_sparse):
+        self.variables = variables
+        self.variable_indices = variable_indices
+        self.expect_sparse = expect_sparse
+        self.pending = len(variables)
+        self.work = self.future = None
+        self.sparse_grad = None
+        if expect_sparse:
+            self.contents, self.views_in, self.offsets = None, [], []
+            return
+        first = variables[0].data
+        xp = backend.get_array_module(first)
+        self.lengths = [v.data.size for v in variables]
+        self.offsets = list(np.cumsum([0] + self.lengths[:-1]))
+        self.contents = xp.zeros(sum(self.lengths), dtype=first.dtype)
+        self.views_in = [_view_like(self.contents[o:o + n], v.data)
+                         for o, n, v in zip(self.offsets, self.lengths, variables)]
+        self.views_out = self.views_in
+
+    def set_output(self, flat):
+        """After a comm hook: results are read from ``flat`` (which may be a new array)."""
+        self.views_out = [_view_like(flat[o:o + n], v.data)
+                          for o, n, v in zip(self.offsets, self.lengths, self.variables)]
+
+
+def _grad_bucket(index, bucket, is_last):
+    """What a comm hook sees of ``bucket``; a sparse-gradient bucket is its gradient itself."""
+    if bucket.expect_sparse:
+        return GradBucket(index, bucket.sparse_grad, bucket.variables, (), is_last, sparse=True)
+    return GradBucket(index, bucket.contents, bucket.variables, bucket.views_in, is_last)
+
+
+class Reducer:
+    """Reduces the gradients of ``params`` across ``process_group`` during backward."""
+
+    def __init__(self, params, bucket_indices, process_group, expect_sparse_gradients=None,
+                 bucket_bytes_cap=25 << 20, find_unused_parameters=False,
+                 gradient_as_bucket_view=False, param_names=None):
+        self.params = list(params)
+        self.names = list(param_names) if param_names else [f"#{i}" for i in
+                                                           range(len(self.params))]
+        self.process_group = process_group
+        self.expect_sparse = list(expect_sparse_gradients or [False] * len(self.params))
+        self.bucket_bytes_cap = bucket_bytes_cap
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self._lock = threading.RLock()  # hooks may run on a device thread
+        self.expect_autograd_hooks = False
+        self.require_finalize = False
+        self.next_bucket = 0
+        self.has_marked_unused_parameters = False
+        self.unused_parameters = []
+        self.local_used = np.zeros(len(self.params), dtype=np.int32)
+        self.local_used_work = None
+        self.local_used_reduced = False
+        self.div_factor = None
+        self.forward_pass_work = None
+        self.comm_hook = None
+        self.has_rebuilt_buckets = False
+        self.rebuilt_param_indices = []
+        self.ready_order = []  # the last iteration's gradient-ready order (for inspection)
+        self.ready = np.zeros(len(self.params), dtype=bool)  # marked ready this iteration
+        self._outer_task = None  # see Note [Finalize on the outermost backward]
+        self._stashed = {}
+        # The accumulators must outlive any one graph: the hooks live on them.
+        self._accumulators = [p._get_accumulator() for p in self.params]
+        self._index_of_accumulator = {acc: i for i, acc in enumerate(self._accumulators)}
+        self._hook_handles = [acc.register_hook(self._make_autograd_hook(i))
+                              for i, acc in enumerate(self._accumulators)]
+        self.initialize_buckets(bucket_indices)
+
+    def _make_autograd_hook(self, index):
+        # A weak reference: the hooks live on accumulators the reducer holds, so a strong one
+        # would be a cycle, and a dropped (say, failed) DDP would go on marking parameters of
+        # the model, under a new DDP too, until the cyclic collector happened to run. The seed
+        # removes its hooks in ~Reducer for this reason; __del__ does here.
+        reducer = weakref.ref(self)
+
+        def hook(grad_inputs, grad_outputs):
+            alive = reducer()
+            if alive is not None:  # grad_outputs[0]: what this backward brought (None: nothing)
+                alive.autograd_hook(index, grad_outputs[0] is not None)
+        return hook
+
+    def remove_hooks(self):
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+
+    def __del__(self):
+        if getattr(self, "_hook_handles", None):
+            self.remove_hooks()
+
+    # --- buckets ------------------------------------------------------------------------------
+    def initialize_buckets(self, bucket_indices):
+        if self.expect_autograd_hooks:
+            raise RuntimeError("initialize_buckets must NOT be called during autograd execution")
+        seen = sorted(i for b in bucket_indices for i in b)
+        if seen != list(range(len(self.params))):
+            raise ValueError(f"bucket_indices must name every parameter index exactly once; got "
+                             f"{bucket_indices}")
+        self.buckets, self.locators = [], [None] * len(self.params)
+        for b, indices in enumerate(bucket_indices):
+            sparse = any(self.expect_sparse[i] for i in indices)
+            if sparse and len(indices) != 1:
+                raise ValueError("a parameter with a sparse gradient needs a bucket of its own")
+            variables = [self.params[i] for i in indices]
+            keys = {(v.data.dtype, v.device) for v in variables}
+            if len(keys) != 1:
+                raise ValueError(f"bucket {b} mixes dtypes/devices {sorted(map(str, keys))}")
+            self.buckets.append(Bucket(variables, list(indices), sparse))
+            for k, i in enumerate(indices):
+                self.locators[i] = (b, k)
+        if self.gradient_as_bucket_view:
+            for bucket in self.buckets:  # existing gradients move into the new views
+                for view, p in zip(bucket.views_in, bucket.variables):
+                    if p.grad is not None and not p.grad.is_sparse:
+                        view[...] = p.grad.data
+                        p.grad = Tensor._make(view, False, None, 0)
+
+    def bucket_indices(self):
+        return [list(b.variable_indices) for b in self.buckets]
+
+    # --- one iteration --------------------------------------------------------------------------
+    def prepare_for_backward(self, outputs=()):
+        """Called after forward: expect hooks; with find_unused_parameters find who is unused."""
+        with self._lock:
+            self.ensure_prior_reduction_finished()
+            self.expect_autograd_hooks = True
+            self.next_bucket = 0
+            for bucket in self.buckets:
+                bucket.pending = len(bucket.variables)
+            self.ready = np.zeros(len(self.params), dtype=bool)
+            self._stashed = {}  # index -> a bucket-view .grad of an unused parameter
+            self.has_marked_unused_parameters = False
+            self.unused_parameters = []
+            self.ready_order = []
+            self._outer_task = None
+            self._note_graph_task()
+            if self.find_unused_parameters:
+                self.unused_parameters = self._unreached_from(
+                    [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None])
+
+    def _unreached_from(self, roots):
+        """Indices of the parameters whose accumulators no root Node reaches (iteratively)."""
+        seen, stack = set(roots), list(roots)
+        while stack:
+            fn = stack.pop()
+            for edge in fn.next_edges:
+                if edge is not None and edge.node not in seen:
+                    seen.add(edge.node)
+                    stack.append(edge.node)
+        return [i for acc, i in self._index_of_accumulator.items() if acc not in seen]
+
+    def outputs_left_out(self, used_roots):
+        """DDP's output sink ran: only ``used_roots`` (grad_fns of outputs) lead to the loss.
+
+        Parameters reachable only from outputs left out of the loss get no gradient in this
+        backward (their hooks run without one, or not at all), so they count as unused, as
+        PyTorch's _DDPSink arranges: marked now, their buckets are reduced like any other.
+        """
+        with self._lock:
+            if not self.expect_autograd_hooks or not self.find_unused_parameters:
+                return
+            unused = self._unreached_from(used_roots)
+            if not self.has_marked_unused_parameters:
+                self.unused_parameters = unused
+                return
+            known = set(self.unused_parameters)
+            for index in unused:  # a hook outside the outputs' graph marked the others already
+                if index not in known and not self.ready[index]:
+                    self.unused_parameters.append(index)
+                    self.mark_variable_ready(index)
+
+    def autograd_hook(self, index, computed=True):
+        """A parameter's gradient has been accumulated into ``.grad``.
+
+        ``computed`` is False when its AccumulateGrad ran without a gradient: the branch of a
+        forward output left out of the loss, which the output sink still sends through the
+        engine. Then ``.grad`` (None, or an old value) is not this iteration's: the parameter
+        counts as locally unused, as in the seed's hook with an undefined gradient.
+        """
+        with self._lock:
+            if self.find_unused_parameters and computed:
+                self.local_used[index] = 1
+            if not self.expect_autograd_hooks:
+                return  # no_sync(), or backward outside DDP's forward: accumulate locally
+            if not computed and self.ready[index]:
+                return  # marked unused already (outputs_left_out): nothing more to reduce
+            self._note_graph_task()
+            if not self.has_rebuilt_buckets and not self.find_unused_parameters:
+                self.rebuilt_param_indices.append(index)
+            if not self.has_marked_unused_parameters and self.find_unused_parameters:
+                self.has_marked_unused_parameters = True
+                for unused in self.unused_parameters:
+                    self.mark_variable_ready(unused)
+                if not computed and self.ready[index]:
+                    return
+            self.mark_variable_ready(index, computed)
+
+    def _note_graph_task(self):
+        # Note [Finalize on the outermost backward]: a reentrant backward (reentrant activation
+        # checkpointing) runs its own GraphTask inside the outer one, and a callback queued from
+        # it runs when the nested backward ends, while the outer backward still has gradients to
+        # accumulate. The final callback goes to the least nested GraphTask any hook of this
+        # iteration ran in; prepare_for_backward from inside a backward (a DDP forward recomputed
+        # by checkpoint) counts too.
+        # A task that has completed is a former backward through the same forward (two
+        # losses, two backwards): this one replaces it.
+        task, outer = current_graph_task(), self._outer_task
+        if task is not None and (outer is None or outer.completed()
+                                 or task.reentrant_depth < outer.reentrant_depth):
+            self._outer_task = task
+
+    def _queue_finalize(self):
+        task, current = self._outer_task, current_graph_task()
+        if task is None or task is current or task.completed():
+            Engine.queue_callback(self.finalize_backward)
+            return
+        task.queue_callback(self.finalize_backward)  # a task that may not be this thread's
+
+    def mark_variable_ready(self, index, computed=False):
+        """``computed``: this backward brought the parameter a gradient (else: unused)."""
+        if self.ready[index]:
+            raise RuntimeError(self._ready_twice_message(index))
+        b, k = self.locators[index]
+        bucket = self.buckets[b]
+        self.ready[index] = True
+        self.require_finalize = True
+        self.ready_order.append(index)
+        if self.div_factor is None:
+            self.div_factor = self.process_group.size()
+            if self.forward_pass_work is not None:  # join(): only the active ranks count
+                self.div_factor = int(self.forward_pass_work.result()[0][0])
+        if bucket.expect_sparse:
+            self._mark_sparse_ready(bucket, index, computed)
+        else:
+            self._mark_dense_ready(bucket, k, index, computed)
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self.mark_bucket_ready(b)
+        if self.next_bucket == len(self.buckets):
+            if self.find_unused_parameters:
+                self.local_used_reduced = False
+                self.global_used = self.local_used.copy()  # reduced in place
+                self.local_used_work = self.process_group.iallreduce(self.global_used,
+                                                                     ReduceOp.SUM)
+            self._queue_finalize()
+
+    def _mark_dense_ready(self, bucket, k, index, computed):
+        p, view = bucket.variables[k], bucket.views_in[k]
+        grad = p.grad
+        if grad is None or not computed:
+            if grad is not None and grad.data is view:  # keep it, should nobody compute it
+                self._stashed[index] = view.copy()
+            view[...] = 0  # not computed in this backward (an unused parameter)
+            return
+        if grad.is_sparse:
+            raise RuntimeError(f"parameter {self.names[index]} got a sparse gradient but its "
+                               "bucket expected a dense one; mark sparse-gradient parameters "
+                               "(Embedding(sparse=True)) when building the reducer")
+        if grad.data.shape != view.shape or grad.data.dtype != view.dtype:
+            raise RuntimeError(f"parameter {self.names[index]}: gradient is {grad.data.dtype} "
+                               f"{list(grad.data.shape)}, expected {view.dtype} "
+                               f"{list(view.shape)} (the parameter's own layout)")
+        # Copied (and divided) now, in the hook, as the seed: a post-hook that runs after this
+        # one and changes .grad in place must not change what is reduced. With
+        # gradient_as_bucket_view the gradient may already be this view (accumulated in
+        # place): then the copy is the in-place division.
+        scale = 1.0 if self.comm_hook else 1.0 / self.div_factor
+        if grad.data is not view or scale != 1.0:
+            scaled_copy_like(view, grad.data, scale)
+        if self.gradient_as_bucket_view:
+            p.grad = Tensor._make(view, False, None, 0)
+
+    def _mark_sparse_ready(self, bucket, index, computed):
+        p = self.params[index]
+        grad = p.grad
+        if not computed or (grad is None and self.find_unused_parameters):
+            xp = backend.get_array_module(p.data)  # unused: contributes no rows
+            bucket.sparse_grad = SparseCOOTensor(
+                xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.data.dtype), p.shape)
+            return
+        if grad is None or not grad.is_sparse:
+            raise RuntimeError(f"parameter {self.names[index]} was expected to have a sparse "
+                               "gradient (Embedding(sparse=True)), got "
+                               f"{'none' if grad is None else 'a dense one'}")
+        bucket.sparse_grad = grad if self.comm_hook else grad * (1.0 / self.div_factor)
+
+    def mark_bucket_ready(self, bucket_index):
+        """Launch every ready bucket from ``next_bucket`` on, strictly in order."""
+        if bucket_index > self.next_bucket:
+            return  # an earlier bucket is still waiting for gradients
+        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
+            b = self.next_bucket
+            bucket = self.buckets[b]
+            if self.comm_hook is not None:
+                state, hook = self.comm_hook
+                bucket.future = hook(state, _grad_bucket(b, bucket, b == len(self.buckets) - 1))
+                if not isinstance(bucket.future, Future):
+                    raise RuntimeError("callback must return a hpcgrad.distributed.Future "
+                                       f"object, but got {type(bucket.future).__name__} (as "
+                                       "PyTorch's torch.futures.Future); return the Future of "
+                                       "an async collective, e.g. all_reduce(..., "
+                                       "async_op=True).get_future()")
+            elif bucket.expect_sparse:
+                bucket.work = SparseAllGather(self.process_group, bucket.sparse_grad)
+            else:
+                bucket.work = self.process_group.iallreduce(bucket.contents, ReduceOp.SUM)
+            self.next_bucket += 1
+
+    def finalize_backward(self):
+        """The engine's final callback: wait for every bucket, write the gradients back."""
+        with self._lock:
+            self.expect_autograd_hooks = False
+            self.require_finalize = False
+            self.div_factor = None
+            for bucket in self.buckets:
+                if self.comm_hook is not None:
+                    result = bucket.future.wait()
+                    result = result[0] if isinstance(result, (list, tuple)) else result
+                    if bucket.expect_sparse:
+                        if not self._globally_unused(bucket.variable_indices[0]):
+                            bucket.variables[0].grad = result
+                        continue
+                    flat = result.data if isinstance(result, Tensor) else result
+                    if flat.shape != bucket.contents.shape:
+                        raise RuntimeError(f"the comm hook returned shape {list(flat.shape)} for "
+                                           f"a bucket of {list(bucket.contents.shape)}")
+                    bucket.set_output(flat)
+                elif bucket.expect_sparse:
+                    self._finalize_sparse(bucket)
+                    continue
+                else:
+                    bucket.work.wait()
+                self._finalize_dense(bucket)
+            if self.find_unused_parameters:
+                if not self.local_used_reduced:
+                    self.local_used_work.wait()
+                self.local_used[:] = 0
+            self._outer_task, self._stashed = None, {}  # the GraphTask holds the whole graph
+
+    def _globally_unused(self, index):
+        """Lazily wait for the used-map all-reduce only when a parameter was unused locally."""
+        if not self.find_unused_parameters or self.local_used[index]:
+            return False
+        if not self.local_used_reduced:
+            self.local_used_work.wait()
+            self.local_used_reduced = True
+        return self.global_used[index] == 0
+
+    def _finalize_dense(self, bucket):
+        for k, (p, index) in enumerate(zip(bucket.variables, bucket.variable_indices)):
+            if self._globally_unused(index):  # nobody computed it: .grad keeps its values
+                view = bucket.views_in[k]
+                if index in self._stashed:  # .grad is the view the reduction went through
+                    view[...] = self._stashed[index]
+                elif self.gradient_as_bucket_view and p.grad is not None \
+                        and p.grad.data is not view:  # as the seed: .grad becomes the view
+                    view[...] = p.grad.data
+                    p.grad = Tensor._make(view, False, None, 0)
+                continue
+            view_in, view_out = bucket.views_in[k], bucket.views_out[k]
+            if not self.gradient_as_bucket_view:
+                if p.grad is None:
+                    p.grad = Tensor._make(view_out.copy(), False, None, 0)
+                else:
+                    p.grad.data[...] = view_out
+                continue
+            if view_in is not view_out:
+                view_in[...] = view_out
+            if p.grad is None:
+                p.grad = Tensor._make(view_in, False, None, 0)
+            elif p.grad.data is not view_in:
+                p.grad.data[...] = view_in
+                warnings.warn("a parameter's gradient is not its DDP bucket view although "
+                              "gradient_as_bucket_view=True (parameters sharing one gradient?)",
+                              stacklevel=2)
+
+    def _finalize_sparse(self, bucket):
+        result = bucket.work.result()
+        if not self._globally_unused(bucket.variable_indices[0]):
+            bucket.variables[0].grad = result
+
+    def ensure_prior_reduction_finished(self):
+        if not self.require_finalize:
+            return
+        rank = self.process_group.rank()
+        missing = [i for i in range(len(self.params)) if not self.ready[i]]
+        if self.find_unused_parameters:
+            advice = ("Since `find_unused_parameters=True` is enabled, this likely  means that "
+                      "not all `forward` outputs participate in computing loss. You can fix this "
+                      "by making sure all `forward` function outputs participate in calculating "
+                      "loss. ")
+        else:
+            advice = ("You can enable unused parameter detection by passing the keyword argument "
+                      "`find_unused_parameters=True` to "
+                      "`hpcgrad.nn.parallel.DistributedDataParallel`, and by \nmaking sure all "
+                      "`forward` function outputs participate in calculating loss. ")
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new "
+            "one. This error indicates that your module has parameters that were not used in "
+            f"producing loss. {advice}\nIf you already have done the above, then the "
+            "distributed data parallel module wasn't able to locate the output tensors in the "
+            "return value of your module's `forward` function (tensors in lists, tuples, "
+            "namedtuples, dicts, sets and dataclasses are searched). Please include the loss "
+            "function and the structure of the return value of `forward` of your module when "
+            "reporting this issue (e.g. list, dict, iterable).\n"
+            f"Parameter indices which did not receive grad for rank {rank}: "
+            f"{' '.join(map(str, missing))}\n"
+            f"Parameters which did not receive grad for rank {rank}: "
+            f"{', '.join(self.names[i] for i in missing)}")
+
+    def _ready_twice_message(self, index):
+        common = ("Expected to mark a variable ready only once. This error is caused by one of "
+                  "the following reasons: 1) Use of a module parameter outside the `forward` "
+                  "function. Please make sure model parameters are not shared across multiple "
+                  "concurrent forward-backward passes. 2) "
+                  "Reused parameters in multiple reentrant backward passes. For example, if you "
+                  "use multiple `checkpoint` functions to wrap the same part of your model, it "
+                  "would result in the same set of parameters been used by different reentrant "
+                  "backward passes multiple times, and hence marking a variable ready multiple "
+                  "times. DDP does not support such use cases yet (static_graph is not built "
+                  "here).")
+        if self.has_marked_unused_parameters:
+            common += (
+                " 3) Incorrect unused parameter detection. The return value of the `forward` "
+                "function is inspected by the distributed data parallel wrapper to figure out if "
+                "any of the module's parameters went unused. For unused parameters, DDP would "
+                "not expect gradients from then. However, if an unused parameter becomes part of "
+                "the autograd graph at a later point in time (e.g., in a reentrant backward when "
+                "using `checkpoint`), the gradient will show up unexpectedly. If all parameters "
+                "in the model participate in the backward pass, you can disable unused parameter "
+                "detection by passing the keyword argument `find_unused_parameters=False`.")
+        return common + (f" Parameter at index {index} with name {self.names[index]} has been "
+                         "marked as ready twice. This means that multiple autograd engine hooks "
+                         "have fired for this particular parameter during this iteration.")
+
+    # --- rebuild, hooks -------------------------------------------------------------------------
+    def should_rebuild_buckets(self):
+        """True where a backward has recorded a ready order and the buckets were not rebuilt.
+
+        Decided locally, as the seed's rebuild_buckets: every rank records an order in the same
+        synced backwards (join() pushes one on a rank that shadows them), so all ranks agree
+        without talking; before any backward nobody calls a collective, so a forward run on
+        one rank alone (evaluation with grad enabled) cannot hang.
+        """
+        return (not self.has_rebuilt_buckets and not self.find_unused_parameters
+                and bool(self.rebuilt_param_indices))
+
+    def rebuild_buckets(self):
+        """Once, after a backward recorded the ready order: buckets in rank 0's observed order."""
+        self.ensure_prior_reduction_finished()
+        with self._lock:
+            if not self.should_rebuild_buckets():
+                return False
+            # Rank 0 decides (every rank calls this bcast), so all launch the same buckets in
+            # the same order; an order missing some gradient keeps the current buckets until
+            # a later iteration records a complete one.
+            order, indices = self.rebuilt_param_indices, None
+            if self.process_group.rank() == 0 and sorted(order) == list(range(len(self.params))):
+                indices = bucket_rules.compute_bucket_assignment_by_size(
+                    [self.params[i] for i in order],
+                    [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap],
+                    self.expect_sparse, order)
+            box = [indices]
+            api.broadcast_object_list(box, src=self.process_group.ranks[0],
+                                      group=self.process_group)
+            indices = box[0]
+            self.rebuilt_param_indices = []
+            if indices is None:
+                return False  # as the seed: try again once a backward has recorded an order
+            self.has_rebuilt_buckets = True
+            self.initialize_buckets(indices)
+            return True
+
+    def push_all_rebuilt_params(self):
+        """join(): a shadowing rank records every parameter, as if its backward had run."""
+        if not self.has_rebuilt_buckets and not self.find_unused_parameters:
+            self.rebuilt_param_indices = [i for b in self.buckets for i in b.variable_indices]
+
+    def register_comm_hook(self, state, hook):
+        if self.comm_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once.")
+        self.comm_hook = (state, hook)
+
+    def shadow_backward(self):
+        """join(): this iteration's reductions with zero gradients (this rank has no batch)."""
+        with self._lock:
+            self.ensure_prior_reduction_finished()
+            self.div_factor = self.process_group.size()
+            for b, bucket in enumerate(self.buckets):
+                if bucket.expect_sparse:
+                    p = bucket.variables[0]
+                    xp = backend.get_array_module(p.data)
+                    bucket.sparse_grad = SparseCOOTensor(
+                        xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.data.dtype), p.shape)
+                else:
+                    bucket.contents[...] = 0
+                bucket.pending = 0
+            self.next_bucket = 0
+            self.mark_bucket_ready(0)
+            if self.find_unused_parameters:
+                self.process_group.iallreduce(np.zeros_like(self.local_used)).wait()
+            for bucket in self.buckets:
+                (bucket.work if self.comm_hook is None else bucket.future).wait()
+                bucket.pending = len(bucket.variables)
+            self.div_factor = None
+            self.push_all_rebuilt_params()
+
+    def set_forward_pass_work_handle(self, work):
+        """join(): the all-reduce that counts this iteration's active ranks (the divisor)."""
+        self.forward_pass_work = work

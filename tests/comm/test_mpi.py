@@ -1,0 +1,98 @@
+"""Tests for hpcgrad.comm.mpi: thread level, the CUDA-awareness decision and the abort-on-exception hook."""
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import hpcgrad.comm.mpi
+from hpcgrad.comm.mpi import MPI, comm_world, cuda_aware_mpi, install_abort_hook, thread_level
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "raise_on_rank1.py"
+MESSAGE = "injected failure on rank 1"
+
+
+def test_thread_level_is_multiple():
+    assert thread_level() == "multiple"
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("1", True)])
+def test_cuda_aware_env_override(monkeypatch, value, expected):
+    monkeypatch.setenv("HPCGRAD_CUDA_AWARE_MPI", value)
+    aware, reason = cuda_aware_mpi()
+    assert aware is expected
+    assert f"HPCGRAD_CUDA_AWARE_MPI={value}" in reason
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true"])
+def test_cuda_aware_env_rejects_bad_value(monkeypatch, value):
+    monkeypatch.setenv("HPCGRAD_CUDA_AWARE_MPI", value)
+    with pytest.raises(ValueError, match=rf"must be '0' or '1', got '{value}'.*unset it"):
+        cuda_aware_mpi()
+
+
+def test_cuda_aware_queries_loaded_library(monkeypatch):
+    monkeypatch.delenv("HPCGRAD_CUDA_AWARE_MPI", raising=False)
+    aware, reason = cuda_aware_mpi()
+    assert isinstance(aware, bool) and reason
+    if "pypi.org/p/mpich" in MPI.Get_library_version():  # the pip wheel is built without CUDA
+        assert not aware
+        assert "MPIX_Query_cuda_support() returned 0" in reason
+
+
+def test_cuda_aware_without_query(monkeypatch):
+    monkeypatch.delenv("HPCGRAD_CUDA_AWARE_MPI", raising=False)
+    monkeypatch.setattr(hpcgrad.comm.mpi, "_loaded_mpi_libraries", lambda: [])
+    assert cuda_aware_mpi() == (False, "no query available -> assume not CUDA-aware")
+
+
+@pytest.fixture
+def fresh_hooks(monkeypatch):
+    """Let a test install the abort hook and restore the previous hooks afterwards."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    monkeypatch.setattr(hpcgrad.comm.mpi, "_installed", False)
+    monkeypatch.delenv("HPCGRAD_NO_ABORT_HOOK", raising=False)
+    return monkeypatch
+
+
+def test_install_abort_hook_is_idempotent(fresh_hooks):
+    assert install_abort_hook()
+    hooks = sys.excepthook, threading.excepthook
+    assert install_abort_hook()
+    assert (sys.excepthook, threading.excepthook) == hooks
+
+
+def test_install_abort_hook_opt_out(fresh_hooks):
+    fresh_hooks.setenv("HPCGRAD_NO_ABORT_HOOK", "1")
+    before = sys.excepthook, threading.excepthook
+    assert not install_abort_hook()
+    assert (sys.excepthook, threading.excepthook) == before
+
+
+def test_abort_hook_defers_to_previous_hook_on_one_rank():
+    if comm_world().Get_size() > 1:
+        pytest.skip("at size > 1 the hook aborts the job")
+    seen = []
+    hpcgrad.comm.mpi._abort_on_exception(ValueError, ValueError("x"), None, lambda *a: seen.append(a))
+    assert seen and seen[0][0] is ValueError
+
+
+def run_raise_on_rank1(launch, *args, env=None, mpiexec_timeout=None):
+    return launch([sys.executable, str(SCRIPT), *args], nprocs=2, env=env, timeout=60,
+                  mpiexec_timeout=mpiexec_timeout)
+
+
+@pytest.mark.parametrize("args", [(), ("--in-thread",)], ids=["main-thread", "other-thread"])
+def test_uncaught_exception_aborts_every_rank(launch, args):
+    job = run_raise_on_rank1(launch, *args)
+    assert job.returncode not in (0, None), job.output
+    assert not job.timed_out and job.elapsed < 15, f"took {job.elapsed:.1f} s:\n{job.output}"
+    assert f"[rank 1] RuntimeError: {MESSAGE}" in job.stderr, job.output
+
+
+def test_opt_out_prints_plain_traceback_and_needs_timeout(launch):
+    job = run_raise_on_rank1(launch, env={"HPCGRAD_NO_ABORT_HOOK": "1"}, mpiexec_timeout=5)
+    assert job.failed, job.output
+    assert f"RuntimeError: {MESSAGE}" in job.stderr and "[rank 1]" not in job.stderr, job.output
