@@ -43,7 +43,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hpcgrad.distributed as dist  # noqa: E402
-from hpcgrad.mpi import MPI  # noqa: E402
+from hpcgrad.comm.mpi import MPI  # noqa: E402
 
 KB, MB = 1 << 10, 1 << 20
 SMALL = 64 * KB  # up to here the table's headline is latency, above it bandwidth

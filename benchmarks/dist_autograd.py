@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import hpcgrad as hg  # noqa: E402
 import hpcgrad.distributed.autograd as hg_autograd  # noqa: E402
 import hpcgrad.distributed.rpc as hg_rpc  # noqa: E402
-from hpcgrad.mpi import comm_world  # noqa: E402
+from hpcgrad.comm.mpi import comm_world  # noqa: E402
 
 try:
     import torch

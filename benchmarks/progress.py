@@ -58,7 +58,7 @@ class ProbeThread:
 
     def __init__(self, interval):
         import threading
-        from hpcgrad.mpi import MPI
+        from hpcgrad.comm.mpi import MPI
         self.interval = interval
         self.comm = MPI.COMM_WORLD.Dup()
         self.pending = []
@@ -73,7 +73,7 @@ class ProbeThread:
         return work
 
     def run(self):
-        from hpcgrad.mpi import MPI
+        from hpcgrad.comm.mpi import MPI
         while not self.stopped:
             if not self.pending:
                 self.wake.wait()
@@ -92,7 +92,7 @@ class ProbeThread:
 
 def worker(args):
     import hpcgrad.distributed as dist
-    from hpcgrad.mpi import MPI
+    from hpcgrad.comm.mpi import MPI
 
     dist.init_process_group()
     comm = MPI.COMM_WORLD
@@ -152,7 +152,7 @@ def worker(args):
 
 def timed(comm, fn, repeats):
     """Median seconds of fn() over repeats, each started together and ended by the slowest rank."""
-    from hpcgrad.mpi import MPI
+    from hpcgrad.comm.mpi import MPI
     times = []
     for _ in range(repeats):
         comm.Barrier()

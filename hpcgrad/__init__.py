@@ -1,4 +1,30 @@
-"""hpcgrad: reverse-mode autograd, distributed autograd and DDP on numpy/cupy arrays over MPI."""
+"""hpcgrad: reverse-mode autograd, distributed autograd and DDP on numpy/cupy arrays over MPI.
+
+Note [Layers]
+    Imports run one way, from the top of this list to the bottom (tests/test_layers.py checks
+    it from the source):
+
+        hpcgrad.distributed.optim       DistributedOptimizer
+        hpcgrad.distributed.autograd    contexts, send/recv functions, DistEngine; registers
+                                        its codec with RPC at init_rpc
+        hpcgrad.distributed.rpc         agent, messages, RRefs: no autograd, a codec hook
+        hpcgrad.ddp                     DistributedDataParallel, Reducer, bucket assignment
+        hpcgrad.distributed             torch.distributed on Tensors: collectives, groups,
+                                        GradBucket, comm hooks, differentiable collectives
+        hpcgrad.comm                    MPI start-up, buffers, Work, progress, timeouts,
+                                        collective checks: arrays only, no Tensor
+        hpcgrad.nn, optim, data         modules, optimizers, loaders: no MPI (data's sampler
+                                        asks MPI for rank and size only when called)
+        hpcgrad.tensor, ops, sparse     Tensor and differentiable ops
+        hpcgrad.autograd                the engine; Tensor only through its interface
+        hpcgrad.futures, backend,       the one Future, numpy/cupy dispatch, numba kernels
+        kernels
+
+    RPC and distributed autograd keep PyTorch's module names under ``hpcgrad.distributed``
+    (importing them runs the facade's ``__init__``, a layer below them). ``hpcgrad.nn.parallel``
+    is PyTorch's name for DistributedDataParallel: it only re-exports hpcgrad.ddp's, and
+    nothing in hpcgrad.nn imports it.
+"""
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ import socket
 import sys
 
 import hpcgrad
-from hpcgrad.mpi import MPI, comm_world, cuda_aware_mpi, thread_level
+from hpcgrad.comm.mpi import MPI, comm_world, cuda_aware_mpi, thread_level
 
 # (label, env var that proves it). Order matters: mpiexec inside a SLURM allocation still sees
 # SLURM_* variables, so the MPI launchers' own variables are checked first.

@@ -27,8 +27,8 @@ import hpcgrad.distributed.rpc as rpc
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
+from hpcgrad.comm.mpi import comm_world
 from hpcgrad.data import load_digits
-from hpcgrad.mpi import comm_world
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
 

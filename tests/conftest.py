@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcgrad.mpi import comm_world  # under mpiexec, importing installs the abort-on-exception hook
+import hpcgrad.distributed as dist
+from hpcgrad.comm.mpi import comm_world  # under mpiexec, importing installs the abort-on-exception hook
 
 # Variables through which a launcher tells a process its rank; a nested mpiexec must not inherit them.
 _LAUNCH_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD_")
@@ -23,6 +24,17 @@ _SHM_PREFIXES = ("mpich_shm_", "sm_segment.")  # MPICH, Open MPI
 def pytest_configure(config):
     if comm_world().Get_size() > 1 and config.getoption("timeout_method", None) is None:
         config.option.timeout_method = "thread"
+
+
+# A test that fails on one rank leaves its peers in a collective: they get a CommTimeoutError
+# after this long (and report it) instead of hanging until the run's MPIEXEC_TIMEOUT.
+GROUP_TIMEOUT = 30
+
+
+@pytest.fixture
+def world():
+    """The default process group (init_process_group is idempotent: the first call creates it)."""
+    return dist.init_process_group(timeout=GROUP_TIMEOUT)
 
 
 _FOUR_RANK_MODULES = ("test_rpc", "test_dist_autograd")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcgrad.comm.mpi import comm_world
 from hpcgrad.info import collect_info, detect_launcher, format_report, gather_info
-from hpcgrad.mpi import comm_world
 
 FIELDS = {"rank", "size", "hpcgrad", "numpy", "mpi4py", "numba", "cupy", "gpu_count", "mpi_library",
           "mpi_standard", "thread_level", "ranks_per_node", "cuda_aware_mpi", "cuda_aware_reason",

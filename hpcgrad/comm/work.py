@@ -7,7 +7,9 @@ import weakref
 
 from mpi4py import MPI
 
-from ..futures import Future  # the one Future type (Note [One Future] in hpcgrad/futures.py)
+from ..futures import (
+    Future,  # the one Future type (Note [One Future] in hpcgrad/futures.py)
+)
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.

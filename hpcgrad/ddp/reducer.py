@@ -20,10 +20,10 @@ from ..autograd.engine import Engine, current_graph_task
 from ..comm.process_group import ReduceOp
 from ..distributed import api
 from ..distributed.grad_bucket import GradBucket
+from ..distributed.sparse_reduce import SparseAllGather
 from ..futures import Future
 from ..sparse import SparseCOOTensor
 from ..tensor import Tensor
-from ..distributed.sparse_reduce import SparseAllGather
 from . import buckets as bucket_rules
 
 

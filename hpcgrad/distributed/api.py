@@ -7,12 +7,15 @@ import datetime
 import pickle
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import backend
+from ..comm.buffers import is_array
+from ..comm.mpi import comm_world
+from ..comm.process_group import ProcessGroup, ReduceOp
+from ..comm.progress import start_from_env
+from ..comm.work import default_timeout
 from ..tensor import Tensor
-from .buffers import as_array
-from .process_group import ProcessGroup, ReduceOp
-from .work import default_timeout
 
 _default_group = None
 _local = None  # (local rank, local size) from the shared-memory split
@@ -31,6 +34,17 @@ class _NonMember:
 NON_GROUP_MEMBER = _NonMember()
 
 
+def as_array(x):
+    """The array behind an hpcgrad Tensor, or the numpy/cupy array itself (what comm/ sends)."""
+    if type(x) is np.ndarray:
+        return x
+    if isinstance(x, Tensor):
+        return x.data
+    if is_array(x):
+        return x
+    raise TypeError(f"expected an hpcgrad Tensor or a numpy/cupy array, got {type(x).__name__}")
+
+
 def _seconds(timeout):
     if timeout is None:
         return default_timeout()
@@ -44,9 +58,9 @@ def init_process_group(backend="mpi", timeout=None, **unused):
 
     ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
     bounds every wait: ``Work.wait()`` raises CommTimeoutError, and a blocking collective that
-    overruns it is reported and aborts the job (Note [Blocking calls] in work.py).
+    overruns it is reported and aborts the job (Note [Blocking calls] in comm/work.py).
     HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread (Note [Communication progress]
-    in progress.py). Rendezvous arguments of PyTorch
+    in comm/progress.py). Rendezvous arguments of PyTorch
     (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
     placed the ranks.
     """
@@ -55,14 +69,11 @@ def init_process_group(backend="mpi", timeout=None, **unused):
         raise ValueError(f"hpcgrad runs over MPI; backend={backend!r} is not available "
                          "(use 'mpi' or leave it out)")
     if _default_group is None:
-        from ..mpi import comm_world
         world = comm_world()
         _default_group = ProcessGroup(world.Dup(), _seconds(timeout))
-        from mpi4py import MPI
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
-        from .progress import start_from_env
         start_from_env()
     return _default_group
 
@@ -122,7 +133,6 @@ def new_group(ranks=None, timeout=None):
     for r in members:
         if not 0 <= r < world.size():
             raise ValueError(f"new_group: rank {r} is not in the world (size {world.size()})")
-    from mpi4py import MPI
     me = world.rank()
     world.ibarrier().wait()  # every rank is here (or a CommTimeoutError says who is not)
     comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)

@@ -8,9 +8,9 @@ bucket is its row-sparse gradient (``bucket.is_sparse()``): its Future gives the
 import numpy as np
 
 from .. import backend
+from ..futures import Future
 from . import api
 from .sparse_reduce import SparseAllGather
-from .work import Future
 
 
 def _group(state):

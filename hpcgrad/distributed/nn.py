@@ -1,9 +1,9 @@
 """Differentiable collectives: the backward of each is the matching collective on the gradients."""
 
 from ..autograd.function import Function
+from ..comm.process_group import ReduceOp
 from ..tensor import Tensor
 from . import api
-from .process_group import ReduceOp
 
 
 def _copy(t):

@@ -3,9 +3,9 @@
 import numpy as np
 
 from .. import backend
+from ..comm.buffers import MessageBuffer
+from ..comm.work import wait_requests
 from ..sparse import SparseCOOTensor
-from .buffers import MessageBuffer
-from .work import wait_requests
 
 
 class SparseAllGather:

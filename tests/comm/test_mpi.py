@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 import hpcgrad.comm.mpi
-from hpcgrad.comm.mpi import MPI, comm_world, cuda_aware_mpi, install_abort_hook, thread_level
+from hpcgrad.comm.mpi import (
+    MPI,
+    comm_world,
+    cuda_aware_mpi,
+    install_abort_hook,
+    thread_level,
+)
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "raise_on_rank1.py"
 MESSAGE = "injected failure on rank 1"

@@ -24,7 +24,7 @@ import hpcgrad as hg
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
 from hpcgrad.autograd import Function, once_differentiable
-from hpcgrad.mpi import comm_world
+from hpcgrad.comm.mpi import comm_world
 
 WAIT = 20  # seconds any wait in these tests may last before it fails (never hang)
 

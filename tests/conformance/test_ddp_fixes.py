@@ -25,8 +25,8 @@ import hpcgrad.distributed as dist
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad.distributed import comm_hooks
-from hpcgrad.distributed.reducer import GradBucket
-from hpcgrad.distributed.work import Future
+from hpcgrad.distributed import GradBucket
+from hpcgrad.futures import Future
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 from hpcgrad.utils.checkpoint import checkpoint
 

@@ -15,8 +15,8 @@ import pytest
 import hpcgrad as hg
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
-from hpcgrad.distributed import buckets
-from hpcgrad.distributed.reducer import Reducer
+from hpcgrad.ddp import buckets
+from hpcgrad.ddp.reducer import Reducer
 
 import ddp_helpers as h
 from ddp_helpers import group  # noqa: F401  (the fixture)

@@ -14,7 +14,7 @@ import pytest
 
 import hpcgrad as hg
 import hpcgrad.distributed.rpc as rpc
-from hpcgrad.mpi import comm_world
+from hpcgrad.comm.mpi import comm_world
 
 import rpc_conformance_helpers as h
 from rpc_conformance_helpers import WAIT

@@ -95,7 +95,7 @@ def test_matches_torch(n, replicas, shuffle, drop_last):
 def test_invalid_rank_and_mpi_defaults():
     with pytest.raises(ValueError, match=r"Invalid rank 3, rank should be in the interval \[0, 2\]"):
         DistributedSampler(range(5), num_replicas=3, rank=3)
-    from hpcgrad.mpi import comm_world
+    from hpcgrad.comm.mpi import comm_world
     sampler = DistributedSampler(range(5))
     assert (sampler.num_replicas, sampler.rank) == (comm_world().Get_size(), comm_world().Get_rank())
 
@@ -103,7 +103,7 @@ def test_invalid_rank_and_mpi_defaults():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_mpi_shards_are_disjoint_and_cover(drop_last):
-    from hpcgrad.mpi import comm_world
+    from hpcgrad.comm.mpi import comm_world
     comm = comm_world()
     n = 11  # not a multiple of 2 or 3: padding or dropping happens
     sampler = DistributedSampler(range(n), shuffle=True, seed=3, drop_last=drop_last)

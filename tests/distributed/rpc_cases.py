@@ -19,7 +19,7 @@ import hpcgrad as hg
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
 from hpcgrad.autograd import Function
-from hpcgrad.mpi import comm_world
+from hpcgrad.comm.mpi import comm_world
 
 WAIT_LIMIT = 20    # seconds any wait in these tests may last before it fails
 FEATURES = 5       # width of every activation and weight

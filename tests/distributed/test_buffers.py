@@ -7,9 +7,11 @@ import pytest
 
 import hpcgrad.distributed as dist
 from hpcgrad import backend
-from hpcgrad.distributed import ReduceOp, buffers
-from hpcgrad.distributed.buffers import MessageBuffer, as_array
-from hpcgrad.mpi import MPI
+from hpcgrad.distributed import ReduceOp
+from hpcgrad.comm import buffers
+from hpcgrad.comm.buffers import MessageBuffer
+from hpcgrad.distributed.api import as_array
+from hpcgrad.comm.mpi import MPI
 from hpcgrad.tensor import Tensor
 
 import dist_cases as cases

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgrad.distributed import debug
+from hpcgrad.comm import debug
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 DETAIL = {"HPCGRAD_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -72,7 +72,7 @@ def test_a_rank_that_never_arrives_times_out_and_ends_the_job(launch, mode):
     assert job.returncode not in (0, None) and not job.timed_out, job.output
     assert job.elapsed < 20, f"took {job.elapsed:.1f} s (rank 1 sleeps 120 s):\n{job.output}"
     where = "" if mode == "plain" else ", at its HPCGRAD_DISTRIBUTED_DEBUG=DETAIL call check,"
-    assert (f"[rank 0] hpcgrad.distributed.work.CommTimeoutError: allreduce #1 (1000 x float32, "
+    assert (f"[rank 0] hpcgrad.comm.work.CommTimeoutError: allreduce #1 (1000 x float32, "
             f"shape [1000]){' in a group of 2 ranks' if mode == 'plain' else where} did not "
             f"complete within {seconds} s on rank 0: a peer rank never joined it") in job.stderr, \
         job.output

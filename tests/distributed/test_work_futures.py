@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import hpcgrad.distributed as dist
+from hpcgrad.comm.mpi import MPI
+from hpcgrad.comm.work import default_timeout, wait_requests
 from hpcgrad.distributed import CommTimeoutError, Future, ReduceOp, Work
-from hpcgrad.distributed.work import default_timeout, wait_requests
-from hpcgrad.mpi import MPI
 
 
 # --- Future on its own (serial) -----------------------------------------------------------------
@@ -102,7 +102,7 @@ def test_wait_times_out_with_the_description():
 
 def test_watchdog_reports_a_blocking_call_past_its_deadline():
     """Note [Blocking calls]: the report (normally followed by MPI_Abort) names the call."""
-    from hpcgrad.distributed.work import Watchdog
+    from hpcgrad.comm.work import Watchdog
 
     class Group:  # what the watchdog reads of a ProcessGroup
         _inflight, timeout = None, 0.1
@@ -241,7 +241,7 @@ def test_progress_thread_completes_work_nobody_waits_for(world, progress_thread)
 
 
 def test_progress_env(monkeypatch):
-    from hpcgrad.distributed import progress
+    from hpcgrad.comm import progress
     monkeypatch.setenv(progress.PROGRESS_ENV, "yes")
     with pytest.raises(ValueError, match="HPCGRAD_PROGRESS_THREAD must be 0 or 1, got 'yes'"):
         progress.start_from_env()
@@ -256,7 +256,7 @@ def test_progress_env(monkeypatch):
 def test_comm_hook_annotation_names():
     """PyTorch's comm hooks are annotated ``(state, bucket: dist.GradBucket) -> Future[Tensor]``."""
     import hpcgrad as hg
-    from hpcgrad.distributed.reducer import GradBucket
+    from hpcgrad.distributed import GradBucket
     assert dist.GradBucket is GradBucket
     assert dist.Future[hg.Tensor].__origin__ is dist.Future
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):

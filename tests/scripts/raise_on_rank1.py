@@ -3,7 +3,7 @@
 import sys
 import threading
 
-from hpcgrad.mpi import comm_world
+from hpcgrad.comm.mpi import comm_world
 
 MESSAGE = "injected failure on rank 1"
 

@@ -21,7 +21,7 @@ import numbers
 import threading
 import traceback
 
-from ...mpi import comm_world
+from ...comm.mpi import comm_world
 from . import message
 from .agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
 

@@ -43,8 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
+from ...comm.buffers import MessageBuffer
 from ...futures import Future
-from ..buffers import MessageBuffer
 
 ENVELOPE_TAG = 1
 INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
