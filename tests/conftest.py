@@ -1,6 +1,7 @@
 """Test harness: the MPI abort hook, bounded multi-rank tests, GPU skipping and a bounded job launcher."""
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -76,6 +77,21 @@ def mpiexec_path():
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
+@functools.lru_cache(maxsize=None)
+def mpiexec_options(mpiexec):
+    """(arguments, environment) a launcher needs here: Open MPI refuses root and more ranks than
+    cores unless told (tests/run.sh does the same); MPICH's hydra needs nothing."""
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.lower()
+    except (OSError, subprocess.SubprocessError):
+        return (), {}
+    if any(name in version for name in ("open mpi", "open-mpi", "openrte", "prte")):
+        return ("--oversubscribe",), {"OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return (), {}
+
+
 def _shm_files():
     try:
         return {entry.path for entry in os.scandir("/dev/shm") if entry.name.startswith(_SHM_PREFIXES)}
@@ -140,7 +156,9 @@ def run_job(argv, nprocs=None, env=None, timeout=60, mpiexec_timeout=None):
         if mpiexec is None:
             pytest.skip("mpiexec not found beside python or on PATH")
         full_env["MPIEXEC_TIMEOUT"] = str(mpiexec_timeout or timeout)
-        argv = [mpiexec, "-n", str(nprocs), *argv]
+        extra_args, extra_env = mpiexec_options(mpiexec)
+        full_env.update(extra_env)
+        argv = [mpiexec, *extra_args, "-n", str(nprocs), *argv]
     shm_before = _shm_files()
     start = time.monotonic()
     # A new session lets the outer timeout kill mpiexec and its proxies in one go; the ranks (hydra
