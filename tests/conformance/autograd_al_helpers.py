@@ -1,12 +1,11 @@
 """Helpers of the ports of PyTorch's TestAutograd tests test_a*..test_l*: tensors, Functions."""
 
+import autograd_helpers as h
 import numpy as np
+from autograd_helpers import mul2, ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 import hpcgrad as hg
 from hpcgrad.autograd import Function
-
-import autograd_helpers as h
-from autograd_helpers import ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 close = h.assert_close
 arr = h.arr
@@ -15,23 +14,6 @@ arr = h.arr
 def randn(*shape, requires_grad=False, seed=0):
     """Seeded standard normal float64 values (reruns see the same numbers)."""
     return t(np.random.default_rng(seed).standard_normal(shape), requires_grad)
-
-
-def mul2(use_custom_function):
-    """``x * 2`` as a built-in op or as a custom Function (PyTorch's TestAutograd._get_mul2)."""
-    if not use_custom_function:
-        return lambda x: x * 2
-
-    class Mul2(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-    return Mul2.apply
 
 
 def grad_node(tensor):

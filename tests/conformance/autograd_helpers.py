@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
+from hpcgrad.autograd import Function
 
 
 def arr(x):
@@ -51,3 +52,20 @@ def zeros(*shape, requires_grad=False):
 def rand(*shape, requires_grad=False, seed=0):
     """Seeded uniform [0, 1) float64 values, as torch.rand (reruns see the same numbers)."""
     return t(np.random.default_rng(seed).random(shape), requires_grad)
+
+
+def mul2(use_custom_function):
+    """``x * 2`` as a built-in op or as a custom Function (PyTorch's TestAutograd._get_mul2)."""
+    if not use_custom_function:
+        return lambda x: x * 2
+
+    class Mul2(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    return Mul2.apply

@@ -2,13 +2,11 @@
 
 import contextlib
 
+import autograd_helpers as h  # noqa: F401  (the ports reach it as m.h)
 import numpy as np
+from autograd_helpers import mul2, ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 import hpcgrad as hg
-from hpcgrad.autograd import Function
-
-import autograd_helpers as h  # noqa: F401  (the ports reach it as m.h)
-from autograd_helpers import ones, rand, t, zeros  # noqa: F401  (the ports call them through this module)
 
 
 def randn(*shape, requires_grad=False, seed=0):
@@ -46,23 +44,6 @@ def once_differentiable(fn):
     """PyTorch's decorator, imported where hpcgrad will define it (torch.autograd.function)."""
     from hpcgrad.autograd.function import once_differentiable as _once
     return _once(fn)
-
-
-def mul2(use_custom_function):
-    """``x * 2`` as a built-in op or as a custom Function (PyTorch's TestAutograd._get_mul2)."""
-    if not use_custom_function:
-        return lambda x: x * 2
-
-    class Mul2(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-    return Mul2.apply
 
 
 def accumulate_grad_node(tensor):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from ddp_helpers import ModuleForDdpCommHook, Task  # noqa: F401  (PyTorch's models, defined once)
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -57,24 +58,6 @@ def model_step(model):
 
 
 # --- PyTorch's test models (test_c10d_common.py, distributed_test.py), in hpcgrad ------------
-class Task(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.p = nn.Parameter(hg.ones(2, 2))
-
-    def forward(self, x):
-        return self.p + x
-
-
-class ModuleForDdpCommHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.t0 = Task()
-
-    def forward(self, x, rank):
-        return self.t0(x + rank)
-
-
 class SparseGradientModule(nn.Module):
     """nn.EmbeddingBag(10, 10, sparse=True) (mode "mean") as an Embedding averaged per bag."""
 
