@@ -14,16 +14,30 @@ Note [Atomic checkpoint replace]
     ``save`` writes a temporary file in the target's directory, flushes and fsyncs it, renames
     it over the target with ``os.replace`` (atomic on POSIX within one file system), then fsyncs
     the directory so the rename itself survives a crash. A save killed at any point leaves the
-    previous checkpoint whole; at worst a ``.<name>.<pid>.<token>.tmp`` file stays behind, which
-    can be deleted. ``save`` and ``load`` are not collective: in a multi-rank job call ``save``
+    previous checkpoint whole; at worst a ``.<name>.<host>.<pid>.<token>.tmp`` file stays behind
+    until the next save of the same checkpoint removes it (Note [Stale temporaries]).
+    ``save`` and ``load`` are not collective: in a multi-rank job call ``save``
     on one rank only (``if rank == 0: save(...)``), and have the others wait at a barrier before
     they ``load`` the file. Temporary names are unique per process, so ranks saving their own
     files into one directory do not collide.
+
+Note [Stale temporaries]
+    A save killed mid-way (SIGKILL, preemption, a node lost) leaves its full-size temporary:
+    20 killed saves of a 10 MB model left 221 MB. Each save first removes the temporaries of
+    the same checkpoint that no live save can still be writing: those named exactly as ours
+    (``.<name>.<host>.<pid>.<8 hex>.tmp``, never another file) whose writer was on this host
+    and is gone (no process ``pid``), or, whatever the host (a job restarted on other nodes
+    of a shared file system), that nobody has modified for ``ABANDONED_AFTER`` seconds: a
+    live save writes its temporary continuously and renames it seconds after the last write.
+    A temporary of another host younger than that, or of a live pid here, stays.
 """
 
 import json
 import os
+import re
 import secrets
+import socket
+import time
 import zipfile
 from collections import OrderedDict
 
@@ -36,6 +50,9 @@ from .tensor import Tensor
 FORMAT = "hpcgrad-checkpoint"
 VERSION = 1
 _META = "__meta__"
+ABANDONED_AFTER = 3600.0  # seconds unmodified after which any temporary of ours is stale
+# The host as it appears in temporary names: no dot (so a name parses one way), nothing odd.
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0]) or "host"
 
 
 class CheckpointError(RuntimeError):
@@ -147,8 +164,9 @@ def _first_non_json(extra):
 def _atomic_write(path, arrays):
     """Note [Atomic checkpoint replace]."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory,
-                       f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    remove_stale_temporaries(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{_HOST}.{os.getpid()}."
+                                  f"{secrets.token_hex(4)}.tmp")
     try:
         # os.open with 0o666 lets the umask decide the mode, as for a plain open(); O_EXCL
         # guarantees the name is ours.
@@ -168,6 +186,48 @@ def _atomic_write(path, arrays):
                                   f"checkpoint at that path is untouched") from exc
         raise
     _fsync_directory(directory)
+
+
+def remove_stale_temporaries(path):
+    """Delete the temporaries of checkpoint ``path`` that interrupted saves left behind (Note
+    [Stale temporaries]); return the paths removed. Never raises for a file it cannot remove."""
+    directory = os.path.dirname(os.path.abspath(path))
+    base = re.escape(os.path.basename(path))
+    ours = re.compile(rf"\.{base}\.(?:(?P<host>[A-Za-z0-9_-]+)\.)?(?P<pid>\d+)\.[0-9a-f]{{8}}\.tmp")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed, now = [], time.time()
+    for name in names:
+        match = ours.fullmatch(name)
+        if match is None:
+            continue
+        tmp = os.path.join(directory, name)
+        try:
+            age = now - os.stat(tmp, follow_symlinks=False).st_mtime
+        except OSError:
+            continue  # renamed or removed meanwhile by its writer
+        writer_gone = match["host"] == _HOST and not _process_alive(int(match["pid"]))
+        if writer_gone or age > ABANDONED_AFTER:
+            try:
+                os.unlink(tmp)
+                removed.append(tmp)
+            except OSError:
+                pass
+    return removed
+
+
+def _process_alive(pid):
+    if pid == os.getpid():
+        return True  # another thread of ours may be saving the same checkpoint
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's
+        return True
+    return True
 
 
 def _fsync_directory(directory):
@@ -191,7 +251,8 @@ def _read(path):
             f"checkpoint {path!r} is unreadable: {what}. The file is truncated, corrupt or not an "
             f"hpcgrad checkpoint; nothing was restored. save() replaces files atomically: an "
             f"interrupted save leaves the previous checkpoint in place (plus at most a partial "
-            f"'.{os.path.basename(path)}.*.tmp' file, safe to delete), never a file like this.")
+            f"'.{os.path.basename(path)}.*.tmp' file, which the next save removes), never a "
+            f"file like this.")
 
     try:
         with open(path, "rb") as f:

@@ -192,6 +192,56 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path, stage):
         assert checkpoint.load(tmp, _Sink()) == {"step": 999}
 
 
+@pytest.mark.parametrize("stage", ["mid_write", "before_replace"])
+def test_next_save_removes_temporary_of_killed_save(tmp_path, stage):
+    """A killed save's full-size temporary does not stay forever: the next save of the same
+    checkpoint removes it, and the new checkpoint loads."""
+    stale = check_killed_save(tmp_path, stage)
+    model = make_model(seed=5)
+    checkpoint.save(tmp_path / "ckpt.npz", model, step=2)
+    assert not stale.exists()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.npz", "ready"]
+    restored = make_model(seed=6)
+    assert checkpoint.load(tmp_path / "ckpt.npz", restored) == {"step": 2}
+    _assert_states_equal(_state(model), _state(restored))
+
+
+def _dead_pid():
+    """The pid of a process that has ended (and was reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return proc.pid
+
+
+def test_save_removes_only_stale_temporaries_of_the_same_checkpoint(tmp_path):
+    """Removed: ours, of this checkpoint, whose writer here is gone, or untouched for longer
+    than ABANDONED_AFTER (any host, or the older name without one). Kept: a live writer's
+    (this host), a recent one of another host, other checkpoints' and other files."""
+    host, dead, live = checkpoint._HOST, _dead_pid(), os.getppid()
+    old = time.time() - checkpoint.ABANDONED_AFTER - 60
+    files = {
+        f".ckpt.npz.{host}.{dead}.0123abcd.tmp": ("removed", None),
+        f".ckpt.npz.otherhost.{dead}.89abcdef.tmp": ("removed", old),
+        f".ckpt.npz.{dead}.00ff00ff.tmp": ("removed", old),  # name without a host
+        f".ckpt.npz.{host}.{live}.0123abcd.tmp": ("kept", None),  # a live save here
+        f".ckpt.npz.{host}.{os.getpid()}.0123abcd.tmp": ("kept", None),  # another thread's
+        f".ckpt.npz.otherhost.{dead}.0123abcd.tmp": ("kept", None),  # maybe live elsewhere
+        f".ckpt.npz.x.{host}.{dead}.0123abcd.tmp": ("kept", old),  # checkpoint 'ckpt.npz.x'
+        f".other.npz.{host}.{dead}.0123abcd.tmp": ("kept", old),
+        f".ckpt.npz.{host}.{dead}.notes.tmp": ("kept", old),
+        "ckpt.npz.tmp": ("kept", old),
+    }
+    for name, (_, mtime) in files.items():
+        (tmp_path / name).write_bytes(b"partial")
+        if mtime is not None:
+            os.utime(tmp_path / name, (mtime, mtime))
+    model = make_model(seed=7)
+    checkpoint.save(tmp_path / "ckpt.npz", model, step=3)
+    left = set(os.listdir(tmp_path))
+    assert left == {"ckpt.npz"} | {name for name, (fate, _) in files.items() if fate == "kept"}
+    assert checkpoint.load(tmp_path / "ckpt.npz", make_model(seed=8)) == {"step": 3}
+
+
 class _Sink:
     """Takes any state_dict (the killed script's model has other entries than make_model's)."""
 
