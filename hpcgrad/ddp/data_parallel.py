@@ -4,15 +4,20 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import math
+import numbers
 import warnings
 import weakref
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import backend
 from .. import distributed as dist
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..comm.process_group import ProcessGroup
+from ..comm.work import wait_requests
 from ..distributed import api as dist_api
 from ..distributed.grad_bucket import GradBucket
 from ..futures import Future
@@ -128,6 +133,70 @@ def _names(annotation, cls):
     return annotation is cls or getattr(annotation, "__origin__", None) is cls
 
 
+# Note [DDP's own communicator]
+# MPI matches collectives on a communicator by the order ranks post them, whatever they are:
+# on the user's communicator, DDP's nonblocking bucket all-reduce on one rank would match a
+# user's all_reduce of the same size on another (a rank a step ahead, a metric reduced before
+# backward) and each would silently add into the other. So DDP runs every collective of its
+# own (construction check and broadcasts, buffer syncs, bucket reductions, bucket rebuilds,
+# join's counts) on a duplicate of the group's communicator, as the RPC agent has one: made
+# at construction, which every rank calls at the same point (MPI_Comm_idup, bounded by the
+# group's timeout), freed when the DDP is collected. An unpickled DDP makes its duplicate at
+# its first collective, so unpickling stays local. Comm hooks still run on whatever group
+# their state names: the user's.
+def private_group(group):
+    """A ProcessGroup over a duplicate of ``group``'s communicator (same ranks, same timeout);
+    collective over ``group``, raising CommTimeoutError past its timeout."""
+    comm, request = group.comm.Idup()
+    wait_requests([request], group.timeout,
+                  lambda: f"DistributedDataParallel's communicator duplicate (MPI_Comm_idup) "
+                          f"in a group of {group.size()} ranks: every rank must construct "
+                          f"DDP (or run its first synced forward after unpickling) together")
+    return ProcessGroup(comm, group.timeout, group.ranks)
+
+
+def _free_group(group):
+    if not MPI.Is_finalized():
+        group.free()
+
+
+def check_bucket_cap_mb(value):
+    """``bucket_cap_mb`` as a float: any positive, finite number of megabytes (as PyTorch,
+    however small: then every parameter gets a bucket of its own); None means 25."""
+    if value is None:
+        return 25.0
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+            and math.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(f"bucket_cap_mb must be a positive, finite number of megabytes (a "
+                     f"float such as 25 or 0.5), got {value!r}; leave it out (or None) for "
+                     f"the default 25")
+
+
+def _describe(entry, kind=True):
+    what, name, shape, dtype, requires_grad = entry
+    frozen = " (requires_grad=False)" if what == "parameter" and not requires_grad else ""
+    return f"{what + ' ' if kind else ''}{name} {shape} {dtype}{frozen}"
+
+
+def _first_difference(theirs, reference, first):
+    """How ``theirs`` (entries of _verify_same_model) first differs from rank ``first``'s
+    ``reference``, or None when they are the same."""
+    names = {entry[1] for entry in reference}
+    their_names = {entry[1] for entry in theirs}
+    for i in range(max(len(theirs), len(reference))):
+        if i < len(theirs) and i < len(reference) and theirs[i] == reference[i]:
+            continue
+        if i < len(theirs) and (i >= len(reference) or theirs[i][1] not in names):
+            return f"has {_describe(theirs[i])} that rank {first} does not have"
+        if i >= len(theirs) or reference[i][1] not in their_names:
+            return f"lacks {_describe(reference[i])} of rank {first}"
+        same_kind = theirs[i][0] == reference[i][0]
+        return (f"has {_describe(theirs[i])} where rank {first} has "
+                f"{_describe(reference[i], not same_kind)}")
+    return None
+
+
 class DistributedDataParallel(Module):
     """Wraps ``module``: same parameters on every rank, gradients averaged during backward.
 
@@ -137,7 +206,7 @@ class DistributedDataParallel(Module):
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
-                 process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
+                 process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                  gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
         super().__init__()
         if static_graph:
@@ -152,13 +221,15 @@ class DistributedDataParallel(Module):
         self.require_backward_grad_sync = True
         self._join = None  # (divide_by_initial_world_size, throw_on_early_termination)
         self._trained = 0  # synced iterations this rank ran itself: its model is current if max
-        self._bucket_cap_mb = bucket_cap_mb
+        self._bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
         self.gradient_as_bucket_view = gradient_as_bucket_view
         named = self._named_trainable()
         if not named:
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have "
                                "any parameter that requires a gradient.")
-        self._verify_same_parameters(named)
+        self._own_group = None
+        self._private_group()  # collective: every rank constructs DDP at the same point
+        self._verify_same_model()
         self._sync_module_states()
         self._build_reducer(named)
 
@@ -175,9 +246,23 @@ class DistributedDataParallel(Module):
         # Built in registration order, then reversed: gradients arrive roughly last-to-first.
         indices = bucket_rules.compute_bucket_assignment_by_size(
             params, [bucket_rules.DEFAULT_FIRST_BUCKET_BYTES, cap], expect_sparse)
+        # Until this DDP has its own communicator (an unpickled one, before its first
+        # collective) the reducer holds the user's group, never used: _private_group swaps it.
         object.__setattr__(self, "reducer", Reducer(
-            params, list(reversed(indices)), self.process_group, expect_sparse, cap,
-            self.find_unused_parameters, self.gradient_as_bucket_view, [n for n, _ in named]))
+            params, list(reversed(indices)), self._own_group or self.process_group,
+            expect_sparse, cap, self.find_unused_parameters, self.gradient_as_bucket_view,
+            [n for n, _ in named]))
+
+    def _private_group(self):
+        """DDP's own communicator (Note [DDP's own communicator]), duplicated at first need."""
+        group = self._own_group
+        if group is None:
+            group = self._own_group = private_group(self.process_group)
+            weakref.finalize(self, _free_group, group).atexit = False
+            reducer = self.__dict__.get("reducer")
+            if reducer is not None:
+                reducer.process_group = group
+        return group
 
     # --- pickling ------------------------------------------------------------------------------
     def _check_default_group(self):
@@ -196,38 +281,38 @@ class DistributedDataParallel(Module):
         self._check_default_group()
         state = dict(self.__dict__)
         del state["process_group"], state["reducer"]
-        state["_join"] = None
+        state["_join"], state["_own_group"] = None, None  # a communicator is this process's
         return state
 
     def __setstate__(self, state):
-        """The default group of this process, and a new reducer over the copied parameters."""
+        """The default group of this process, and a new reducer over the copied parameters;
+        DDP's own communicator is duplicated (collectively) at the copy's first collective."""
         self.__dict__.update(state)
         object.__setattr__(self, "process_group", dist_api._group(None))
         self._build_reducer(self._named_trainable())
 
     # --- construction ---------------------------------------------------------------------------
-    def _verify_same_parameters(self, named):
-        """Every rank raises, naming the first parameter (name, shape, dtype) where a rank's
-        model differs from the first rank's; the collective comes first, so nobody hangs."""
-        mine = [(n, list(p.shape), str(p.dtype)) for n, p in named]
-        everyone = [None] * self.process_group.size()
-        dist.all_gather_object(everyone, mine, group=self.process_group)  # timed, checked
-        reference, ranks = everyone[0], self.process_group.ranks
+    def _verify_same_model(self):
+        """Every rank raises, naming the first rank whose model differs from the first rank's
+        and the first parameter or buffer where it does (name, shape, dtype, requires_grad),
+        as PyTorch's _verify_param_shape_across_processes; the collective comes first, so
+        nobody hangs. Buffers count when DDP sends them (broadcast_buffers/forward_sync)."""
+        entries = [("parameter", n, list(p.shape), str(p.dtype), bool(p.requires_grad))
+                   for n, p in self.module.named_parameters()]
+        if self._init_sync_buffers or self.forward_sync_buffers:
+            entries += [("buffer", n, list(b.shape), str(b.dtype), False)
+                        for n, b in self.module.named_buffers()]
+        group = self._private_group()
+        everyone = [None] * group.size()
+        dist.all_gather_object(everyone, entries, group=group)  # timed, checked
+        reference, ranks = everyone[0], group.ranks
         for rank, theirs in zip(ranks, everyone):
-            for i in range(max(len(theirs), len(reference))):
-                if i < len(theirs) and i < len(reference) and theirs[i] == reference[i]:
-                    continue
-                if i >= len(reference):
-                    problem = "has parameter {} {} {} that rank {} does not have".format(
-                        *theirs[i], ranks[0])
-                elif i >= len(theirs):
-                    problem = "lacks parameter {} {} {} of rank {}".format(*reference[i], ranks[0])
-                else:
-                    problem = "has parameter {} {} {} where rank {} has {} {} {}".format(
-                        *theirs[i], ranks[0], *reference[i])
+            problem = _first_difference(theirs, reference, ranks[0])
+            if problem is not None:
                 raise ValueError("DistributedDataParallel expects the same model on every rank "
-                                 "(parameters requiring grad, in registration order): rank "
-                                 f"{rank} {problem}")
+                                 "(every parameter and buffer it sends, in registration order): "
+                                 f"rank {rank} {problem}. Build the same model on every rank "
+                                 "(only values may differ: DDP starts from rank 0's)")
 
     def _sync_module_states(self):
         """Rank 0's parameters and buffers everywhere (a model may be initialized per rank);
@@ -266,8 +351,9 @@ class DistributedDataParallel(Module):
         staged = [(t, t.data if t.data.flags.c_contiguous
                    else backend.get_array_module(t.data).ascontiguousarray(t.data))
                   for t in tensors]
-        works = [dist.broadcast(array, src=self.process_group.ranks[src],
-                                group=self.process_group, async_op=True) for _, array in staged]
+        group = self._private_group()
+        works = [dist.broadcast(array, src=group.ranks[src], group=group, async_op=True)
+                 for _, array in staged]
         for work in works:
             work.wait()
         for t, array in staged:
@@ -280,6 +366,8 @@ class DistributedDataParallel(Module):
     # --- each iteration -------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
+        if self._own_group is None and (syncing or self.forward_sync_buffers or self._join):
+            self._private_group()  # an unpickled DDP's first collective
         active = self._announce_active(syncing) if self._join is not None else None
         if syncing:
             self._rebuild_buckets()
@@ -364,12 +452,12 @@ class DistributedDataParallel(Module):
         out, as PyTorch's Join.notify_join_context.
         """
         divide_by_initial_world_size, throw = self._join
-        work = dist.all_reduce(np.array([1.0, float(syncing)]), group=self.process_group,
-                               async_op=True)
+        group = self._private_group()
+        work = dist.all_reduce(np.array([1.0, float(syncing)]), group=group, async_op=True)
         self.reducer.set_forward_pass_work_handle(None if divide_by_initial_world_size else work)
         if throw:
             exhausted = np.zeros(1)
-            dist.all_reduce(exhausted, group=self.process_group)
+            dist.all_reduce(exhausted, group=group)
             if exhausted[0]:
                 work.wait()
                 raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
@@ -377,16 +465,16 @@ class DistributedDataParallel(Module):
         return work
 
     def _shadow_until_all_done(self):
-        throw = self._join[1]
+        throw, group = self._join[1], self._private_group()
         while True:
             # [active ranks, ranks syncing gradients] of this iteration. Nonblocking, as the
             # active ranks' call: MPI never matches a blocking collective with a nonblocking one.
             counts = np.zeros(2)
-            dist.all_reduce(counts, group=self.process_group, async_op=True).wait()
+            dist.all_reduce(counts, group=group, async_op=True).wait()
             if counts[0] == 0:
                 break
             if throw:  # answers the active ranks' check in _announce_active
-                dist.all_reduce(np.ones(1), group=self.process_group)
+                dist.all_reduce(np.ones(1), group=group)
                 raise RuntimeError(f"Rank {self.process_group.rank()} exhausted all inputs.")
             self._shadow_iteration(syncing=counts[1] > 0)
         self._sync_final_model()
@@ -406,8 +494,9 @@ class DistributedDataParallel(Module):
     def _sync_final_model(self):
         # Joined ranks stopped updating: the model to keep is one of a rank that trained the
         # most iterations itself (the lowest such rank), not of one that only shadowed them.
-        mine = np.array([self._trained * self.process_group.size()
-                         + (self.process_group.size() - 1 - self.process_group.rank())])
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.process_group)
-        authority = self.process_group.size() - 1 - int(mine[0] % self.process_group.size())
+        group = self._private_group()
+        size = group.size()
+        mine = np.array([self._trained * size + (size - 1 - group.rank())])
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
+        authority = size - 1 - int(mine[0] % size)
         self._broadcast_in_place(self._module_states(self.forward_sync_buffers), src=authority)
