@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from job_args import directory, integer, real
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -39,22 +40,22 @@ def build_model(kind):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bucket-cap-mb", type=float, default=25)
-    p.add_argument("--checkpoint-dir", default="checkpoints")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps (0: epoch ends only)")
+    p.add_argument("--epochs", type=integer(1, "epochs to train", 8), default=8)
+    p.add_argument("--batch-size", type=integer(1, "samples per rank and step", 32), default=32,
+                   help="per rank")
+    p.add_argument("--lr", type=real("the learning rate", 0.05), default=0.05)
+    p.add_argument("--momentum", type=real("SGD momentum", 0.9), default=0.9)
+    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0)
+    p.add_argument("--bucket-cap-mb", type=real("DDP's bucket size in MB", 25, positive=True),
+                   default=25)
+    p.add_argument("--checkpoint-dir", type=directory, default="checkpoints")
+    p.add_argument("--checkpoint-every", type=integer(0, "steps between checkpoints", 50),
+                   default=50, help="steps (0: epoch ends only)")
     p.add_argument("--resume", action="store_true", help="continue from <checkpoint-dir>/last.npz")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (tests)")
+    p.add_argument("--max-steps", type=integer(0, "steps before stopping, 0: no limit", 30),
+                   default=0, help="stop after this many steps (tests)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
-    args = p.parse_args(argv)
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 class Preemption:

@@ -20,6 +20,7 @@ import sys
 import time
 
 import numpy as np
+from job_args import integer, real
 
 import hpcgrad as hg
 import hpcgrad.distributed.autograd as dist_autograd
@@ -53,16 +54,15 @@ def build_stage(rank, world, seed):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60, help="seconds any rank waits for another")
-    args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1:
-        p.error("--epochs and --batch-size must be at least 1")
-    return args
+    p.add_argument("--epochs", type=integer(1, "epochs to train", 5), default=5)
+    p.add_argument("--batch-size", type=integer(1, "samples per step", 32), default=32)
+    p.add_argument("--lr", type=real("the learning rate", 0.1), default=0.1)
+    p.add_argument("--momentum", type=real("SGD momentum", 0.9), default=0.9)
+    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0)
+    p.add_argument("--timeout", type=real("seconds any rank waits for another", 60,
+                                          positive=True),
+                   default=60, help="seconds any rank waits for another")
+    return p.parse_args(argv)
 
 
 def train_step(stage, optimizer, images, labels, rank, last, timeout):

@@ -130,7 +130,8 @@ def test_models_differing_in_frozen_parameter_or_buffer_fail_on_every_rank(group
 def test_rank_local_buffers_may_differ_without_buffer_sync(group):
     """broadcast_buffers=False never sends buffers, so rank-local buffers may differ."""
     model = _WithFrozen(buffer_dtype=np.float32 if group.rank() == 1 else np.float64)
-    DDP(model, process_group=group, broadcast_buffers=False)
+    with pytest.warns(FutureWarning, match="broadcast_buffers"):
+        DDP(model, process_group=group, broadcast_buffers=False)
 
 
 # --- bucket_cap_mb ----------------------------------------------------------------------------
