@@ -1,0 +1,302 @@
+"""The flight recorder: a ring buffer of each rank's last communication calls, dumped on failure.
+
+Note [Flight recorder]
+    Always on (HPCGRAD_FLIGHT_RECORDER=N entries, default 2000; 0: dumps hold no entries, and a
+    ring of 64 is kept for the stall inspector alone). Every communication call is bracketed by
+
+        slot = RECORDER.begin(group_id, seq, op, peer, array)   # before MPI sees the call
+        RECORDER.end(slot)                                      # once it completed
+        RECORDER.end(slot, ok=False)                            # it failed or timed out
+
+    which store one tuple each in a preallocated ring (no lock, nothing else allocated). The
+    stall inspector (hpcgrad/comm/stall.py) reads each rank's latest calls from the ring in its
+    own thread, so publishing costs the hot path nothing. Figures: ``python
+    benchmarks/flight.py``. ``RECORDER.dump(reason)`` writes
+    ``flight_rank{R}.json`` into HPCGRAD_FLIGHT_DIR (default ./hpcgrad-flight) and never raises;
+    ``python -m hpcgrad.flight DIR`` merges the ranks' dumps and names the rank that diverged.
+
+    Where the calls go (hpcgrad/comm/process_group.py, work.py, mpi.py, distributed/api.py):
+    - Groups: ``gid = RECORDER.register_group(world_ranks, name)`` on EVERY rank, in the same
+      order, for every group whose calls are recorded: in ProcessGroup.__init__ for the default
+      group, and in new_group BEFORE the Split, on members and non-members alike (ids must agree
+      across ranks: the stall inspector compares ranks by them). Internal communicators (the
+      DDP reducer's Dup, a DETAIL checker) may be registered too, with their own names.
+    - Nonblocking path ``ProcessGroup._work``: ``slot = begin(gid, self._seq, name, peer,
+      array)`` after numbering the call and before the Work is built (the MPI call is already
+      posted: begin right before posting is better, but ``_work`` is the one place all
+      nonblocking calls pass); keep ``slot`` in the Work (a slot in ``__slots__``).
+    - Work completion: ``end(slot)`` in ``Work._complete``; ``end(slot, ok=False)`` where
+      ``wait_requests`` raises CommTimeoutError in ``Work.wait`` (before re-raising).
+    - Blocking path ``ProcessGroup._blocking`` and ``allreduce_now``: ``slot = begin(...)``
+      next to ``self._inflight = ...``; ``end(slot)`` after the MPI call returns,
+      ``end(slot, ok=False)`` in an ``except BaseException`` around it (then re-raise).
+    - Point to point (isend/irecv go through ``_work``): pass ``peer``; ``probe_source`` may
+      record op "probe" with peer -1.
+    Where to dump (each in a ``try`` already: dump never raises, it logs):
+    - CommTimeoutError: where wait_requests raises it, ``RECORDER.dump(f"timeout: {msg}")``.
+    - The watchdog's ``_abort_job`` and the abort-on-exception hook in mpi.py, before
+      MPI_Abort: ``RECORDER.dump("abort: ...")`` (the other ranks die with the abort, so the
+      ranks that time out themselves are the ones that leave dumps: keep timeouts equal).
+    - SIGUSR2: ``install_signal_handler()`` once, from the main thread, at
+      init_process_group; it dumps even while the main thread is blocked inside MPI.
+    - A stall: the stall inspector dumps each rank's own record when its call has waited past
+      HPCGRAD_STALL_WARNING (stall.py).
+    Threads: begin takes its slot from an ``itertools.count`` (atomic under the GIL), so two
+    threads never share a slot, and each store of a tuple into a list is atomic; the
+    collective counter of a group has one writer (the thread issuing the group's calls, which
+    MPI's ordering rule asks for anyway). Readers (dump, the stall inspector) copy the lists
+    first. ``end`` may run on another thread (the progress thread completing a Work).
+"""
+
+import itertools
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .mpi import comm_world
+
+CAPACITY_ENV = "HPCGRAD_FLIGHT_RECORDER"
+DIR_ENV = "HPCGRAD_FLIGHT_DIR"
+DEFAULT_CAPACITY = 2000
+DEFAULT_DIR = "hpcgrad-flight"
+FORMAT_VERSION = 1
+
+_now = time.time
+_MIN_RING = 64  # with the recorder off, the stall inspector still reads the latest calls
+
+
+def capacity_from_env():
+    """Ring entries from HPCGRAD_FLIGHT_RECORDER (default 2000; 0: no ring)."""
+    raw = os.environ.get(CAPACITY_ENV, "").strip()
+    if raw == "":
+        return DEFAULT_CAPACITY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{CAPACITY_ENV} must be a whole number of entries >= 0 (0 turns the "
+                         f"flight recorder off), got {raw!r}")
+    return value
+
+
+def _log(message):
+    """Failure paths call the recorder: it reports its own trouble on stderr, never raises."""
+    try:
+        sys.stderr.write(f"[hpcgrad flight recorder] {message}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - stderr itself may be gone at exit
+        pass
+
+
+class FlightRecorder:
+    """The last ``capacity`` communication calls of this process (Note [Flight recorder])."""
+
+    def __init__(self, capacity, rank=0, world_size=1, directory=None):
+        self.capacity = capacity
+        self.rank, self.world_size = rank, world_size
+        self.directory = os.path.abspath(directory or os.environ.get(DIR_ENV) or DEFAULT_DIR)
+        self._n = max(capacity, _MIN_RING)
+        # Entry: (slot, group, seq, collective number or 0, op, peer, count, dtype, start).
+        self._ring = [(-1, 0, 0, 0, "", None, 0, None, 0.0)] * self._n
+        # (slot, end time): > 0 completed, < 0 failed; a slot other than the entry's: posted.
+        self._ends = [(-1, 0.0)] * self._n
+        self._counter = itertools.count()
+        self._coll = []  # per group: collectives recorded so far
+        self._groups = []  # per group: (name, world ranks)
+        self._dump_lock = threading.RLock()  # a signal may interrupt a dump on the same thread
+
+    # --- groups -----------------------------------------------------------------------------
+    def register_group(self, ranks, name=None):
+        """A small id for a group of world ``ranks``; every rank registers every group in the
+        same order (as new_group is called), members or not, so ids agree across ranks."""
+        gid = len(self._groups)
+        self._groups.append((str(gid if name is None else name), [int(r) for r in ranks]))
+        self._coll.append(0)
+        return gid
+
+    def groups(self):
+        """[(name, world ranks)] by group id."""
+        return list(self._groups)
+
+    # --- the hot path -----------------------------------------------------------------------
+    # Note [Cost per call] (process_group.py) applies: one tuple and two clock reads per call,
+    # nothing else allocated, no lock, no branch beyond collective/point-to-point. Published
+    # state for the stall inspector is read from the ring by its thread, not written here.
+    def begin(self, group, seq, op, peer, array):
+        """Record a call of group id ``group`` (its call number ``seq``) with ``array`` (for its
+        size and dtype; a barrier passes an empty array), ``peer`` None for a collective.
+        Returns the slot for ``end``."""
+        slot = next(self._counter)
+        if peer is None:
+            coll = self._coll[group] + 1
+            self._coll[group] = coll
+        else:
+            coll = 0
+        self._ring[slot % self._n] = (slot, group, seq, coll, op, peer, array.size, array.dtype,
+                                      _now())
+        return slot
+
+    def end(self, slot, ok=True):
+        """Mark the call of ``slot`` completed (or failed, ``ok=False``). A slot the ring has
+        since reused keeps its new entry's state: the end carries its slot."""
+        self._ends[slot % self._n] = (slot, _now() if ok else -_now())
+
+    # --- reading ----------------------------------------------------------------------------
+    def _next_slot(self):
+        # itertools.count's repr is the only way to read it without advancing it.
+        text = repr(self._counter)
+        return int(text[text.index("(") + 1:text.rindex(")")])
+
+    @staticmethod
+    def _as_dict(entry, end_entry, now=None):
+        slot, group, seq, coll, op, peer, count, dtype, start = entry
+        end = end_entry[1] if end_entry[0] == slot else 0.0
+        return {"slot": slot, "group": group, "seq": seq,
+                "collective": coll if peer is None else None, "op": op, "peer": peer,
+                "count": int(count), "dtype": str(dtype),
+                "state": "posted" if end == 0.0 else "complete" if end > 0 else "failed",
+                "start": start, "end": abs(end) if end else None}
+
+    def entries(self, limit=None):
+        """The last ``limit`` (default: capacity) recorded calls, oldest first, as dicts."""
+        limit = self.capacity if limit is None else min(limit, self._n)
+        ring, ends = list(self._ring), list(self._ends)  # a snapshot: other threads go on
+        last = self._next_slot()
+        out = []
+        for slot in range(max(0, last - limit), last):
+            k = slot % self._n
+            if ring[k][0] == slot:  # else reserved by a begin not yet stored
+                out.append(self._as_dict(ring[k], ends[k]))
+        return out
+
+    def latest(self):
+        """This rank's latest call on each group and its latest point-to-point call, as
+        ({group id: call dict}, call dict or None): what the stall inspector publishes.
+        Walks back from the newest entry only until every group is found."""
+        ring, ends = self._ring, self._ends
+        last, n, wanted = self._next_slot(), self._n, len(self._groups)
+        groups, p2p = {}, None
+        for slot in range(last - 1, max(-1, last - 1 - n), -1):
+            k = slot % n
+            entry = ring[k]
+            if entry[0] != slot:
+                continue
+            if entry[5] is None:
+                if entry[1] not in groups:
+                    groups[entry[1]] = self._as_dict(entry, ends[k])
+            elif p2p is None:
+                p2p = self._as_dict(entry, ends[k])
+            if p2p is not None and len(groups) >= wanted:
+                break
+        return groups, p2p
+
+    def snapshot(self, reason):
+        """What ``dump`` writes, as a dict."""
+        return {"version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
+                "host": socket.gethostname(), "pid": os.getpid(), "reason": str(reason),
+                "time": _now(), "capacity": self.capacity,
+                "recorded": self._next_slot(),
+                "groups": [{"id": gid, "name": name, "ranks": ranks}
+                           for gid, (name, ranks) in enumerate(self._groups)],
+                "entries": self.entries()}
+
+
+    def dump(self, reason):
+        """Write flight_rank{R}.json (atomically) into the flight directory; returns its path,
+        or None after logging why not. Never raises: it runs on failure paths."""
+        try:
+            with self._dump_lock:
+                record = self.snapshot(reason)
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"flight_rank{self.rank}.json")
+                tmp = f"{path}.tmp.{os.getpid()}"
+                with open(tmp, "w") as f:
+                    f.write(_to_json(record))
+                os.replace(tmp, path)
+                return path
+        except Exception as exc:  # noqa: BLE001 - a failing dump must not hide the real error
+            _log(f"rank {self.rank}: could not write the flight record ({reason}): "
+                 f"{type(exc).__name__}: {exc}")
+            return None
+
+
+def _to_json(record):
+    """The record with one entry per line: readable, and a fifth of indented JSON's size."""
+    head = {key: value for key, value in record.items() if key != "entries"}
+    entries = "".join(f"\n  {json.dumps(entry)}," for entry in record["entries"])
+    return f"{json.dumps(head)[:-1]},\n \"entries\": [{entries.rstrip(',')}\n ]}}\n"
+
+
+def _new_recorder():
+    world = comm_world()
+    try:
+        capacity = capacity_from_env()
+    except ValueError as exc:
+        _log(f"{exc}; using {DEFAULT_CAPACITY}")
+        capacity = DEFAULT_CAPACITY
+    return FlightRecorder(capacity, world.Get_rank(), world.Get_size())
+
+
+RECORDER = _new_recorder()
+
+_signal_state = {"thread": None, "previous": None}
+
+
+def install_signal_handler(recorder=None, signum=getattr(signal, "SIGUSR2", None)):
+    """Make ``signum`` (SIGUSR2) dump ``recorder`` (RECORDER) on demand; returns True if done.
+
+    A Python signal handler runs only when the main thread is back in the interpreter, never
+    while it is blocked inside MPI (the case worth a dump), so the C-level handler's wakeup fd
+    (``signal.set_wakeup_fd``) wakes a daemon thread that dumps. When the program already uses
+    the wakeup fd (asyncio), the Python handler dumps instead, once the main thread returns.
+    Nothing here touches MPI. Call it from the main thread; idempotent.
+    """
+    recorder = recorder or RECORDER
+    if signum is None or threading.current_thread() is not threading.main_thread():
+        return False
+    if _signal_state["thread"] is not None:
+        return True
+    try:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous_handler = signal.getsignal(signum)
+
+        def on_signal(number, frame):
+            if not (_signal_state["thread"] and _signal_state["thread"].is_alive()):
+                recorder.dump(f"signal {signal.Signals(number).name}")
+            if callable(previous_handler):
+                previous_handler(number, frame)
+
+        signal.signal(signum, on_signal)
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous_fd != -1:  # someone else's: give it back, keep the Python handler only
+            signal.set_wakeup_fd(previous_fd)
+            os.close(read_fd)
+            os.close(write_fd)
+            _signal_state["thread"] = False
+            return True
+
+        def wait_for_signals():
+            while True:
+                try:
+                    data = os.read(read_fd, 64)
+                except OSError:
+                    return
+                if not data:
+                    return
+                if signum in data:
+                    recorder.dump(f"signal {signal.Signals(signum).name}")
+
+        thread = threading.Thread(target=wait_for_signals, name="hpcgrad-flight-signal",
+                                  daemon=True)
+        _signal_state["thread"] = thread
+        thread.start()
+        return True
+    except (OSError, ValueError) as exc:
+        _log(f"could not install the {signal.Signals(signum).name} handler: {exc}")
+        return False

@@ -1,0 +1,302 @@
+"""The stall inspector: rank 0 says which ranks have not reached a collective that waits too long.
+
+Note [Stall inspector]
+    Horovod's stall inspector without its coordinator. Every rank runs a daemon thread that,
+    each ``interval`` (1 s, less for short warnings), reads its own latest calls from the flight
+    recorder's ring (Note [Flight recorder]: the hot path writes nothing extra) and, when they
+    changed, sends them to rank 0 on a private communicator (a pickled dict, ~1 KB, isend). Rank
+    0's thread drains those messages (improbe, never blocking) and, when a collective has waited
+    more than HPCGRAD_STALL_WARNING seconds (default 60; 0 turns the inspector off) on some
+    rank, prints ONE block to stderr: which call is stalled, which ranks have not reached it and
+    what each rank is doing now. It prints again only when that picture changes, or every
+    ``REPEAT`` seconds; the job keeps waiting (HPCGRAD_COMM_TIMEOUT still ends it). On a new
+    stall rank 0 also asks every rank to write its flight record, and each rank writes its own
+    when its own call has waited past the warning, so ``python -m hpcgrad.flight DIR`` has every
+    live rank's record long before the timeout.
+
+    Why messages and not an MPI window on rank 0: with MPICH ch4:ucx, ``Win.Lock(SHARED)/Get/
+    Unlock`` on a rank computing outside MPI waited until it called MPI again (3.2 s for a
+    3 s sleep: the lock needs the target's progress), and ``Win.Free`` is collective, so a
+    window must be freed at exit by every rank together (left unfreed, UCX prints warnings at
+    MPI_Finalize) -- which hangs a rank that leaves while another is stuck. A thread per rank
+    sends without anyone's help: a rank stuck in a blocking MPI call has released the GIL, a
+    rank computing in Python yields it every 5 ms. Nothing needs freeing at exit: ``stop``
+    (registered with atexit, so before mpi4py's MPI_Finalize) only ends the threads.
+
+    Every rank must have the same HPCGRAD_STALL_WARNING (``start`` duplicates the communicator
+    when it is on), and must register the same groups in the same order with the recorder.
+"""
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+from mpi4py import MPI
+
+from .flight_recorder import RECORDER
+
+WARNING_ENV = "HPCGRAD_STALL_WARNING"
+DEFAULT_WARNING = 60.0
+REPEAT = 300.0  # seconds before the same picture is printed again
+HEARTBEAT = 10  # intervals between sends when nothing changed (rank 0 sees the rank is alive)
+_STATE_TAG, _DUMP_TAG = 1, 2
+
+
+def warning_from_env():
+    """Seconds a collective may wait before rank 0 reports it (HPCGRAD_STALL_WARNING; 0: off)."""
+    raw = os.environ.get(WARNING_ENV, "").strip()
+    if raw == "":
+        return DEFAULT_WARNING
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{WARNING_ENV} must be a number of seconds >= 0 (0 turns the stall "
+                         f"inspector off), got {raw!r}")
+    return value
+
+
+def _ranks(ranks):
+    """'rank 2' or 'ranks 0, 1'."""
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _span(ranks):
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def describe_call(call, groups):
+    """'allreduce #5 (4 x float32) on group 0' or 'recv from rank 1 on group 0'."""
+    if call["peer"] is None:
+        what = f"{call['op']} #{call['collective']}"
+    else:
+        direction = "to" if call["op"] == "send" else "from"
+        what = f"{call['op']} {direction} rank {call['peer']}"
+    name = groups[call["group"]][0] if call["group"] < len(groups) else "?"
+    label = f"group {call['group']}" + (f" ({name})" if name != str(call["group"]) else "")
+    return f"{what} ({call['count']} x {call['dtype']}) on {label}"
+
+
+def activity(state, groups, now):
+    """What a rank is doing, from its published state: its oldest call still in progress, or
+    how long it has been outside communication and its last call."""
+    if state is None:
+        return "no report yet (its stall thread has not sent one)"
+    calls = [c for c in state["groups"].values()] + ([state["p2p"]] if state["p2p"] else [])
+    posted = [c for c in calls if c["state"] == "posted"]
+    stale = now - state["sent"]
+    note = f" (as of {stale:.0f} s ago)" if stale > 5 * state.get("interval", 1.0) else ""
+    if posted:
+        call = min(posted, key=lambda c: c["start"])
+        return f"waiting in {describe_call(call, groups)} for {now - call['start']:.1f} s{note}"
+    if not calls:
+        return f"no communication call yet{note}"
+    call = max(calls, key=lambda c: c["end"] or c["start"])
+    return (f"not in a communication call for {now - (call['end'] or call['start']):.1f} s; last: "
+            f"{describe_call(call, groups)}, {call['state']}{note}")
+
+
+def find_stall(states, groups, now, warning):
+    """The stalled collective, or None: the call (group, number) some member has waited in
+    longest, past ``warning`` s. ``states``: rank -> published state (None: not heard from).
+    Returns a dict: group, collective, call, waiting {rank: seconds}, behind, done, silent."""
+    worst = None
+    for rank, state in states.items():
+        for gid, call in (state["groups"].items() if state else ()):
+            waited = now - call["start"]
+            if call["state"] == "posted" and waited > warning and (
+                    worst is None or call["start"] < worst[2]["start"]):
+                worst = (gid, call["collective"], call)
+    if worst is None:
+        return None
+    gid, number, call = worst
+    members = groups[gid][1] if gid < len(groups) else sorted(states)
+    found = {"group": gid, "collective": number, "call": call, "waiting": {}, "behind": [],
+             "done": [], "silent": []}
+    for rank in members:
+        state = states.get(rank)
+        mine = state["groups"].get(gid) if state else None
+        if state is None:
+            found["silent"].append(rank)
+        elif mine is None or mine["collective"] < number:
+            found["behind"].append(rank)
+        elif mine["collective"] == number and mine["state"] == "posted":
+            found["waiting"][rank] = now - mine["start"]
+        else:
+            found["done"].append(rank)
+    return found
+
+
+def stall_report(stall, states, groups, now, warning, flight_dir):
+    """The block rank 0 prints for ``stall`` (from find_stall)."""
+    gid, number = stall["group"], stall["collective"]
+    name, members = groups[gid] if gid < len(groups) else (str(gid), sorted(states))
+    call = stall["call"]
+    waiting = stall["waiting"]
+    longest = max(waiting.values()) if waiting else now - call["start"]
+    head = (f"[hpcgrad stall inspector] {call['op']} #{number} ({call['count']} x "
+            f"{call['dtype']}) on group {gid} ({name}, world ranks {_span(members)}) has waited "
+            f"{longest:.1f} s on {_ranks(waiting)}")
+    missing = stall["behind"] + stall["silent"]
+    if missing:
+        head += f"; not reached by {_ranks(missing)}"
+    else:
+        head += "; every rank reached it, yet it has not completed"
+        ops = {(states[r]["groups"][gid]["op"], states[r]["groups"][gid]["count"],
+                states[r]["groups"][gid]["dtype"]) for r in waiting}
+        if len(ops) > 1:
+            head += " (the ranks called different operations or sizes)"
+    lines = [head + f" (over {WARNING_ENV}={warning:g} s)."]
+    for rank in members:
+        lines.append(f"  rank {rank}: {activity(states.get(rank), groups, now)}")
+    lines.append(f"  The job keeps waiting ({'HPCGRAD_COMM_TIMEOUT'} ends it). Every rank's "
+                 f"flight record: python -m hpcgrad.flight {flight_dir}")
+    return "\n".join(lines)
+
+
+def _picture(stall):
+    """What must change before the block is printed again."""
+    return (stall["group"], stall["collective"], tuple(sorted(stall["waiting"])),
+            tuple(stall["behind"]), tuple(stall["done"]), tuple(stall["silent"]))
+
+
+class StallInspector:
+    """The per-rank thread of Note [Stall inspector]; rank 0's also reads and reports."""
+
+    def __init__(self, comm, warning, recorder=RECORDER, interval=None, out=None):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.warning = warning
+        self.interval = interval or min(1.0, max(0.05, warning / 4))
+        self.recorder = recorder
+        self.out = out or sys.stderr
+        self.states = {}  # rank 0: rank -> the latest state it sent
+        self.reports = []  # rank 0: the blocks printed (tests read them)
+        self._stop = threading.Event()
+        self._own_dumped = None  # the call this rank last dumped for
+        self._printed = (None, 0.0)  # (picture, when)
+        self._send = None  # the pending isend of this rank's state
+        self._requests = []  # rank 0: pending dump requests (they own their pickled buffers)
+        self._thread = threading.Thread(target=self._run, name="hpcgrad-stall-inspector",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout=5.0):
+        """End the thread (nothing to free: the communicator is left to MPI_Finalize)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self):
+        last_sent, unchanged = None, 0
+        while not self._stop.wait(self.interval):
+            try:
+                groups, p2p = self.recorder.latest()
+                now = time.time()
+                mine = {"groups": groups, "p2p": p2p, "sent": now, "interval": self.interval}
+                self._check_own(mine, now)
+                if self.rank == 0:
+                    self.states[0] = mine
+                    self._receive()
+                    self._inspect(time.time())
+                else:
+                    self._poll_dump_requests()
+                    key = (repr(groups), repr(p2p))
+                    unchanged += 1
+                    if key != last_sent or unchanged >= HEARTBEAT:
+                        if self._send is None or self._send.Test():
+                            self._send = self.comm.isend(mine, 0, _STATE_TAG)
+                            last_sent, unchanged = key, 0
+            except Exception as exc:  # noqa: BLE001 - diagnostics must never take a job down
+                if self._stop.is_set() or MPI.Is_finalized():
+                    return
+                sys.stderr.write(f"[hpcgrad stall inspector] rank {self.rank}: stopped after "
+                                 f"{type(exc).__name__}: {exc}\n")
+                return
+
+    def _check_own(self, mine, now):
+        """Write this rank's flight record once per call that waits past the warning."""
+        calls = list(mine["groups"].values()) + ([mine["p2p"]] if mine["p2p"] else [])
+        for call in calls:
+            if call["state"] == "posted" and now - call["start"] > self.warning:
+                key = (call["group"], call["slot"])
+                if key != self._own_dumped:
+                    self._own_dumped = key
+                    self.recorder.dump(f"stall: {describe_call(call, self.recorder.groups())} "
+                                       f"has waited {now - call['start']:.1f} s")
+                return
+
+    def _poll_dump_requests(self):
+        while True:
+            message = self.comm.improbe(0, _DUMP_TAG)
+            if message is None:
+                return
+            reason = message.recv()
+            self.recorder.dump(reason)
+
+    def _receive(self):
+        while True:
+            status = MPI.Status()
+            message = self.comm.improbe(MPI.ANY_SOURCE, _STATE_TAG, status)
+            if message is None:
+                return
+            self.states[status.Get_source()] = message.recv()
+
+    def _inspect(self, now):
+        groups = self.recorder.groups()
+        states = {rank: self.states.get(rank) for rank in range(self.size)}
+        stall = find_stall(states, groups, now, self.warning)
+        if stall is None:
+            self._printed = (None, 0.0)
+            return
+        picture = _picture(stall)
+        if picture == self._printed[0] and now - self._printed[1] < REPEAT:
+            return
+        new_stall = self._printed[0] is None or self._printed[0][:2] != picture[:2]
+        self._printed = (picture, now)
+        text = stall_report(stall, states, groups, now, self.warning, self.recorder.directory)
+        self.reports.append(text)
+        self.out.write(text + "\n")
+        self.out.flush()
+        if new_stall:
+            reason = (f"stall reported by rank 0: {stall['call']['op']} #{stall['collective']} "
+                      f"on group {stall['group']}")
+            self.recorder.dump(reason)
+            self._requests = [r for r in self._requests if not r.Test()]
+            self._requests += [self.comm.isend(reason, rank, _DUMP_TAG)
+                               for rank in range(1, self.size)]
+
+
+_inspector = None
+_lock = threading.Lock()
+
+
+def start(comm, recorder=RECORDER, warning=None, out=None):
+    """Start the stall inspector on every rank of ``comm`` (collective: it duplicates ``comm``
+    when HPCGRAD_STALL_WARNING is not 0). Returns the inspector, or None when off or alone.
+    Idempotent; stopped at exit (atexit) or by ``stop()``."""
+    global _inspector
+    warning = warning_from_env() if warning is None else warning
+    with _lock:
+        if _inspector is not None:
+            return _inspector
+        if not warning or comm.Get_size() == 1:
+            return None
+        _inspector = StallInspector(comm.Dup(), warning, recorder, out=out)
+        atexit.register(stop)
+        return _inspector
+
+
+def stop():
+    """Stop the inspector's thread (local; call it on every rank before a new ``start``)."""
+    global _inspector
+    with _lock:
+        inspector, _inspector = _inspector, None
+    if inspector is not None:
+        inspector.stop()
