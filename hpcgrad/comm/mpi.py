@@ -1,5 +1,7 @@
-"""MPI start-up in one place: thread level, COMM_WORLD, CUDA-awareness and the abort-on-exception hook."""
+"""MPI start-up and exit in one place: thread level, COMM_WORLD, CUDA-awareness, the bounded
+start-up rendezvous, and the hooks that abort the job when a rank fails or exits non-zero."""
 
+import atexit
 import ctypes
 import os
 import sys
@@ -8,11 +10,14 @@ import traceback
 import warnings
 
 import mpi4py
+import numpy as np
 
 # Must precede the first import of mpi4py.MPI: that import calls MPI_Init_thread with this level.
 _already_initialized = "mpi4py.MPI" in sys.modules
 mpi4py.rc.thread_level = "multiple"
 from mpi4py import MPI  # noqa: E402
+
+from .work import CommTimeoutError, wait_requests  # after the thread level is set
 
 _THREAD_LEVEL_NAMES = {
     MPI.THREAD_SINGLE: "single",
@@ -85,15 +90,19 @@ def cuda_aware_mpi():
     return False, "no query available -> assume not CUDA-aware"
 
 
-def _abort_on_exception(exc_type, exc, tb, fallback, args=None):
-    """Print the traceback as '[rank N] ...' lines, then abort every rank so none waits forever."""
+def _world_aborts():
+    """True when this process can abort a job of several ranks (MPI running, size > 1)."""
+    return (MPI.Is_initialized() and not MPI.Is_finalized()
+            and MPI.COMM_WORLD.Get_size() > 1)
+
+
+def abort_job(lines, status=1):
+    """Print ``lines`` to stderr as '[rank N] ...' and end every rank with MPI_Abort(status).
+
+    For failures that leave MPI unusable or a peer waiting forever; never returns.
+    """
     comm = MPI.COMM_WORLD
-    if MPI.Is_finalized() or not MPI.Is_initialized() or comm.Get_size() == 1:
-        return fallback(args) if args is not None else fallback(exc_type, exc, tb)
     prefix = f"[rank {comm.Get_rank()}] "
-    where = f"in thread {args.thread.name!r} " if args is not None and args.thread else ""
-    lines = [f"uncaught exception {where}-> MPI_Abort(COMM_WORLD, 1)\n"]
-    lines += traceback.format_exception(exc_type, exc, tb)
     text = "".join(prefix + line + "\n" for chunk in lines for line in chunk.rstrip("\n").split("\n"))
     try:
         sys.stdout.flush()
@@ -101,22 +110,106 @@ def _abort_on_exception(exc_type, exc, tb, fallback, args=None):
         sys.stderr.flush()
     finally:
         try:
-            comm.Abort(1)
+            comm.Abort(status)
         finally:
-            os._exit(1)  # Abort does not return; if it somehow did, still never leave peers waiting
+            os._exit(status)  # Abort does not return; if it somehow did, still never leave peers waiting
+
+
+def _abort_on_exception(exc_type, exc, tb, fallback, args=None):
+    """Print the traceback as '[rank N] ...' lines, then abort every rank so none waits forever."""
+    if not _world_aborts():
+        return fallback(args) if args is not None else fallback(exc_type, exc, tb)
+    where = f"in thread {args.thread.name!r} " if args is not None and args.thread else ""
+    abort_job([f"uncaught exception {where}-> MPI_Abort(COMM_WORLD, 1)\n",
+               *traceback.format_exception(exc_type, exc, tb)])
+
+
+# Note [Exit status]
+#     A rank that ends with a non-zero status while others still run must end the job: mpi4py
+#     finalizes MPI cleanly at exit and mpiexec then waits for the other ranks, which may wait
+#     for this one until their timeout. Python calls no excepthook for SystemExit and gives
+#     atexit functions no exit status, so sys.exit is wrapped to remember, per process, the
+#     SystemExit it raised last in the main thread. An exception's __traceback__ is rewritten
+#     each time Python code catches it; if at exit it still starts in the wrapper's frame, no
+#     Python code caught it after the wrapper, so it is what ends the program (a SystemExit
+#     that was caught, and a normal end after it, do not abort). Then the atexit function
+#     prints the status and where sys.exit was called, and calls MPI_Abort with the status
+#     (as ``python -m mpi4py`` does; it catches SystemExit around the whole script, and a
+#     script run so has its SystemExit caught there and aborted by mpi4py instead).
+#     Not covered: ``raise SystemExit(n)`` and the interactive exit()/quit() (no hook sees
+#     their status on Python 3.11: use sys.exit); os._exit(n), which skips MPI_Finalize, so
+#     mpiexec (hydra) kills the other ranks at once itself, silently and with the job's exit
+#     status 0 for os._exit(0); a rank killed by a signal (mpiexec ends the job).
+#     A rank that exits 0 aborts nothing, whenever it finishes.
+_sys_exit = sys.exit
+_last_exit = None  # the SystemExit the wrapper raised last in the main thread
+
+
+def _recording_exit(status=None):
+    try:
+        _sys_exit(status)
+    except SystemExit as exc:
+        if threading.current_thread() is threading.main_thread():
+            global _last_exit
+            _last_exit = exc
+        raise
+
+
+_recording_exit.__name__, _recording_exit.__qualname__ = "exit", "exit"
+_recording_exit.__doc__ = _sys_exit.__doc__
+
+
+def _exit_status(exc):
+    """The process exit status a SystemExit gives (as Python computes it): None -> 0, int -> it,
+    anything else (a message) -> 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    return int(code) if isinstance(code, int) else 1
+
+
+def _failed_exit():
+    """(status, where sys.exit was called) if a sys.exit with a non-zero status, caught by no
+    Python code, is ending this process; else None (Note [Exit status])."""
+    exc = _last_exit
+    tb = exc.__traceback__ if exc is not None else None
+    if tb is None or tb.tb_frame.f_code is not _recording_exit.__code__:
+        return None  # none, or caught by Python code after sys.exit raised it
+    status = _exit_status(exc)
+    if status == 0:
+        return None
+    caller = tb.tb_frame.f_back
+    where = (f"sys.exit({exc.code!r}) at {caller.f_code.co_filename}:{caller.f_lineno} in "
+             f"{caller.f_code.co_name}" if caller is not None else f"sys.exit({exc.code!r})")
+    return status, where
+
+
+def _abort_on_exit():
+    """atexit: abort the job if sys.exit(non-zero) ends this rank (Note [Exit status])."""
+    failed = _failed_exit() if _installed and _world_aborts() else None
+    if failed is None:
+        return
+    status, where = failed
+    abort_status = status & 0xFF or 1
+    abort_job([(f"exited with status {status} ({where}) while the other ranks may still run "
+                f"or wait for it -> MPI_Abort(COMM_WORLD, {abort_status})")], abort_status)
 
 
 _installed = False
 
 
-def install_abort_hook():
-    """Make an uncaught exception (main thread or any thread) abort the whole MPI job.
+_exit_hook_registered = False
 
-    Idempotent. Returns True when the hook is active, False when opted out with
+
+def install_abort_hook():
+    """Make an uncaught exception (main thread or any thread), or sys.exit with a non-zero
+    status in the main thread (Note [Exit status]), abort the whole MPI job.
+
+    Idempotent. Returns True when the hooks are active, False when opted out with
     HPCGRAD_NO_ABORT_HOOK=1 (for interactive use). At world size 1 the hook defers to the
     previous one, so a plain `python` run prints tracebacks as usual.
     """
-    global _installed
+    global _installed, _exit_hook_registered
     if _env_flag(NO_ABORT_HOOK_ENV, False,
                  "1 = let uncaught exceptions end only their own rank (interactive use); "
                  "unset it or use 0 to abort the whole job"):
@@ -135,8 +228,63 @@ def install_abort_hook():
         _abort_on_exception(args.exc_type, args.exc_value, args.exc_traceback, previous_thread, args)
 
     sys.excepthook, threading.excepthook = sys_hook, thread_hook
+    sys.exit = _recording_exit
+    if not _exit_hook_registered:  # after mpi4py's MPI_Finalize at exit, so it runs first
+        atexit.register(_abort_on_exit)
+        _exit_hook_registered = True
     _installed = True
     return True
+
+
+# Note [Bounded start-up]
+#     Creating a communicator (MPI_Comm_dup, MPI_Comm_split) is a blocking collective: if a
+#     rank never calls init_process_group or init_rpc, the others would wait in it forever,
+#     whatever the timeout. So start-up first meets in a nonblocking barrier, waited with the
+#     timeout, and creates communicators only once every rank is there. Each rank also sends
+#     rank 0 a one-byte "arrived" message (tag: MPI's largest), so that on a timeout rank 0
+#     can name the ranks that never came. A timed-out start-up leaves a barrier and messages
+#     posted on COMM_WORLD that a late rank would match, and no group to mark unusable, so it
+#     ends the job (MPI_Abort) after printing, instead of raising an error one could catch
+#     and go on with. Rank 0 reports first; the other ranks give it a few seconds more.
+_REPORT_GRACE = 3.0
+
+
+def rendezvous(comm, timeout, what, hint):
+    """Return once every rank of ``comm`` has called this; all ranks call it, like a collective.
+
+    Past ``timeout`` seconds (None or 0: no limit) print which ranks did not arrive (rank 0
+    knows), why that may be (``hint``) and abort the job: Note [Bounded start-up]. ``what``
+    names the operation (``"init_process_group"``) in the error.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        return
+    tag = comm.Get_attr(MPI.TAG_UB) or 32767
+    flags = np.zeros(size, np.uint8)
+    if rank == 0:
+        arrivals = {r: comm.Irecv([flags[r:r + 1], MPI.BYTE], source=r, tag=tag)
+                    for r in range(1, size)}
+        requests = list(arrivals.values())
+    else:
+        requests = [comm.Isend([flags[:1], MPI.BYTE], dest=0, tag=tag)]
+    requests.append(comm.Ibarrier())
+    limit = (timeout + (0 if rank == 0 else min(_REPORT_GRACE, timeout))) if timeout else 0
+    try:
+        wait_requests(requests, limit, lambda: what)
+        return
+    except CommTimeoutError:
+        pass
+    if rank == 0:
+        missing = [r for r, request in arrivals.items() if not request.Test()]
+        came = [r for r in range(size) if r not in missing]
+        who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
+               f"{size} did not call it" if missing else
+               f"every rank sent its arrival but the barrier of {size} ranks did not complete")
+        lines = [f"{what}: {who} within {timeout:g} s (arrived: ranks {came})"]
+    else:
+        lines = [(f"{what}: not every rank of {size} called it within {timeout:g} s (rank 0 "
+                  f"names the missing ranks, unless it is one of them)")]
+    abort_job([*lines, f"{hint} -> MPI_Abort(COMM_WORLD, 1)"])
 
 
 if _already_initialized and MPI.Query_thread() < MPI.THREAD_MULTIPLE:

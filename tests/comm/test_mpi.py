@@ -58,6 +58,8 @@ def fresh_hooks(monkeypatch):
     """Let a test install the abort hook and restore the previous hooks afterwards."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    monkeypatch.setattr(hpcgrad.comm.mpi, "_last_exit", None)
     monkeypatch.setattr(hpcgrad.comm.mpi, "_installed", False)
     monkeypatch.delenv("HPCGRAD_NO_ABORT_HOOK", raising=False)
     return monkeypatch
@@ -72,9 +74,34 @@ def test_install_abort_hook_is_idempotent(fresh_hooks):
 
 def test_install_abort_hook_opt_out(fresh_hooks):
     fresh_hooks.setenv("HPCGRAD_NO_ABORT_HOOK", "1")
-    before = sys.excepthook, threading.excepthook
+    before = sys.excepthook, threading.excepthook, sys.exit
     assert not install_abort_hook()
-    assert (sys.excepthook, threading.excepthook) == before
+    assert (sys.excepthook, threading.excepthook, sys.exit) == before
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (0, 0), (2, 2), (True, 1), ("bad input", 1)])
+def test_exit_status_as_python_computes_it(code, status):
+    assert hpcgrad.comm.mpi._exit_status(SystemExit(code)) == status
+
+
+def test_sys_exit_is_recorded_and_a_caught_one_ends_nothing(fresh_hooks):
+    """Note [Exit status]: the wrapper raises what sys.exit raises and remembers it; once Python
+    code caught it, it is not what ends the process."""
+    install_abort_hook()
+    assert sys.exit.__name__ == "exit" and sys.exit.__doc__
+    with pytest.raises(SystemExit) as caught:
+        sys.exit(4)
+    assert caught.value.code == 4 and hpcgrad.comm.mpi._last_exit is caught.value
+    assert hpcgrad.comm.mpi._failed_exit() is None  # pytest.raises caught it
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_sys_exit_in_a_thread_is_not_recorded(fresh_hooks):
+    install_abort_hook()
+    thread = threading.Thread(target=sys.exit, args=(5,))
+    thread.start()
+    thread.join(10)
+    assert hpcgrad.comm.mpi._last_exit is None
 
 
 def test_abort_hook_defers_to_previous_hook_on_one_rank():
