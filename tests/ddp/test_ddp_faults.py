@@ -7,7 +7,10 @@ wait is bounded by the group's timeout.
 
 import gc
 import math
+import os
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +35,10 @@ def group():
 
 # --- DDP's reductions run on a communicator of their own ------------------------------------
 @mpi2
+@pytest.mark.skipif(os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "OFF").upper() != "OFF",
+                    reason="the INFO/DETAIL call checks wait for every rank's matching call "
+                           "before posting: rank 1's all_reduce would wait for rank 0's, which "
+                           "comes after rank 0's backward, which waits for rank 1's")
 def test_user_async_all_reduce_never_matches_ddp_bucket(group):
     """Rank 0 reduces DDP's only bucket, then starts the user's all_reduce of the same size and
     dtype; the other ranks start theirs first. On one communicator MPI would match rank 0's
@@ -53,6 +60,20 @@ def test_user_async_all_reduce_never_matches_ddp_bucket(group):
     mean = sum(r + 1.0 for r in range(size)) / size
     np.testing.assert_array_equal(model.weight.grad.data, np.full((1, 3), mean))
     np.testing.assert_array_equal(user, np.full(3, sum(10.0 ** r for r in range(size))))
+
+
+def test_ddp_constructed_on_one_rank_times_out_and_ends_the_job(launch):
+    """Duplicating DDP's communicator is bounded by the group's timeout (a launched job: a
+    collective one rank never joins leaves MPI to an abort)."""
+    script = Path(__file__).parents[1] / "scripts" / "ddp_construct_on_one_rank.py"
+    job = launch([sys.executable, str(script)], nprocs=2, env={"HPCGRAD_COMM_TIMEOUT": "2"},
+                 timeout=60, mpiexec_timeout=30)
+    assert job.returncode not in (0, None) and not job.timed_out, job.output
+    assert job.elapsed < 25, f"took {job.elapsed:.1f} s (rank 1 sleeps 120 s):\n{job.output}"
+    assert ("[rank 0] hpcgrad.comm.work.CommTimeoutError: DistributedDataParallel's "
+            "communicator duplicate (MPI_Comm_idup) in a group of 2 ranks: every rank must "
+            "construct DDP") in job.stderr, job.output
+    assert "did not complete within 2 s on rank 0" in job.stderr, job.output
 
 
 @mpi2
