@@ -20,9 +20,11 @@ Usage (2 ranks; the figures quoted in README.rst come from this line):
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --torch   # + gloo
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --quick   # smoke run
 
-Per-call overhead alone (one process, no peer): ``python benchmarks/comm.py --overhead`` times a
-4 KB all_reduce against ``comm.Allreduce`` in a loop (hot caches) and with a 4 MB array
-rewritten before every call (cold caches, as after a large transfer or a layer's compute).
+Per-call overhead alone: ``python benchmarks/comm.py --overhead`` times a 4 KB all_reduce against
+``comm.Allreduce`` in a loop (hot caches) and with a 4 MB array rewritten before every call (cold
+caches, as after a large transfer or a layer's compute); in one process (no peer), or under
+``mpiexec -n 2`` (medians of the slower rank's times). ``--debug INFO`` (or DETAIL) times it with
+HPCGRAD_DISTRIBUTED_DEBUG's call checks on (hpcgrad/comm/debug.py).
 
 Targets (issue 5): hpcgrad >= 95% of raw mpi4py's bandwidth at 1 MB and above; added latency
 under 20 us for small messages.
@@ -173,7 +175,7 @@ def verdict(rows):
 
 
 def overhead(repeats):
-    """Median extra microseconds of dist.all_reduce over comm.Allreduce, hot and cold, size 1."""
+    """Median extra microseconds of dist.all_reduce over comm.Allreduce, hot and cold."""
     comm = dist.init_process_group().comm
     buf = np.zeros(1024, np.float32)
     junk = np.zeros(1 << 20, np.float32)
@@ -184,16 +186,23 @@ def overhead(repeats):
         times = {name: [] for name in impls}
         for _ in range(repeats):
             for name, run in impls.items():
+                comm.Barrier()  # at 2 ranks, both start together: no wait for the peer counted
                 if case == "cold":
                     junk += 1  # evicts the interpreter's working set from L1/L2
                 t0 = time.perf_counter()
                 run()
                 times[name].append(time.perf_counter() - t0)
-        med = {name: statistics.median(t) for name, t in times.items()}
+        med = {}
+        for name, t in times.items():
+            mine = np.array(t)
+            slowest = np.empty_like(mine)
+            comm.Allreduce(mine, slowest, op=MPI.MAX)  # a call ends when its slowest rank is done
+            med[name] = statistics.median(slowest.tolist())
         out[case] = med
-        print(f"{case:>4}: comm.Allreduce {med['raw'] * 1e6:6.2f} us, hpcgrad all_reduce "
-              f"{med['hpcgrad'] * 1e6:6.2f} us: +{(med['hpcgrad'] - med['raw']) * 1e6:.2f} us "
-              "per call")
+        if comm.Get_rank() == 0:
+            print(f"{case:>4}: comm.Allreduce {med['raw'] * 1e6:6.2f} us, hpcgrad all_reduce "
+                  f"{med['hpcgrad'] * 1e6:6.2f} us: +{(med['hpcgrad'] - med['raw']) * 1e6:.2f} "
+                  "us per call")
     return out
 
 
@@ -207,16 +216,18 @@ def parse_args(argv):
     p.add_argument("--torch", action="store_true", help="also torch.distributed gloo (skipped, "
                    "with a note, when torch is not installed)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--overhead", action="store_true", help="one process: hpcgrad's per-call cost "
-                   "over comm.Allreduce, hot and cold caches (5000 calls each)")
+    p.add_argument("--overhead", action="store_true", help="hpcgrad's per-call cost over "
+                   "comm.Allreduce, hot and cold caches (5000 calls each)")
+    p.add_argument("--debug", choices=["OFF", "INFO", "DETAIL"], help="set "
+                   "HPCGRAD_DISTRIBUTED_DEBUG (the per-call checks) for this run")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.debug:
+        os.environ["HPCGRAD_DISTRIBUTED_DEBUG"] = args.debug  # read when the group is made
     if args.overhead:
-        if MPI.COMM_WORLD.Get_size() != 1:
-            raise SystemExit("--overhead runs in one process: python benchmarks/comm.py --overhead")
         overhead(args.repeats or 5000)
         return
     repeats = args.repeats or (5 if args.quick else 21)

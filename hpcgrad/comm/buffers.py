@@ -31,6 +31,21 @@ if _FLOAT16 is not None:
 # as float32: exact for these narrower types, and sums come back rounded once, not per step.
 _UPCAST = {"float16", "bfloat16"}
 
+# A small number per dtype that can travel with a message or a call's fingerprint (Note [Checked
+# receives] in process_group.py, HPCGRAD_DISTRIBUTED_DEBUG=INFO in debug.py): 1..15, 4 bits.
+DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+               "uint64", "uint32", "uint16", "uint8", "bool", "complex64", "complex128")
+DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES, start=1)}
+
+
+def dtype_code(dtype):
+    """``dtype``'s code in DTYPE_CODES (0 for a dtype MessageBuffer refuses anyway)."""
+    return DTYPE_CODES.get(dtype.name, 0)
+
+
+def dtype_name(code):
+    return DTYPE_NAMES[code - 1] if 1 <= code <= len(DTYPE_NAMES) else f"<dtype code {code}>"
+
 _cuda_aware = None
 
 

@@ -1,8 +1,19 @@
-"""HPCGRAD_DISTRIBUTED_DEBUG=DETAIL: compare every rank's collective call before running it.
+"""HPCGRAD_DISTRIBUTED_DEBUG=INFO or DETAIL: compare every rank's collective call before running it.
 
-A rank that calls a different collective, or the same one with another shape or dtype, would
-hang or corrupt data silently; here every rank raises CollectiveMismatchError listing each
-rank's call.
+A rank that calls a different collective, or the same one with another size or dtype, would
+hang, crash MPICH or corrupt data silently; here every rank raises CollectiveMismatchError
+listing each rank's call, and the refused call sends nothing (the group still works).
+
+- OFF (the default): no check. What a mismatch does is up to MPI: with MPICH 5, a float32
+  all_reduce on one rank against float64 on another returns garbage on both without an error
+  (tests/comm/test_group_faults.py), another op or count hangs until the group's timeout.
+- INFO: a fingerprint of each call (call number, op, element count, dtype, root, reduce op: six
+  integers) and its negation are reduced with MPI_MAX in one extra 96-byte all_reduce on a
+  private communicator; the ranks agree when every maximum equals minus the negation's. Only on
+  a mismatch do the ranks gather their fingerprints to say who called what. Measured with
+  ``mpiexec -n 2 python benchmarks/comm.py --overhead --debug INFO``: FIXME us per call.
+- DETAIL: a 512-byte signature (INFO's fields, the shape, src/dst) is all-gathered and compared
+  as text: FIXME us per call.
 """
 
 import json
@@ -11,25 +22,91 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from .buffers import dtype_code, dtype_name
 from .work import wait_requests
 
 DEBUG_ENV = "HPCGRAD_DISTRIBUTED_DEBUG"
+_LEVELS = ("OFF", "INFO", "DETAIL")
 _SIGNATURE_BYTES = 512
+# Codes of the INFO fingerprint (0: none).
+_OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier")
+_OP_CODES = {name: code for code, name in enumerate(_OPS, start=1)}
+_REDUCE_OPS = ("sum", "avg", "min", "max", "product")
+_REDUCE_CODES = {name: code for code, name in enumerate(_REDUCE_OPS, start=1)}
 
 
 class CollectiveMismatchError(RuntimeError):
     """Ranks of a group called different collectives (or with different shapes or dtypes)."""
 
 
-def detail_enabled():
+def level():
+    """HPCGRAD_DISTRIBUTED_DEBUG as 'OFF', 'INFO' or 'DETAIL' (default OFF)."""
     value = os.environ.get(DEBUG_ENV, "OFF").upper()
-    if value not in ("OFF", "INFO", "DETAIL"):
+    if value not in _LEVELS:
         raise ValueError(f"{DEBUG_ENV} must be OFF, INFO or DETAIL, got {value!r}")
-    return value == "DETAIL"
+    return value
+
+
+def detail_enabled():
+    return level() == "DETAIL"
+
+
+def make_checker(comm, timeout):
+    """The checker the debug level asks for (None when OFF), on a duplicate of ``comm``."""
+    mode = level()
+    if mode == "DETAIL":
+        return CallChecker(comm, timeout)
+    if mode == "INFO":
+        return FingerprintChecker(comm, timeout)
+    return None
+
+
+def _mismatch(seq, calls):
+    lines = "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls))
+    return CollectiveMismatchError(
+        f"ranks called different collectives at call #{seq} (each rank must call the same "
+        f"collectives in the same order with the same shapes and dtypes):\n{lines}")
+
+
+class FingerprintChecker:
+    """INFO: one tiny all_reduce of each call's fingerprint (see the module docstring)."""
+
+    def __init__(self, comm, timeout):
+        self.comm = comm.Dup()
+        self.timeout = timeout
+
+    def check(self, seq, name, array, **extra):
+        root = extra.get("src", extra.get("dst", -1))
+        mine = [seq, _OP_CODES.get(name, 0), array.size, dtype_code(array.dtype), root,
+                _REDUCE_CODES.get(extra.get("reduce_op"), 0)]
+        both = np.array(mine + [-v for v in mine], np.int64)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX)
+        wait_requests([request], self.timeout,
+                      lambda: f"{name} #{seq} ({array.size} x {array.dtype}), at its "
+                              f"{DEBUG_ENV}=INFO call check,")
+        n = len(mine)
+        if (both[:n] == -both[n:]).all():
+            return
+        everyone = np.zeros((self.comm.Get_size(), n), np.int64)
+        request = self.comm.Iallgather([np.array(mine, np.int64), MPI.INT64_T],
+                                       [everyone, MPI.INT64_T])
+        wait_requests([request], self.timeout, lambda: f"{name} #{seq}: gathering the calls of "
+                                                       f"a {DEBUG_ENV}=INFO mismatch")
+        raise _mismatch(seq, [_describe(row) for row in everyone.tolist()])
+
+
+def _describe(fingerprint):
+    seq, op, count, dtype, root, reduce_op = fingerprint
+    text = f"{_OPS[op - 1] if op else '?'} #{seq}: {count} x {dtype_name(dtype)}"
+    if reduce_op:
+        text += f", op {_REDUCE_OPS[reduce_op - 1]}"
+    if root >= 0:
+        text += f", root {root}"
+    return text
 
 
 class CallChecker:
-    """Exchanges a fixed-size signature of each call on a private communicator."""
+    """DETAIL: exchanges a fixed-size signature of each call on a private communicator."""
 
     def __init__(self, comm, timeout):
         self.comm = comm.Dup()
@@ -50,7 +127,4 @@ class CallChecker:
                               f"{list(array.shape)}), at its {DEBUG_ENV}=DETAIL call check,")
         calls = [row.tobytes().rstrip(b"\0").decode() for row in everyone]
         if len(set(calls)) > 1:
-            lines = "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls))
-            raise CollectiveMismatchError(
-                f"ranks called different collectives at call #{seq} (each rank must call the "
-                f"same collectives in the same order with the same shapes and dtypes):\n{lines}")
+            raise _mismatch(seq, calls)

@@ -1,14 +1,16 @@
 """ProcessGroup: one communicator's collectives and point-to-point calls, each returning a Work."""
 
 import enum
+import operator
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import backend
 from . import buffers, debug, progress
-from .buffers import MessageBuffer, is_floating
-from .work import Work, wait_requests, watchdog
+from .buffers import MessageBuffer, dtype_code, dtype_name, is_floating
+from .work import CommTimeoutError, GroupUnusableError, Work, wait_requests, watchdog
 
 
 class ReduceOp(enum.Enum):
@@ -28,6 +30,7 @@ _BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAN
 for _op in ReduceOp:  # an attribute read is 5x cheaper than hashing an Enum member
     _op._mpi_op, _op._mpi_bool_op = _MPI_OPS[_op], _BOOL_OPS.get(_op)
 _AVG = ReduceOp.AVG
+_UNORDERED = (ReduceOp.MIN, ReduceOp.MAX)
 _IN_PLACE = MPI.IN_PLACE
 
 
@@ -43,6 +46,10 @@ def _mpi_op(op, array):
     if op is _AVG and not is_floating(array.dtype):
         raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {array.dtype}; "
                          "use SUM and divide")
+    if kind == "c" and op in _UNORDERED:  # MPI has no MIN/MAX on complex types either
+        raise TypeError(f"ReduceOp.{op.name} is not defined for complex tensors ({array.dtype}): "
+                        "complex numbers are not ordered; reduce their abs(), or the real and "
+                        "imaginary parts separately")
     return op._mpi_bool_op if kind == "b" else mpi_op
 
 
@@ -63,8 +70,11 @@ class ProcessGroup:
     """Ranks of one MPI communicator (a private duplicate, so user traffic never mixes in).
 
     Every collective must be called by every rank of the group, in the same order, with
-    matching shapes and dtypes. With HPCGRAD_DISTRIBUTED_DEBUG=DETAIL each call is checked
-    across ranks first, and a mismatch raises on every rank instead of hanging.
+    matching shapes and dtypes. With HPCGRAD_DISTRIBUTED_DEBUG=INFO each call's fingerprint
+    (op, count, dtype, root, reduce op) is compared across ranks first, with DETAIL its shape
+    too, and a mismatch raises on every rank instead of hanging or corrupting (debug.py).
+    After a wait on the group times out, the group refuses every call (Note [A timed-out
+    group]).
     """
 
     def __init__(self, comm, timeout, ranks=None):
@@ -72,9 +82,11 @@ class ProcessGroup:
         self.timeout = timeout
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self.ranks = list(ranks) if ranks is not None else list(range(self._size))
-        self._seq = 0
-        self._checker = debug.CallChecker(comm, timeout) if debug.detail_enabled() else None
+        self._seq = 0  # collectives: the same number on every rank for the same call
+        self._p2p_seq = 0  # sends and receives, numbered apart (ranks make different ones)
+        self._checker = debug.make_checker(comm, timeout)
         self._inflight = None  # the blocking call under way, for the watchdog
+        self._failed = None  # Note [A timed-out group]: the timeout that ended this group
         if timeout:
             watchdog.watch(self)
 
@@ -95,6 +107,29 @@ class ProcessGroup:
     def __repr__(self):
         return f"<ProcessGroup rank {self._rank} of {self._size}, world ranks {self.ranks}>"
 
+    # Note [A timed-out group]
+    # MPI cannot cancel a collective, and a receive's cancel may lose the race with its message:
+    # after a wait times out, its request stays posted, and the group's next call on any rank
+    # matches it. A user who caught the CommTimeoutError and carried on got sums of two calls
+    # (a retry returned 1101 instead of 101; the peer's next all_reduce 1001 instead of 1010).
+    # So the first CommTimeoutError of a wait on this group (Work.wait, the probe of a receive
+    # from any rank, a debug check) marks the group failed, and every later call raises
+    # GroupUnusableError at once, naming that timeout: a test of one attribute per call. The
+    # way on is a new communicator, built by every rank: destroy_process_group() and
+    # init_process_group() for the default group, new_group() for another. (A blocking call
+    # never gets here: it waits inside MPI and the watchdog ends the job, Note [Blocking calls].)
+    def _fail(self, error):
+        if self._failed is None:
+            self._failed = (str(error), time.strftime("%H:%M:%S"))
+
+    def _refuse(self):
+        error, when = self._failed
+        return GroupUnusableError(
+            f"{self!r} is unusable since a wait on it timed out at {when}: {error}. That "
+            f"operation is still posted in MPI, where it would match this call and mix their "
+            f"data. Every rank must build a new group: dist.destroy_process_group() then "
+            f"dist.init_process_group() for the default group, or dist.new_group(ranks)")
+
     # Note [Cost per call]
     # What a call costs in Python is what it costs with cold caches: the data a collective moves
     # (or the compute between calls) evicts the interpreter's working set, and then every object
@@ -102,70 +137,84 @@ class ProcessGroup:
     # all_reduce at size 1 over comm.Allreduce, in a loop (hot) and with a 4 MB array rewritten
     # before each call (cold): as first written (a Work, its Lock and a describe closure per
     # call, keyword arguments, the polling wait) +9.4 us hot, +26-27 us cold; now +0.8 us hot,
-    # +3.0-3.6 us cold. A blocking call builds no Work and runs the blocking MPI function (Note
-    # [Blocking calls] in work.py), an error describes its call from a tuple formatted only
-    # then, arguments go by position (a keyword call cost ~1 us cold), and the common
-    # all_reduce takes allreduce_now, a third of the Python steps of the general path (which
-    # stayed at +6.4-7.1 us cold).
+    # +3.0-3.6 us cold. A blocking call builds no Work and waits in MPI (Note [Blocking calls]
+    # in work.py), an error describes its call from a tuple formatted only then, arguments go
+    # by position (a keyword call cost ~1 us cold), and the common all_reduce takes
+    # allreduce_now, a third of the Python steps of the general path (which stayed at
+    # +6.4-7.1 us cold).
     def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
         """Number the call and wrap its requests as Work (Note [Cost per call])."""
-        self._seq += 1
-        work = Work(requests, buffers, (name, peer, self._seq, array, self._size), self.timeout,
-                    finish, result)
+        if peer is None:
+            self._seq += 1
+            seq = self._seq
+        else:
+            self._p2p_seq += 1
+            seq = self._p2p_seq
+        work = Work(requests, buffers, (name, peer, seq, array, self._size), self.timeout,
+                    finish, result, self)
         if progress._thread is not None and array.nbytes >= progress._MIN_BYTES:
             progress._thread.watch(work)  # Note [Communication progress]
         return work
 
-    def _blocking(self, name, array, finish, call, *args):
-        """Number the call and run the blocking MPI ``call(*args)`` under the watchdog."""
+    def _blocking(self, name, array, finish, start, *args):
+        """Number the call, post it with the nonblocking MPI ``start(*args)`` and wait for it
+        inside MPI under the watchdog (Note [Blocking calls])."""
         self._seq += 1
         self._inflight = (name, None, self._seq, array, self._size)
         try:
-            call(*args)
+            start(*args).Wait()
         finally:
             self._inflight = None
         if finish is not None:
             finish()
 
     def _check(self, name, array, **extra):
+        """The debug check of the next call (HPCGRAD_DISTRIBUTED_DEBUG=INFO or DETAIL)."""
+        if self._failed is not None:
+            raise self._refuse()
         if self._checker is not None:
-            self._checker.check(self._seq + 1, name, array, **extra)
+            try:
+                self._checker.check(self._seq + 1, name, array, **extra)
+            except CommTimeoutError as error:
+                self._fail(error)
+                raise
 
     # --- collectives ------------------------------------------------------------------------
     def allreduce_now(self, array, op):
         """Blocking all_reduce of a host array of a native MPI type, in place, when nothing
-        needs the general path (AVG, bools, staging, DETAIL checks, an error to report):
-        the common case in a third of the Python steps (Note [Cost per call]). Returns False
-        if it did nothing."""
-        if type(array) is not np.ndarray or op is _AVG or self._checker is not None:
+        needs the general path (AVG, bools, complex, staging, debug checks, an error to
+        report): the common case in a third of the Python steps (Note [Cost per call]).
+        Returns False if it did nothing."""
+        if (type(array) is not np.ndarray or op is _AVG or self._checker is not None
+                or self._failed is not None):
             return False
         mpi_op = getattr(op, "_mpi_op", None)
         mpi_type = buffers._MPI_TYPES.get(array.dtype)  # read here: tests swap the map
         flags = array.flags
-        if (mpi_op is None or mpi_type is None or array.dtype.kind == "b"
+        if (mpi_op is None or mpi_type is None or array.dtype.kind in "bc"
                 or not flags.c_contiguous or not flags.writeable):
             return False
         self._seq += 1
         self._inflight = ("allreduce", None, self._seq, array, self._size)
         try:
-            self.comm.Allreduce(_IN_PLACE, [array, mpi_type], mpi_op)
+            self.comm.Iallreduce(_IN_PLACE, [array, mpi_type], mpi_op).Wait()
         finally:
             self._inflight = None
         return True
 
     # Each collective below posts the nonblocking MPI call and returns a Work, or, with
-    # ``blocking``, runs the blocking MPI call and returns None (Note [Blocking calls]).
+    # ``blocking``, waits for it and returns None: one MPI form for both, since MPI never
+    # matches a blocking collective with a nonblocking one (Note [Blocking calls]).
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
-        if self._checker is not None:
-            self._checker.check(self._seq + 1, "allreduce", array,
-                                reduce_op=getattr(op, "value", str(op)))
+        if self._failed is not None or self._checker is not None:
+            self._check("allreduce", array, reduce_op=getattr(op, "value", str(op)))
         mpi_op = _mpi_op(op, array)
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
         if blocking:
-            return self._blocking("allreduce", array, finish, self.comm.Allreduce, _IN_PLACE,
+            return self._blocking("allreduce", array, finish, self.comm.Iallreduce, _IN_PLACE,
                                   buf.spec, mpi_op)
         request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
         return self._work("allreduce", array, [request], (buf,), finish, result)
@@ -177,7 +226,7 @@ class ProcessGroup:
         buf = MessageBuffer(array, True)
         finish = _finish_buffer(buf)
         if blocking:
-            return self._blocking("broadcast", array, finish, self.comm.Bcast, buf.spec, src)
+            return self._blocking("broadcast", array, finish, self.comm.Ibcast, buf.spec, src)
         request = self.comm.Ibcast(buf.spec, src)
         return self._work("broadcast", array, [request], (buf,), finish, result)
 
@@ -191,8 +240,8 @@ class ProcessGroup:
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
         send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
         if blocking:
-            return self._blocking("reduce", array, finish, self.comm.Reduce, send, recv, mpi_op,
-                                  dst)
+            return self._blocking("reduce", array, finish, self.comm.Ireduce, send, recv,
+                                  mpi_op, dst)
         request = self.comm.Ireduce(send, recv, mpi_op, dst)
         return self._work("reduce", array, [request], (buf,), finish, result)
 
@@ -204,7 +253,7 @@ class ProcessGroup:
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
         if blocking:
-            return self._blocking("allgather", array, finish, self.comm.Allgather, send.spec,
+            return self._blocking("allgather", array, finish, self.comm.Iallgather, send.spec,
                                   recv.spec)
         request = self.comm.Iallgather(send.spec, recv.spec)
         return self._work("allgather", array, [request], (send, recv), finish, result)
@@ -220,8 +269,8 @@ class ProcessGroup:
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         finish = _finish_average(recv, self._size) if avg else _finish_buffer(recv)
         if blocking:
-            return self._blocking("reduce_scatter", array, finish, self.comm.Reduce_scatter_block,
-                                  send.spec, recv.spec, mpi_op)
+            return self._blocking("reduce_scatter", array, finish,
+                                  self.comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
         request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
         return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
 
@@ -236,7 +285,7 @@ class ProcessGroup:
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
         if blocking:
-            return self._blocking("alltoall", array, finish, self.comm.Alltoall, send.spec,
+            return self._blocking("alltoall", array, finish, self.comm.Ialltoall, send.spec,
                                   recv.spec)
         request = self.comm.Ialltoall(send.spec, recv.spec)
         return self._work("alltoall", array, [request], (send, recv), finish, result)
@@ -245,38 +294,56 @@ class ProcessGroup:
         """Complete once every rank of the group has started its barrier."""
         self._check("barrier", _NOTHING)
         if blocking:
-            return self._blocking("barrier", _NOTHING, None, self.comm.Barrier)
+            return self._blocking("barrier", _NOTHING, None, self.comm.Ibarrier)
         return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):
         """Send ``array`` to group rank ``dst``; the Work owns the buffer until it completes."""
+        if self._failed is not None:
+            raise self._refuse()
         self._check_peer(dst, "dst", "send to self would deadlock; use a local copy")
         buf = MessageBuffer(array)
-        request = self.comm.Isend(buf.spec, dest=dst, tag=tag)
+        request = self.comm.Isend(buf.spec, dst, _wire_tag(tag, array.dtype))
         return self._work("send", array, [request], (buf,), None, result, peer=dst)
 
     def irecv(self, array, src=None, tag=None, result=None):
         """Receive into ``array`` from ``src``; with ``src=None`` first wait for any sender.
 
-        The Work's result is the sender's rank unless ``result`` is given.
+        The Work's result is the sender's rank unless ``result`` is given. The message must
+        have the array's dtype and size, else the Work's ``wait`` raises naming the sender
+        (Note [Checked receives]).
         """
-        tag = MPI.ANY_TAG if tag is None else tag
+        if self._failed is not None:
+            raise self._refuse()
         buf = MessageBuffer(array, writable=True)
+        code = dtype_code(array.dtype)
+        if tag is not None:
+            _wire_tag(tag, array.dtype)  # checks the range
         if src is None:
-            src = self.probe_source(tag)
+            src = self.probe_source(tag, array)
         else:
             self._check_peer(src, "src", "receive from self would deadlock; use a local copy")
-        request = self.comm.Irecv(buf.spec, source=src, tag=tag)
-        return self._work("recv", array, [request], (buf,), _finish_buffer(buf),
+        receive = _Receive(self.comm, buf, src, tag, code, self.ranks)
+        return self._work("recv", array, [receive], (buf,), receive.finish,
                           src if result is None else result, peer=src)
 
-    def probe_source(self, tag=MPI.ANY_TAG):
-        """The rank of the next incoming message (waits, within the group's timeout)."""
-        status = MPI.Status()
-        request = _ProbeRequest(self.comm, tag, status)
-        wait_requests([request], self.timeout, lambda: f"recv from any rank (tag {tag})")
-        return status.Get_source()
+    def probe_source(self, tag=None, array=None):
+        """The rank of the next incoming message (waits, within the group's timeout); for a
+        receive into ``array``, of ``array``'s dtype (another dtype raises, naming it)."""
+        if self._failed is not None:
+            raise self._refuse()
+        tag = None if tag == MPI.ANY_TAG else tag
+        request = _ProbeRequest(self.comm, tag, array, self.ranks)
+        try:
+            wait_requests([request], self.timeout,
+                          lambda: f"recv from any rank (tag {'any' if tag is None else tag})")
+        except CommTimeoutError as error:
+            self._fail(error)
+            raise
+        if request.error is not None:
+            raise request.error
+        return request.status.Get_source()
 
     def _check_rank(self, rank, what):
         if not 0 <= rank < self._size:
@@ -288,14 +355,148 @@ class ProcessGroup:
             raise ValueError(self_message)
 
 
-class _ProbeRequest:
-    """Quacks like an MPI request for wait_requests: 'complete' once a message is waiting."""
+# Note [Checked receives]
+# MPI matches a receive by source and tag alone and trusts the buffer: a message of another
+# size partly fills a larger buffer, and float64 data lands in a float32 buffer as garbage.
+# Every receive now checks what came: its size from the MPI status (a larger message is MPI's
+# truncation error, reported with the buffer's size), and its dtype from the tag. A send
+# puts a 4-bit code of its dtype (buffers.DTYPE_CODES) above the user's tag, so user tags go
+# up to 2**(bits of MPI_TAG_UB - 4) - 1 (33554431 with MPICH), and a receive asks for its
+# own dtype's code: no extra message, no extra byte, one dict lookup per call. A receive of
+# any tag reads the sender's code from its status. A receive of one tag would not match a
+# message of another dtype and wait for ever, so when it has not completed within its first
+# polls it probes, every 64 polls, for the same tag with each other code; found, its own
+# receive is cancelled, the message drained (so the group's traffic stays in step), and the
+# error names the sender and both dtypes.
+_TAG_SHIFT = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB).bit_length() - 4
+_MAX_TAG = (1 << _TAG_SHIFT) - 1
+_MISTYPED_EVERY = 63  # probe for a message of another dtype when polls & this == 0
 
-    def __init__(self, comm, tag, status):
-        self.comm, self.tag, self.status = comm, tag, status
+
+def _wire_tag(tag, dtype):
+    """The MPI tag of a user's ``tag`` for an array of ``dtype``: the dtype's code on top."""
+    try:
+        tag = operator.index(tag)
+    except TypeError:
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}") from None
+    if not 0 <= tag <= _MAX_TAG:
+        raise ValueError(f"tag must be in [0, {_MAX_TAG}] (the top bits of MPI's tag carry "
+                         f"the dtype, Note [Checked receives]), got {tag}")
+    return tag | dtype_code(dtype) << _TAG_SHIFT
+
+
+def _mistyped(comm, src, tag, code):
+    """The status of a waiting message from ``src`` with ``tag`` and a dtype code other than
+    ``code``, or None (Note [Checked receives])."""
+    status = MPI.Status()
+    for other in range(1, 16):
+        if other != code and comm.Iprobe(src, tag | other << _TAG_SHIFT, status):
+            return status
+    return None
+
+
+def _drain(comm, status):
+    """Receive (and drop) the message ``status`` describes."""
+    junk = bytearray(status.Get_count(MPI.BYTE))
+    comm.Recv([junk, MPI.BYTE], status.Get_source(), status.Get_tag())
+
+
+def _dtype_error(status, code, array, ranks):
+    sender = ranks[status.Get_source()]
+    return TypeError(f"recv from rank {sender}: rank {sender} sent "
+                     f"{dtype_name(status.Get_tag() >> _TAG_SHIFT)} data ("
+                     f"{status.Get_count(MPI.BYTE)} bytes, tag {status.Get_tag() & _MAX_TAG}) "
+                     f"but the receive buffer is {dtype_name(code)} (shape {list(array.shape)}, "
+                     f"{array.nbytes} bytes); send and receive arrays of one dtype")
+
+
+class _Receive:
+    """An Irecv, as a request for wait_requests and Work: keeps its MPI status and checks what
+    arrived against the buffer (Note [Checked receives]). Test never raises: an error is kept
+    for ``finish``, which Work runs on completion and whose error ``Work.wait`` raises."""
+
+    __slots__ = ("buf", "code", "comm", "error", "polls", "ranks", "request", "src", "status",
+                 "tag")
+
+    def __init__(self, comm, buf, src, tag, code, ranks):
+        self.comm, self.buf, self.src, self.tag, self.code = comm, buf, src, tag, code
+        self.ranks, self.polls, self.error = ranks, 0, None
+        self.status = MPI.Status()
+        wire = MPI.ANY_TAG if tag is None else tag | code << _TAG_SHIFT
+        self.request = comm.Irecv(buf.spec, src, wire)
 
     def Test(self):
-        return self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, self.status)
+        try:
+            done = self.request.Test(self.status)
+        except MPI.Exception as error:
+            if error.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            self.error = self._check(truncated=True)
+            return True
+        if done:
+            self.error = self._check()
+            return True
+        self.polls += 1
+        if self.tag is not None and not self.polls & _MISTYPED_EVERY:
+            found = _mistyped(self.comm, self.src, self.tag, self.code)
+            if found is not None:
+                self.request.Cancel()
+                self.request.Wait(self.status)
+                if self.status.Is_cancelled():
+                    _drain(self.comm, found)
+                    self.error = _dtype_error(found, self.code, self.buf.array, self.ranks)
+                else:  # our message came after all
+                    self.error = self._check()
+                return True
+        return False
+
+    def _check(self, truncated=False):
+        status, array = self.status, self.buf.array
+        if status.Get_tag() >> _TAG_SHIFT != self.code:
+            return _dtype_error(status, self.code, array, self.ranks)
+        sender = self.ranks[status.Get_source()]
+        expected = self.buf.staged.nbytes
+        if truncated:
+            return ValueError(f"recv from rank {sender}: the message is larger than the "
+                              f"receive buffer ({array.size} x {array.dtype}, shape "
+                              f"{list(array.shape)}, {expected} bytes); send and receive "
+                              "arrays of one size")
+        got = status.Get_count(MPI.BYTE)
+        if got != expected:
+            return ValueError(f"recv from rank {sender}: got {got} bytes, expected {expected} "
+                              f"({array.size} x {array.dtype}, shape {list(array.shape)}); "
+                              "send and receive arrays of one size")
+        return None
+
+    def finish(self):
+        if self.error is not None:
+            raise self.error
+        if self.buf.staged is not self.buf.array:
+            self.buf.finish()
+
+
+class _ProbeRequest:
+    """Quacks like an MPI request for wait_requests: 'complete' once a message is waiting, or
+    once a message of the same tag and another dtype is (kept in ``error``, and drained)."""
+
+    def __init__(self, comm, tag, array, ranks):
+        self.comm, self.tag, self.array, self.ranks = comm, tag, array, ranks
+        self.code = None if array is None else dtype_code(array.dtype)
+        self.wire = (MPI.ANY_TAG if tag is None else
+                     _wire_tag(tag, array.dtype) if array is not None else tag)
+        self.status, self.polls, self.error = MPI.Status(), 0, None
+
+    def Test(self):
+        if self.comm.Iprobe(MPI.ANY_SOURCE, self.wire, self.status):
+            return True
+        self.polls += 1
+        if self.tag is not None and self.code is not None and not self.polls & _MISTYPED_EVERY:
+            found = _mistyped(self.comm, MPI.ANY_SOURCE, self.tag, self.code)
+            if found is not None:
+                _drain(self.comm, found)
+                self.error = _dtype_error(found, self.code, self.array, self.ranks)
+                return True
+        return False
 
 
 _NOTHING = np.empty(0)

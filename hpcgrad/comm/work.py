@@ -24,6 +24,14 @@ class CommTimeoutError(RuntimeError):
     """A blocking wait on a collective or point-to-point operation ran past its timeout."""
 
 
+class GroupUnusableError(RuntimeError):
+    """A call on a ProcessGroup after one of its waits timed out (Note [A timed-out group]).
+
+    Not a CommTimeoutError on purpose: a retry loop that catches CommTimeoutError must not
+    spin on a group that can never work again.
+    """
+
+
 def default_timeout():
     """Seconds a blocking wait may take before CommTimeoutError (env HPCGRAD_COMM_TIMEOUT; 0: off)."""
     raw = os.environ.get(DEFAULT_TIMEOUT_ENV, "1800")
@@ -188,9 +196,9 @@ watchdog = Watchdog()
 
 
 def _detail_hint():
-    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "").upper() in ("INFO", "DETAIL"):
         return ""  # the checks ran: the peer is missing, not calling something else
-    return " (set HPCGRAD_DISTRIBUTED_DEBUG=DETAIL to compare every rank's calls)"
+    return (" (set HPCGRAD_DISTRIBUTED_DEBUG=INFO, or DETAIL, to compare every rank's calls)")
 
 
 class Work:
@@ -203,9 +211,11 @@ class Work:
     """
 
     __slots__ = ("_requests", "_buffers", "_what", "_timeout", "_finish", "_result",
-                 "_completed", "_future", "_lock")
+                 "_completed", "_future", "_lock", "_group", "_error")
 
-    def __init__(self, requests, buffers, describe, timeout, finish=None, result=None):
+    def __init__(self, requests, buffers, describe, timeout, finish=None, result=None,
+                 group=None):
+        """``group``: the ProcessGroup to mark unusable if a wait times out."""
         self._requests = requests
         self._buffers = buffers
         self._what = describe
@@ -215,6 +225,8 @@ class Work:
         self._completed = False
         self._future = None
         self._lock = threading.Lock()
+        self._group = group
+        self._error = None  # what the finish step raised (e.g. a receive's size check)
 
     def _describe(self):
         return describe_call(self._what)
@@ -237,27 +249,51 @@ class Work:
         return self._completed
 
     def wait(self, timeout=None):
-        """Block until done; ``timeout`` (s) overrides the group's; raises CommTimeoutError."""
+        """Block until done; ``timeout`` (s) overrides the group's.
+
+        Past the timeout this raises CommTimeoutError, and the operation's MPI request stays
+        posted: MPI cannot cancel a collective, so the next call on the group would match it
+        and mix data of two calls. The group is therefore unusable from then on: every later
+        call on it raises GroupUnusableError naming this timeout (Note [A timed-out group] in
+        process_group.py). To go on, every rank builds a new group:
+        ``dist.destroy_process_group(); dist.init_process_group()`` for the default group,
+        ``dist.new_group(ranks)`` for another. Errors found when the operation completed (a
+        receive of another size or dtype) are raised here too, by every call to ``wait``.
+        """
         if not self._completed:
             with self._lock:
                 if not self._completed:
-                    wait_requests(self._requests, self._timeout if timeout is None else timeout,
-                                  self._describe)
+                    try:
+                        wait_requests(self._requests,
+                                      self._timeout if timeout is None else timeout,
+                                      self._describe)
+                    except CommTimeoutError as error:
+                        if self._group is not None:
+                            self._group._fail(error)
+                        raise
                     self._complete()
             self._resolve_future()
+        if self._error is not None:
+            raise self._error
         return True
 
     def _complete(self):
-        """Run the finish step (under the lock, once)."""
-        if self._finish is not None:
-            self._finish()
+        """Run the finish step (under the lock, once); what it raises, ``wait`` raises."""
+        try:
+            if self._finish is not None:
+                self._finish()
+        except Exception as error:  # noqa: BLE001 -- the progress thread may run this: keep it
+            self._error = error
         self._completed = True
         self._buffers = ()  # MPI is done with them
 
     def _resolve_future(self):
         # Outside the lock: a callback may call back into this Work.
         if self._future is not None and self._completed:
-            self._future.try_set_result(self._result)  # may race another waiter
+            if self._error is not None:
+                self._future.try_set_exception(self._error)
+            else:
+                self._future.try_set_result(self._result)  # may race another waiter
 
     def result(self):
         """The tensors this operation produced (after ``wait``)."""
@@ -272,4 +308,5 @@ class Work:
         return self._future
 
     def exception(self):
-        return None
+        """What the completed operation raised (None while pending or when it succeeded)."""
+        return self._error
