@@ -302,9 +302,10 @@ class ProcessGroup:
         """Send ``array`` to group rank ``dst``; the Work owns the buffer until it completes."""
         if self._failed is not None:
             raise self._refuse()
+        wire = _wire_tag(tag, array.dtype)
         self._check_peer(dst, "dst", "send to self would deadlock; use a local copy")
         buf = MessageBuffer(array)
-        request = self.comm.Isend(buf.spec, dst, _wire_tag(tag, array.dtype))
+        request = self.comm.Isend(buf.spec, dst, wire)
         return self._work("send", array, [request], (buf,), None, result, peer=dst)
 
     def irecv(self, array, src=None, tag=None, result=None):

@@ -85,6 +85,18 @@ def test_avg_needs_floats(name, dtype):
         REDUCTIONS[name](dtype, ReduceOp.AVG, "sync-array")
 
 
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_numbers_have_no_min_or_max(op, dtype):
+    """As PyTorch: complex numbers are not ordered (before: a raw MPI error from MPICH)."""
+    for call in (lambda x: dist.all_reduce(x, op), lambda x: dist.all_reduce(x, op, async_op=True),
+                 lambda x: dist.reduce(x, 0, op)):
+        with pytest.raises(TypeError, match=rf"ReduceOp.{op.name} is not defined for complex "
+                                            rf"tensors \({np.dtype(dtype)}\): complex numbers "
+                                            r"are not ordered"):
+            call(np.ones(3, dtype))
+
+
 def test_unsupported_dtype():
     with pytest.raises(TypeError, match=r"dtype datetime64\[s\], which hpcgrad cannot send"):
         dist.all_reduce(np.zeros(3, "datetime64[s]"))

@@ -118,3 +118,85 @@ def test_peer_outside_the_group():
         dist.send(np.zeros(2), size)
     with pytest.raises(ValueError, match=r"src=-2 is not a member of this group"):
         dist.irecv(np.zeros(2), -2)
+
+
+# --- Note [Checked receives]: what arrived must fit the buffer ---------------------------------
+def exchange_on_a_fresh_group(payload, inbox, **recv_kwargs):
+    """Send ``payload`` around the ring and receive into ``inbox`` on a group of its own (so
+    a message left behind could never reach another test); returns the receive's error."""
+    rank, nxt, prev = ring()
+    group = dist.new_group()
+    try:
+        sent = dist.isend(payload, nxt, group=group, tag=recv_kwargs.get("tag") or 0)
+        src = recv_kwargs.pop("src", prev)
+        try:
+            dist.irecv(inbox, src, group=group, **recv_kwargs).wait()
+            error = None
+        except (TypeError, ValueError) as caught:
+            error = caught
+        sent.wait()
+        # The group still works: the refused message did not stay behind to match this one.
+        box = np.zeros(2, np.int64)
+        later = dist.isend(np.array([rank, 5]), nxt, group=group, tag=3)
+        dist.irecv(box, prev, group=group, tag=3).wait()
+        later.wait()
+        assert box.tolist() == [prev, 5]
+        return error
+    finally:
+        dist.destroy_process_group(group)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("tag", [None, 4])
+def test_a_smaller_message_raises(tag):
+    """Before: the first 3 of 4 elements were overwritten and the call succeeded."""
+    _, _, prev = ring()
+    error = exchange_on_a_fresh_group(np.ones(3, np.float32), np.zeros(4, np.float32), tag=tag)
+    assert isinstance(error, ValueError) and str(error) == (
+        f"recv from rank {prev}: got 12 bytes, expected 16 (4 x float32, shape [4]); send and "
+        "receive arrays of one size"), error
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_larger_message_raises():
+    """Before: mpi4py's raw 'Message truncated' MPI error."""
+    _, _, prev = ring()
+    error = exchange_on_a_fresh_group(np.ones(10), np.zeros(4), tag=1)
+    assert isinstance(error, ValueError) and str(error) == (
+        f"recv from rank {prev}: the message is larger than the receive buffer (4 x float64, "
+        "shape [4], 32 bytes); send and receive arrays of one size"), error
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["tag", "any-tag", "any-source"])
+def test_another_dtype_raises_naming_both(how):
+    """float64 into a float32 buffer of the same byte size: before, garbage without an error
+    (or, for a receive of one tag, a wait until the timeout)."""
+    rank, _, prev = ring()
+    if how == "any-source" and dist.get_world_size() > 2:
+        pytest.skip("from any source, two senders would race")
+    kwargs = {"tag": None if how == "any-tag" else 2}
+    if how == "any-source":
+        kwargs["src"] = None
+    error = exchange_on_a_fresh_group(np.ones(2), np.zeros(4, np.float32), **kwargs)
+    assert isinstance(error, TypeError), error
+    assert str(error) == (f"recv from rank {prev}: rank {prev} sent float64 data (16 bytes, tag "
+                          f"{2 if how != 'any-tag' else 0}) but the receive buffer is float32 "
+                          "(shape [4], 16 bytes); send and receive arrays of one dtype"), error
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_receive_of_any_tag_reports_the_users_tag():
+    """The dtype code above the user's tag stays out of sight: tag 9 arrives as tag 9."""
+    rank, nxt, prev = ring()
+    sent = dist.isend(np.full(2, rank, np.int32), nxt, tag=9)
+    box = np.zeros(2, np.int32)
+    assert dist.recv(box) in range(dist.get_world_size())  # any source, any tag
+    sent.wait()
+    assert box.tolist() == [prev, prev]
+
+
+def test_tags_are_checked():
+    with pytest.raises(ValueError, match=r"tag must be in \[0, \d+\] \(the top bits of MPI's tag "
+                                         r"carry the dtype"):
+        dist.isend(np.zeros(2), 0, tag=-3)
