@@ -4,6 +4,8 @@ Ranks given as ``src``/``dst`` are world ranks, whatever the group, as in PyTorc
 """
 
 import datetime
+import math
+import numbers
 import pickle
 
 import numpy as np
@@ -11,10 +13,10 @@ from mpi4py import MPI
 
 from .. import backend
 from ..comm.buffers import is_array
-from ..comm.mpi import comm_world
+from ..comm.mpi import comm_world, rendezvous
 from ..comm.process_group import ProcessGroup, ReduceOp
 from ..comm.progress import start_from_env
-from ..comm.work import default_timeout
+from ..comm.work import CommTimeoutError, default_timeout
 from ..tensor import Tensor
 
 _default_group = None
@@ -45,12 +47,21 @@ def as_array(x):
     raise TypeError(f"expected an hpcgrad Tensor or a numpy/cupy array, got {type(x).__name__}")
 
 
-def _seconds(timeout):
+def _seconds(timeout, what="timeout"):
+    """Seconds from a number or timedelta (None: HPCGRAD_COMM_TIMEOUT's); 0 means no limit."""
     if timeout is None:
         return default_timeout()
     if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"{what} must be a number of seconds or a datetime.timedelta, got "
+                        f"{type(timeout).__name__} {timeout!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be a finite number of seconds >= 0 (0: no limit), got "
+                         f"{timeout!r}")
+    return seconds
 
 
 def init_process_group(backend="mpi", timeout=None, **unused):
@@ -58,7 +69,10 @@ def init_process_group(backend="mpi", timeout=None, **unused):
 
     ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
     bounds every wait: ``Work.wait()`` raises CommTimeoutError, and a blocking collective that
-    overruns it is reported and aborts the job (Note [Blocking calls] in comm/work.py).
+    overruns it is reported and aborts the job (Note [Blocking calls] in comm/work.py). It
+    bounds this call too: if some rank has not called init_process_group within ``timeout``,
+    rank 0 prints which ranks are missing and the job ends (MPI_Abort; Note [Bounded
+    start-up] in comm/mpi.py), as PyTorch's rendezvous times out.
     HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread (Note [Communication progress]
     in comm/progress.py). Rendezvous arguments of PyTorch
     (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
@@ -68,9 +82,14 @@ def init_process_group(backend="mpi", timeout=None, **unused):
     if backend not in ("mpi", None):
         raise ValueError(f"hpcgrad runs over MPI; backend={backend!r} is not available "
                          "(use 'mpi' or leave it out)")
+    seconds = _seconds(timeout, "init_process_group: timeout")
     if _default_group is None:
         world = comm_world()
-        _default_group = ProcessGroup(world.Dup(), _seconds(timeout))
+        rendezvous(world, seconds, "init_process_group",
+                   "every rank must call init_process_group(); check the missing ranks' "
+                   "output (an error, an exit or a long step before it), or give it more "
+                   "time: init_process_group(timeout=...) or HPCGRAD_COMM_TIMEOUT")
+        _default_group = ProcessGroup(world.Dup(), seconds)
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
@@ -127,18 +146,28 @@ def get_local_size():
 
 
 def new_group(ranks=None, timeout=None):
-    """A group of the given world ranks. Every rank of the default group must call it."""
+    """A group of the given world ranks. Every rank of the default group must call it, also
+    the ranks outside ``ranks``, within the default group's timeout (else CommTimeoutError,
+    and the default group is unusable). ``timeout``: the new group's (default: the default
+    group's)."""
     world = _group(None)
     members = sorted(set(range(world.size()) if ranks is None else ranks))
     for r in members:
         if not 0 <= r < world.size():
             raise ValueError(f"new_group: rank {r} is not in the world (size {world.size()})")
+    timeout = world.timeout if timeout is None else _seconds(timeout, "new_group: timeout")
     me = world.rank()
-    world.ibarrier().wait()  # every rank is here (or a CommTimeoutError says who is not)
+    try:  # every rank is here before the blocking Split (Note [Bounded start-up])
+        world.ibarrier().wait()
+    except CommTimeoutError:
+        raise CommTimeoutError(f"new_group(ranks={members}): not every rank of the default "
+                               f"group called new_group within {world.timeout:g} s; every rank "
+                               f"must call it, also the ranks outside the group (the default "
+                               f"group is unusable now)") from None
     comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)
     if comm == MPI.COMM_NULL:
         return NON_GROUP_MEMBER
-    return ProcessGroup(comm, world.timeout if timeout is None else _seconds(timeout), members)
+    return ProcessGroup(comm, timeout, members)
 
 
 def _group_rank(group, world_rank, what):

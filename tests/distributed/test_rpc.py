@@ -168,3 +168,43 @@ def test_bad_destinations_and_functions():
     with pytest.raises(RuntimeError, match="init_rpc was already called"):
         rpc.init_rpc("again")
     assert rpc.rpc_sync(1, cases.add, args=(1, 2)) == 3  # still usable
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_timeouts_are_clear_errors():
+    """As in PyTorch, only UNSET_RPC_TIMEOUT (-1) among negative timeouts means "the default";
+    before, every negative timeout silently meant the default and shutdown(timeout=-1) failed
+    at once with a timeout, and _set_rpc_timeout took nan."""
+    if not driver():
+        return
+    assert rpc.rpc_sync(1, cases.add, args=(1, 2), timeout=rpc.UNSET_RPC_TIMEOUT) == 3
+    assert rpc.rpc_async(1, cases.add, args=(1, 2), timeout=-1).wait(WAIT_LIMIT) == 3
+    assert rpc.remote(1, cases.add, args=(1, 2), timeout=-1).to_here(timeout=-1) == 3
+    calls = {
+        "rpc_sync": lambda t: rpc.rpc_sync(1, cases.add, args=(1, 2), timeout=t),
+        "rpc_async": lambda t: rpc.rpc_async(1, cases.add, args=(1, 2), timeout=t),
+        "remote": lambda t: rpc.remote(1, cases.add, args=(1, 2), timeout=t),
+        "RRef.to_here": lambda t: rpc.remote(1, cases.add, args=(1, 2)).to_here(timeout=t),
+        "shutdown": lambda t: rpc.shutdown(timeout=t),
+    }
+    for bad, error, got in [(-5, ValueError, "got -5"), (-0.5, ValueError, "got -0.5"),
+                            (float("nan"), ValueError, "got nan"),
+                            (float("inf"), ValueError, "got inf"),
+                            ("1", TypeError, "got str '1'"), (True, TypeError, "got bool True")]:
+        for name, call in calls.items():
+            with pytest.raises(error, match=rf"^{name}: timeout must be a .*{got}"):
+                call(bad)
+    try:
+        for bad in (-1, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=r"^_set_rpc_timeout: timeout must be a finite "
+                                                 r"number of seconds >= 0 \(0: no timeout\), got"):
+                rpc._set_rpc_timeout(bad)
+        assert rpc.get_rpc_timeout() == rpc.DEFAULT_RPC_TIMEOUT
+    finally:
+        rpc._set_rpc_timeout(rpc.DEFAULT_RPC_TIMEOUT)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match=r"^rpc_timeout: timeout must be a finite number"):
+            rpc.TensorPipeRpcBackendOptions(rpc_timeout=bad)
+    with pytest.raises(ValueError, match=r"num_worker_threads must be an int >= 1, got 0"):
+        rpc.RpcBackendOptions(num_worker_threads=0)
+    assert rpc.rpc_sync(1, cases.add, args=(1, 2)) == 3  # RPC still runs: shutdown did nothing

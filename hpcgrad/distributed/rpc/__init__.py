@@ -17,11 +17,13 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import numbers
 import threading
 import traceback
 
 from ...comm.mpi import comm_world
+from ...comm.work import default_timeout
 from . import message
 from .agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
 
@@ -83,18 +85,62 @@ def _require_agent():
     return _agent
 
 
-def init_rpc(name, rank=None, world_size=None, num_worker_threads=8):
-    """Start this rank's agent. Every rank calls it (collective); names must be unique."""
-    global _agent
+class RpcBackendOptions:
+    """init_rpc's options, with the names of PyTorch's ``TensorPipeRpcBackendOptions``.
+
+    ``rpc_timeout`` (s; 0: none) becomes the default timeout of RPCs (``get_rpc_timeout``) and,
+    as in PyTorch, bounds init_rpc itself. ``num_worker_threads`` serve requests on each rank.
+    ``init_method`` is accepted and ignored: mpiexec/srun already placed the ranks.
+    """
+
+    def __init__(self, *, num_worker_threads=8, rpc_timeout=DEFAULT_RPC_TIMEOUT,
+                 init_method=None):
+        if (not isinstance(num_worker_threads, numbers.Integral)
+                or isinstance(num_worker_threads, bool) or num_worker_threads < 1):
+            raise ValueError(f"num_worker_threads must be an int >= 1, got {num_worker_threads!r}")
+        self.num_worker_threads = int(num_worker_threads)
+        self.rpc_timeout = _checked_timeout(rpc_timeout, "rpc_timeout", unset_allowed=False)
+        self.init_method = init_method
+
+    def __repr__(self):
+        return (f"RpcBackendOptions(num_worker_threads={self.num_worker_threads}, "
+                f"rpc_timeout={self.rpc_timeout:g})")
+
+
+TensorPipeRpcBackendOptions = RpcBackendOptions  # PyTorch's name; there is one backend here
+
+
+def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None):
+    """Start this rank's agent. Every rank calls it (collective); names must be unique.
+
+    PyTorch's arguments: ``backend`` may only be left out (one backend); ``rank`` and
+    ``world_size``, if given, must be MPI's. With ``rpc_backend_options`` (an
+    RpcBackendOptions), its ``rpc_timeout`` becomes the default RPC timeout and bounds this
+    call; without, the bound is HPCGRAD_COMM_TIMEOUT (30 min; PyTorch's rendezvous waits as
+    long for every worker). A rank missing past the bound ends the job, rank 0 naming the
+    missing ranks (Note [Bounded start-up] in comm/mpi.py).
+    """
+    global _agent, _default_timeout
     if _agent is not None:
         raise RuntimeError("init_rpc was already called on this rank; call shutdown() first")
+    if backend is not None and getattr(backend, "name", backend) not in ("TENSORPIPE", "MPI"):
+        raise ValueError(f"hpcgrad's RPC has one backend (MPI); leave backend out, got {backend!r}")
+    if rpc_backend_options is not None and not isinstance(rpc_backend_options, RpcBackendOptions):
+        raise TypeError(f"rpc_backend_options must be an rpc.RpcBackendOptions (or "
+                        f"TensorPipeRpcBackendOptions), got {type(rpc_backend_options).__name__}")
+    options = rpc_backend_options or RpcBackendOptions()
     comm = comm_world()
+    if rank == -1:  # PyTorch's default: not given
+        rank = None
     if rank is not None and rank != comm.Get_rank():
         raise ValueError(f"rank={rank} but this process is MPI rank {comm.Get_rank()}: under "
                          "mpiexec the MPI rank is the RPC rank (leave rank out)")
     if world_size is not None and world_size != comm.Get_size():
         raise ValueError(f"world_size={world_size} but the MPI job has {comm.Get_size()} ranks")
-    agent = MPIRpcAgent(name, comm, num_worker_threads)
+    init_timeout = options.rpc_timeout if rpc_backend_options is not None else default_timeout()
+    agent = MPIRpcAgent(name, comm, options.num_worker_threads, init_timeout=init_timeout)
+    if rpc_backend_options is not None:
+        _default_timeout = options.rpc_timeout
     for kind, handler in (("call", _serve_call), ("remote", _serve_remote),
                           ("fetch", _serve_fetch)):
         agent.register_handler(kind, handler)
@@ -107,8 +153,10 @@ def init_rpc(name, rank=None, world_size=None, num_worker_threads=8):
 
 
 def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
-    """Stop the agent. ``graceful``: every rank first reaches shutdown (serving until then)."""
+    """Stop the agent. ``graceful``: every rank first reaches shutdown (serving until then),
+    within ``timeout`` s (0: no limit; UNSET_RPC_TIMEOUT: the default RPC timeout)."""
     global _agent
+    timeout = _timeout_of(timeout, "shutdown")
     agent = _require_agent()
     if graceful:
         agent.join(timeout)
@@ -129,14 +177,30 @@ def get_rpc_timeout():
 def _set_rpc_timeout(timeout):
     """Set the default timeout (seconds; 0: none) of RPCs that give none themselves."""
     global _default_timeout
-    if not isinstance(timeout, numbers.Real) or timeout < 0:
-        raise ValueError(f"_set_rpc_timeout: expected a number of seconds >= 0 (0: no timeout), "
-                         f"got {timeout!r}")
-    _default_timeout = float(timeout)
+    _default_timeout = _checked_timeout(timeout, "_set_rpc_timeout", unset_allowed=False)
 
 
-def _timeout_of(timeout):
-    return _default_timeout if timeout is None or timeout < 0 else timeout
+def _checked_timeout(timeout, what, unset_allowed=True):
+    """``timeout`` as float seconds >= 0 (0: none), or None for "the default" (None or
+    UNSET_RPC_TIMEOUT, where ``unset_allowed``); anything else is a clear error, as in PyTorch
+    only -1 is special among negative values."""
+    if unset_allowed and (timeout is None or timeout == UNSET_RPC_TIMEOUT):
+        return None
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+        raise TypeError(f"{what}: timeout must be a number of seconds, got "
+                        f"{type(timeout).__name__} {timeout!r}")
+    if not math.isfinite(timeout) or timeout < 0:
+        unset = (f", or {UNSET_RPC_TIMEOUT:g} (UNSET_RPC_TIMEOUT) for the default"
+                 if unset_allowed else "")
+        raise ValueError(f"{what}: timeout must be a finite number of seconds >= 0 (0: no "
+                         f"timeout{unset}), got {timeout!r}")
+    return float(timeout)
+
+
+def _timeout_of(timeout, what="RPC"):
+    """A checked timeout; the default (``get_rpc_timeout``) when left out."""
+    checked = _checked_timeout(timeout, what)
+    return _default_timeout if checked is None else checked
 
 
 def get_worker_info(worker_name=None):
@@ -179,18 +243,19 @@ def _decode(body, payloads, src):
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Run ``func(*args, **kwargs)`` on worker ``to``; returns a future of its result.
     ``timeout`` in seconds: left out, the default (``get_rpc_timeout``); 0, none."""
-    return _call(to, "call", (func, tuple(args or ()), dict(kwargs or {})), timeout)
+    return _call(to, "call", (func, tuple(args or ()), dict(kwargs or {})),
+                 _timeout_of(timeout, "rpc_async"))
 
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """``rpc_async(...).wait()``: blocks until the result arrives, or raises past ``timeout``."""
-    return rpc_async(to, func, args, kwargs, timeout).wait()
+    return rpc_async(to, func, args, kwargs, _timeout_of(timeout, "rpc_sync")).wait()
 
 
 def _call(to, kind, obj, timeout):
+    """Send a request of ``kind`` to ``to``; ``timeout``: checked seconds (0: none)."""
     agent = _require_agent()
     dst = _rank_of(to)
-    timeout = _timeout_of(timeout)
     body, payloads = _encode(obj, dst)
     name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
     reply = agent.request(dst, kind, body, payloads,
@@ -306,7 +371,7 @@ class RRef:
 
     def to_here(self, timeout=UNSET_RPC_TIMEOUT):
         """The value, copied from the owner (the owner's own value, on the owner)."""
-        timeout = _timeout_of(timeout)
+        timeout = _timeout_of(timeout, "RRef.to_here")
         if self._created is not None:
             self._created.wait(timeout or None)  # the remote() call's own error surfaces here
         if self.is_owner():
@@ -379,6 +444,7 @@ def _rref_handle(owner, rref_id):
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Run ``func`` on ``to`` and keep the result there; returns an RRef to it at once."""
+    timeout = _timeout_of(timeout, "remote")
     agent = _require_agent()
     dst = _rank_of(to)
     rref_id = (agent.rank << 40) | next(_rref_ids)

@@ -44,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...comm.buffers import MessageBuffer
+from ...comm.mpi import rendezvous
 from ...futures import Future
 
 ENVELOPE_TAG = 1
@@ -87,7 +88,13 @@ class RpcFuture(Future):
 class MPIRpcAgent:
     """Sends and serves RPCs for one rank over a private duplicate of COMM_WORLD."""
 
-    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4):
+    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4, init_timeout=0):
+        """Collective over ``comm``; past ``init_timeout`` s (0: none) without every rank, the
+        job ends naming the missing ranks (Note [Bounded start-up] in comm/mpi.py)."""
+        rendezvous(comm, init_timeout, "init_rpc",
+                   "every rank must call init_rpc(); check the missing ranks' output (an "
+                   "error, an exit or a long step before it), or give it more time: "
+                   "rpc_backend_options=TensorPipeRpcBackendOptions(rpc_timeout=...)")
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.name = name
