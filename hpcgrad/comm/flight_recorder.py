@@ -89,8 +89,8 @@ def _log(message):
     try:
         sys.stderr.write(f"[hpcgrad flight recorder] {message}\n")
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - stderr itself may be gone at exit
-        pass
+    except (OSError, ValueError):  # stderr itself may be closed at exit
+        return
 
 
 class FlightRecorder:
@@ -247,7 +247,10 @@ RECORDER = _new_recorder()
 _signal_state = {"thread": None, "previous": None}
 
 
-def install_signal_handler(recorder=None, signum=getattr(signal, "SIGUSR2", None)):
+_SIGUSR2 = getattr(signal, "SIGUSR2", None)  # absent on Windows
+
+
+def install_signal_handler(recorder=None, signum=_SIGUSR2):
     """Make ``signum`` (SIGUSR2) dump ``recorder`` (RECORDER) on demand; returns True if done.
 
     A Python signal handler runs only when the main thread is back in the interpreter, never

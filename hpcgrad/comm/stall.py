@@ -209,10 +209,10 @@ class StallInspector:
                     self._poll_dump_requests()
                     key = (repr(groups), repr(p2p))
                     unchanged += 1
-                    if key != last_sent or unchanged >= HEARTBEAT:
-                        if self._send is None or self._send.Test():
-                            self._send = self.comm.isend(mine, 0, _STATE_TAG)
-                            last_sent, unchanged = key, 0
+                    due = key != last_sent or unchanged >= HEARTBEAT
+                    if due and (self._send is None or self._send.Test()):
+                        self._send = self.comm.isend(mine, 0, _STATE_TAG)
+                        last_sent, unchanged = key, 0
             except Exception as exc:  # noqa: BLE001 - diagnostics must never take a job down
                 if self._stop.is_set() or MPI.Is_finalized():
                     return
