@@ -5,9 +5,13 @@
     sbatch slurm/train_ddp.sbatch                          # on a cluster
 
 Each rank trains on its DistributedSampler shard; DistributedDataParallel averages gradients.
-Rank 0 shows progress, saves checkpoints atomically every --checkpoint-every steps and at the
-end of each epoch, and on SIGTERM/SIGUSR1 (preemption) all ranks stop at the next step after a
-final checkpoint, so --resume continues exactly where the job stopped.
+Rank 0 prints a header and one line per epoch (train loss, test loss and accuracy over every test
+sample once, time, samples/s), shows a progress bar on a terminal, appends to
+<checkpoint-dir>/metrics.jsonl (``python -m hpcgrad.plot <checkpoint-dir>`` draws it), and saves
+checkpoints atomically every --checkpoint-every steps and at the end of each epoch. On SIGTERM,
+SIGUSR1 or SIGINT (preemption, Ctrl-C) all ranks stop at the next step after a final checkpoint
+and rank 0 leaves <checkpoint-dir>/PREEMPTED, so --resume (or slurm/train_ddp.sbatch's requeue)
+continues exactly where the job stopped. HPCGRAD_TIMELINE=path records a timeline of every rank.
 """
 
 import argparse
@@ -24,8 +28,13 @@ import hpcgrad.distributed as dist
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import checkpoint, optim
-from hpcgrad.data import DataLoader, DistributedSampler, load_digits
+from hpcgrad.comm.mpi import MPI, cuda_aware_mpi
+from hpcgrad.data import DataLoader, DistributedSampler, Sampler, load_digits
+from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
+from hpcgrad.timeline import TIMELINE, merge
+
+PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
 
 
 def build_model(kind):
@@ -59,11 +68,12 @@ def parse_args(argv=None):
 
 
 class Preemption:
-    """SIGTERM/SIGUSR1 set a flag; ranks agree on it at step boundaries (one tiny all-reduce)."""
+    """SIGTERM/SIGUSR1/SIGINT set a flag; ranks agree on it at step boundaries (one tiny
+    all-reduce), so Ctrl-C checkpoints like a preemption instead of a traceback per rank."""
 
     def __init__(self):
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
@@ -75,17 +85,50 @@ class Preemption:
         return bool(flag[0])
 
 
+class EvaluationShard(Sampler):
+    """Indices rank, rank + world, ...: every sample on exactly one rank (DistributedSampler
+    pads to equal shards, which counts a sample twice in an evaluation)."""
+
+    def __init__(self, size, rank, world):
+        self.indices = range(rank, size, world)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
 def evaluate(model, loader):
-    """Accuracy over every rank's shard of ``loader`` (summed across ranks)."""
+    """(mean loss, accuracy) over every sample of ``loader``'s data set, each counted once."""
     model.eval()
-    counts = np.zeros(2)
+    sums = np.zeros(3)  # loss sum, correct, samples
     with hg.no_grad():
         for images, labels in loader:
-            predicted = model(images).data.argmax(1)
-            counts += [(predicted == labels.data).sum(), len(labels.data)]
+            logits = model(images)
+            n = len(labels.data)
+            loss = F.cross_entropy(logits, labels).item()
+            sums += [loss * n, (logits.data.argmax(1) == labels.data).sum(), n]
     model.train()
-    dist.all_reduce(counts)
-    return counts[0] / counts[1]
+    dist.all_reduce(sums)
+    return sums[0] / sums[2], sums[1] / sums[2]
+
+
+def header(args, world, train, test):
+    """The run's set-up in a few lines (rank 0 prints it)."""
+    hosts = sorted(set(dist_hosts()))
+    return (f"hpcgrad DDP job: {world} ranks on {len(hosts)} node(s); model {args.model}; "
+            f"global batch {args.batch_size * world} ({args.batch_size} per rank); lr {args.lr}; "
+            f"momentum {args.momentum}; epochs {args.epochs}\n"
+            f"data: {len(train)} train / {len(test)} test samples; MPI: "
+            f"{' '.join(MPI.Get_library_version().splitlines()[0].split())}; CUDA-aware: {cuda_aware_mpi()[0]}; "
+            f"checkpoints and metrics.jsonl in {args.checkpoint_dir}")
+
+
+def dist_hosts():
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, os.uname().nodename)
+    return everyone
 
 
 def main(argv=None):
@@ -98,8 +141,12 @@ def main(argv=None):
     train, test = load_digits("train"), load_digits("test")
     sampler = DistributedSampler(train, seed=args.seed)
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    test_loader = DataLoader(test, batch_size=256, sampler=DistributedSampler(test, shuffle=False))
+    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
     path = os.path.join(args.checkpoint_dir, "last.npz")
+    marker = os.path.join(args.checkpoint_dir, PREEMPTED)
+    lines = header(args, world, train, test)
+    if rank == 0:
+        print(lines, flush=True)
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
         if not os.path.exists(path):
@@ -109,7 +156,18 @@ def main(argv=None):
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         if rank == 0:
             print(f"resumed from {path}: epoch {start_epoch}, step {step}", flush=True)
+        if start_epoch >= args.epochs:
+            if rank == 0:
+                print(f"the run in {args.checkpoint_dir} is complete ({start_epoch} of "
+                      f"{args.epochs} epochs); nothing to train. Raise --epochs to train on, "
+                      "or use a new --checkpoint-dir for a new run", flush=True)
+                if os.path.exists(marker):
+                    os.remove(marker)
+            return 0
+    if rank == 0 and os.path.exists(marker):
+        os.remove(marker)  # this run continues the preempted one
     preemption = Preemption()
+    metrics = MetricsLog(args.checkpoint_dir, rank)
 
     def save(epoch, batches_done):
         if rank == 0:
@@ -119,45 +177,75 @@ def main(argv=None):
         dist.barrier()  # nobody reads or overwrites it before it is complete
 
     progress = None
-    if rank == 0 and not args.no_progress:
+    # A bar only on a terminal: in a SLURM log its carriage returns are noise.
+    if rank == 0 and not args.no_progress and sys.stdout.isatty():
         from tqdm import tqdm
         progress = tqdm(total=args.epochs * len(train_loader), initial=step, unit="step",
                         dynamic_ncols=True, file=sys.stdout)
     started = time.perf_counter()
-    for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        losses = []
-        for batch, (images, labels) in enumerate(train_loader):
-            if batch < skip:
-                continue  # already trained before the checkpoint we resumed from
-            loss = F.cross_entropy(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            step += 1
-            losses.append(loss.item())
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-            stop = preemption.agreed() or (args.max_steps and step >= args.max_steps)
-            if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                save(epoch, batch + 1)
-            if stop:
-                if rank == 0:
-                    print(f"\nstopped at step {step}; checkpoint {path}; continue with --resume",
-                          flush=True)
-                return 0
-        skip = 0
-        mean_loss = np.array([np.mean(losses) if losses else 0.0, 1.0 if losses else 0.0])
-        dist.all_reduce(mean_loss)
-        accuracy = evaluate(model, test_loader)
-        save(epoch + 1, 0)
+    try:
+        for epoch in range(start_epoch, args.epochs):
+            sampler.set_epoch(epoch)
+            losses, samples, epoch_started = [], 0, time.perf_counter()
+            for batch, (images, labels) in enumerate(train_loader):
+                if batch < skip:
+                    continue  # already trained before the checkpoint we resumed from
+                with TIMELINE.span("forward", "step", step=step + 1):
+                    loss = F.cross_entropy(model(images), labels)
+                optimizer.zero_grad()
+                with TIMELINE.span("backward", "step", step=step + 1):
+                    loss.backward()
+                with TIMELINE.span("optimizer step", "step", step=step + 1):
+                    optimizer.step()
+                step += 1
+                losses.append(loss.item())
+                samples += len(labels.data)
+                metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1])
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+                stop = preemption.agreed() or (args.max_steps and step >= args.max_steps)
+                if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                    with TIMELINE.span("checkpoint", "step", step=step):
+                        save(epoch, batch + 1)
+                if stop:
+                    if rank == 0:
+                        if preemption.requested or not args.max_steps or step < args.max_steps:
+                            open(marker, "w").close()  # requeue me (slurm/train_ddp.sbatch)
+                        print(f"\nstopped at step {step}; checkpoint {path}; continue with "
+                              "--resume", flush=True)
+                    return 0
+            elapsed = time.perf_counter() - epoch_started
+            # Loss and samples of the steps this run made: after a mid-epoch resume, a part.
+            totals = np.array([sum(losses), len(losses), samples, elapsed])
+            dist.all_reduce(totals[:3])
+            train_loss = totals[0] / max(totals[1], 1)
+            samples_per_s = totals[2] / elapsed if elapsed > 0 else float("nan")
+            test_loss, accuracy = evaluate(model, test_loader)
+            with TIMELINE.span("checkpoint", "step", step=step):
+                save(epoch + 1, 0)
+            partial = "" if skip == 0 else f" (steps {skip + 1}-{len(train_loader)} only: resumed)"
+            skip = 0
+            metrics.write("epoch", step, epoch + 1, time.perf_counter() - started, loss=train_loss,
+                          test_loss=test_loss, test_accuracy=accuracy,
+                          samples_per_s=samples_per_s, epoch_seconds=elapsed)
+            if rank == 0:
+                message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
+                           f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
+                           f"{elapsed:.1f} s  {samples_per_s:,.0f} samples/s  "
+                           f"({time.perf_counter() - started:.1f} s)")
+                (progress.write if progress is not None else print)(message, flush=True)
+    finally:
+        metrics.close()
+        if progress is not None:
+            progress.close()
+        if TIMELINE.enabled:
+            TIMELINE.save()
+    if TIMELINE.enabled:
+        dist.barrier()  # every rank's part is written
         if rank == 0:
-            message = (f"epoch {epoch + 1}/{args.epochs}  loss {mean_loss[0] / max(mean_loss[1], 1):.4f}"
-                       f"  test accuracy {accuracy:.4f}  ({time.perf_counter() - started:.1f} s)")
-            (progress.write if progress is not None else print)(message)
-    if progress is not None:
-        progress.close()
+            merge(TIMELINE.path)
+            print(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
     return 0
 
 

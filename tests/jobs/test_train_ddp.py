@@ -1,5 +1,6 @@
 """jobs/train_ddp.py end to end: it learns, and stop + --resume equals an uninterrupted run bitwise."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,9 +11,9 @@ pytest.importorskip("sklearn")
 JOB = str(Path(__file__).resolve().parents[2] / "jobs" / "train_ddp.py")
 
 
-def train(launch, checkpoint_dir, *args):
+def train(launch, checkpoint_dir, *args, env=None):
     result = launch([sys.executable, JOB, "--checkpoint-dir", str(checkpoint_dir), "--no-progress",
-                     *args], nprocs=2, timeout=120)
+                     *args], nprocs=2, timeout=120, env=env)
     assert not result.failed, result.output
     return result
 
@@ -35,6 +36,7 @@ def test_stop_and_resume_matches_uninterrupted_run(launch, tmp_path):
     assert "stopped at step 30" in stopped.stdout
     resumed = train(launch, pieces, "--epochs", "2", "--resume")
     assert "resumed from" in resumed.stdout and "epoch 1, step 30" in resumed.stdout
+    assert "loss" in resumed.stdout and "(steps 31-23 only" not in resumed.stdout
     a, b = model_arrays(whole / "last.npz"), model_arrays(pieces / "last.npz")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
@@ -43,3 +45,25 @@ def test_resume_without_checkpoint_says_how_to_fix(launch, tmp_path):
     result = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path), "--resume"],
                     nprocs=2, timeout=60)
     assert result.failed and "no checkpoint at" in result.output
+
+
+def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path):
+    timeline = tmp_path / "timeline.json"
+    result = train(launch, tmp_path, "--epochs", "2", env={"HPCGRAD_TIMELINE": str(timeline)})
+    assert "2 ranks on 1 node(s)" in result.stdout and "global batch 64" in result.stdout
+    assert result.stdout.count("epoch 2/2") == 1  # rank 0 reports, once
+    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if '"epoch", "step"' in line or line.startswith('{"kind": "epoch"')]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    for e in epochs:
+        assert e["samples_per_s"] > 0 and e["test_loss"] > 0
+        # digits' test split has 359 samples: an accuracy over each exactly once is k / 359
+        # (DistributedSampler's padding counted one twice: k / 360)
+        assert abs(e["test_accuracy"] * 359 - round(e["test_accuracy"] * 359)) < 1e-9
+    events = json.loads(timeline.read_text())["traceEvents"]
+    for rank in (0, 1):
+        names = {e["name"] for e in events if e.get("pid") == rank and e["ph"] == "B"}
+        assert {"forward", "backward", "optimizer step", "checkpoint"} <= names
+    again = train(launch, tmp_path, "--epochs", "2", "--resume")
+    assert "is complete (2 of 2 epochs); nothing to train" in again.stdout
+    assert "epoch 1/2" not in again.stdout
