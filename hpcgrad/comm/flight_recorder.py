@@ -107,6 +107,7 @@ class FlightRecorder:
         self._ends = [(-1, 0.0)] * self._n
         self._counter = itertools.count()
         self._coll = []  # per group: collectives recorded so far
+        self._p2p_slot = -1  # the latest point-to-point call's slot
         self._groups = []  # per group: (name, world ranks)
         self._dump_lock = threading.RLock()  # a signal may interrupt a dump on the same thread
 
@@ -137,6 +138,7 @@ class FlightRecorder:
             self._coll[group] = coll
         else:
             coll = 0
+            self._p2p_slot = slot
         self._ring[slot % self._n] = (slot, group, seq, coll, op, peer, array.size, array.dtype,
                                       _now())
         return slot
@@ -177,22 +179,19 @@ class FlightRecorder:
     def latest(self):
         """This rank's latest call on each group and its latest point-to-point call, as
         ({group id: call dict}, call dict or None): what the stall inspector publishes.
-        Walks back from the newest entry only until every group is found."""
-        ring, ends = self._ring, self._ends
-        last, n, wanted = self._next_slot(), self._n, len(self._groups)
-        groups, p2p = {}, None
+        Walks back from the newest entry only until every group that has called is found."""
+        ring, ends, n = self._ring, self._ends, self._n
+        wanted = sum(1 for count in self._coll if count)
+        p2p, k = None, self._p2p_slot % n
+        if self._p2p_slot >= 0 and ring[k][0] == self._p2p_slot:
+            p2p = self._as_dict(ring[k], ends[k])
+        groups, last = {}, self._next_slot()
         for slot in range(last - 1, max(-1, last - 1 - n), -1):
-            k = slot % n
-            entry = ring[k]
-            if entry[0] != slot:
-                continue
-            if entry[5] is None:
-                if entry[1] not in groups:
-                    groups[entry[1]] = self._as_dict(entry, ends[k])
-            elif p2p is None:
-                p2p = self._as_dict(entry, ends[k])
-            if p2p is not None and len(groups) >= wanted:
+            if len(groups) >= wanted:
                 break
+            entry = ring[slot % n]
+            if entry[0] == slot and entry[5] is None and entry[1] not in groups:
+                groups[entry[1]] = self._as_dict(entry, ends[slot % n])
         return groups, p2p
 
     def snapshot(self, reason):
@@ -270,7 +269,11 @@ def install_signal_handler(recorder=None, signum=_SIGUSR2):
         previous_handler = signal.getsignal(signum)
 
         def on_signal(number, frame):
-            if not (_signal_state["thread"] and _signal_state["thread"].is_alive()):
+            # The thread has dumped already, unless the wakeup fd is no longer ours (asyncio
+            # took it): read it by swapping (this runs in the main thread, as it must).
+            current = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(current)
+            if current != write_fd or not _signal_state["thread"]:
                 recorder.dump(f"signal {signal.Signals(number).name}")
             if callable(previous_handler):
                 previous_handler(number, frame)
