@@ -25,7 +25,7 @@ BOUND = 60  # seconds: a job that hangs is killed and fails the test (they end i
                      "ranks [0, 2])")),
     ("new_group", 1, ("CommTimeoutError: new_group(ranks=[0, 1]): not every rank of the "
                       "default group called new_group within 2 s")),
-])
+], ids=["init_process_group", "env-rank0-missing", "init_rpc", "new_group"])
 def test_a_missing_rank_ends_start_up(launch, mode, missing, expected):
     """Before: init_process_group and init_rpc waited in MPI_Comm_dup forever."""
     job = launch([sys.executable, str(SCRIPT), mode, str(missing)], nprocs=3, timeout=BOUND,
