@@ -91,7 +91,8 @@ def activity(state, groups, now):
     calls = [c for c in state["groups"].values()] + ([state["p2p"]] if state["p2p"] else [])
     posted = [c for c in calls if c["state"] == "posted"]
     stale = now - state["sent"]
-    note = f" (as of {stale:.0f} s ago)" if stale > 5 * state.get("interval", 1.0) else ""
+    # An unchanged state is sent again every HEARTBEAT intervals: older means not heard from.
+    note = f" (as of {stale:.0f} s ago)" if stale > (HEARTBEAT + 2) * state["interval"] else ""
     if posted:
         call = min(posted, key=lambda c: c["start"])
         return f"waiting in {describe_call(call, groups)} for {now - call['start']:.1f} s{note}"
@@ -179,6 +180,25 @@ def unpack(packed):
     return {"groups": {c["group"]: c for c in calls},
             "p2p": None if p2p is None else dict(zip(_FIELDS, p2p)), "sent": sent,
             "interval": interval}
+
+
+def p2p_stall_report(states, groups, now, warning):
+    """When no collective stalls: the ranks waiting in a send or receive past ``warning`` s,
+    and what their peers are doing; None if there are none."""
+    waits = sorted((rank, state["p2p"]) for rank, state in states.items()
+                   if state and state["p2p"] and state["p2p"]["state"] == "posted"
+                   and now - state["p2p"]["start"] > warning)
+    if not waits:
+        return None, None
+    head = f"[hpcgrad stall inspector] point-to-point calls have waited over {WARNING_ENV}="
+    lines = [f"{head}{warning:g} s:"]
+    for rank, call in waits:
+        members = groups[call["group"]][1] if call["group"] < len(groups) else []
+        peer = members[call["peer"]] if 0 <= call["peer"] < len(members) else call["peer"]
+        lines.append(f"  rank {rank}: waiting in {describe_call(call, groups)} for "
+                     f"{now - call['start']:.1f} s; (world) rank {peer}: "
+                     f"{activity(states.get(peer), groups, now)}")
+    return "\n".join(lines), tuple((rank, call["slot"]) for rank, call in waits)
 
 
 def _picture(stall):
@@ -274,7 +294,14 @@ class StallInspector:
         states = {rank: self.states.get(rank) for rank in range(self.size)}
         stall = find_stall(states, groups, now, self.warning)
         if stall is None:
-            self._printed = (None, 0.0)
+            text, picture = p2p_stall_report(states, groups, now, self.warning)
+            if picture is not None and picture != self._printed[0]:
+                self._printed = (picture, now)
+                self.reports.append(text)
+                self.out.write(text + "\n")
+                self.out.flush()
+            elif picture is None:
+                self._printed = (None, 0.0)
             return
         picture = _picture(stall)
         if picture == self._printed[0] and now - self._printed[1] < REPEAT:

@@ -14,7 +14,7 @@ GROUPS = [("default", [0, 1, 2])]
 
 
 def _call(number, op="allreduce", started=NOW - 5, ended=None, group=0, peer=None, slot=0):
-    return {"slot": slot, "group": group, "seq": number, "collective": None if peer else number,
+    return {"slot": slot, "group": group, "seq": number, "collective": None if peer is not None else number,
             "op": op, "peer": peer, "count": 4, "dtype": "float32",
             "state": "posted" if ended is None else "complete", "start": started, "end": ended}
 
@@ -113,3 +113,16 @@ def test_rank_0_names_the_late_rank_and_every_rank_leaves_a_record(launch, tmp_p
     reasons = {r: json.loads((tmp_path / f"flight_rank{r}.json").read_text())["reason"]
                for r in range(3)}
     assert reasons[2] == "stall reported by rank 0: allreduce #3 on group 0", reasons
+
+
+def test_a_point_to_point_wait_names_the_peer_and_what_it_does():
+    recv = _call(0, op="recv", started=NOW - 4, peer=2)
+    states = {0: _state(_call(1, ended=NOW - 5), p2p=recv), 1: _state(),
+              2: _state(_call(1, ended=NOW - 5), p2p=_call(0, op="send", started=NOW - 6,
+                                                           ended=NOW - 5.5, peer=1))}
+    assert stall.find_stall(states, GROUPS, NOW, 1) is None
+    text, picture = stall.p2p_stall_report(states, GROUPS, NOW, 1)
+    assert picture == ((0, 0),)
+    assert ("  rank 0: waiting in recv from rank 2 (4 x float32) on group 0 (default) for 4.0 s; "
+            "(world) rank 2: not in a communication call for 5.0 s; last: allreduce #1") in text
+    assert stall.p2p_stall_report(states, GROUPS, NOW, 10) == (None, None)
