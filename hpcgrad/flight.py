@@ -9,6 +9,9 @@ disagree is reported, in this order of evidence:
 - missing:  some ranks posted it, others never did (they are behind, or skipped one);
 - stuck:    it completed on some ranks but not on others (those are stuck in it).
 
+A group whose last collective is posted and incomplete on every rank alike is reported as in
+progress: the ranks agree, so the trouble lies elsewhere (another group, point to point, MPI).
+
 Exit status: 0 when the records agree, 1 when a divergence is found, 2 on bad input (no dumps,
 unreadable or malformed ones). ``--json`` prints the findings as JSON. Reads files only: no MPI.
 """
@@ -144,6 +147,9 @@ def _divergence(gid, group, dumps):
         if done and len(done) < len(have):
             found.update(kind="stuck", diverged=sorted(set(have) - set(done)), completed=done)
             return found
+        if not done and number == stop:  # every rank in the same call: they agree on it
+            found.update(kind="in progress", diverged=[])
+            return found
     return None
 
 
@@ -156,7 +162,9 @@ def analyze(dumps):
     """The findings as a dict (what ``--json`` prints)."""
     groups = _groups(dumps)
     world = max(int(d["world_size"]) for d in dumps.values())
-    divergences = [d for gid in sorted(groups) if (d := _divergence(gid, groups[gid], dumps))]
+    found = [d for gid in sorted(groups) if (d := _divergence(gid, groups[gid], dumps))]
+    divergences = [d for d in found if d["diverged"]]
+    in_progress = [d for d in found if not d["diverged"]]
 
     def when(found):  # the earliest start of the divergent call on any rank
         starts = [e["start"] for e in found["calls"].values()]
@@ -174,6 +182,7 @@ def analyze(dumps):
             "missing_dumps": [r for r in range(world) if r not in dumps],
             "groups": {str(g): v for g, v in groups.items()},
             "consistent": not divergences, "first": first, "divergences": divergences,
+            "in_progress": in_progress,
             "ranks": {str(r): v for r, v in ranks.items()}}
 
 
@@ -225,6 +234,13 @@ def report(findings, dumps):
             if other is not first:
                 lines.append("Also: " + _explain(other, dumps, groups)[0])
                 lines += _explain(other, dumps, groups)[1:]
+    for found in findings["in_progress"]:
+        call = next(iter(found["calls"].values()))
+        lines.append(f"Every rank of {_group_label(found['group'], groups)} was inside "
+                     f"{call['op']} #{found['collective']} ({call['count']} x {call['dtype']}), "
+                     f"not completed, when it wrote its record: the ranks agree on it; if it "
+                     f"never completes, look at the other groups, the point-to-point calls "
+                     f"below, or MPI itself.")
     lines.append("What each rank was doing (its last call when it wrote its record):")
     for rank, info in sorted(findings["ranks"].items(), key=lambda kv: int(kv[0])):
         last = info["last"]

@@ -79,6 +79,15 @@ def test_a_rank_stuck_in_an_earlier_call(tmp_path, capsys):
             "#3 (4 x float32) completed on ranks 0, 2 but not on rank 1.") in out
 
 
+def test_a_call_every_rank_is_in_is_not_a_divergence(tmp_path, capsys):
+    for rank in range(3):
+        _write(tmp_path, rank, [_entry(1), _entry(2, state="posted")], reason="signal SIGUSR2")
+    status, out = _run(tmp_path, capsys)
+    assert status == 0, out
+    assert ("Every rank of group 0 (default) was inside allreduce #2 (4 x float32), not "
+            "completed, when it wrote its record: the ranks agree on it") in out
+
+
 def test_missing_dumps_and_truncated_rings(tmp_path, capsys):
     # Rank 0's ring kept only calls 5-6 of 6: the comparison starts there; rank 2 left no record.
     _write(tmp_path, 0, [_entry(5), _entry(6)], capacity=2, recorded=6)
