@@ -126,6 +126,8 @@ def _divergence(gid, group, dumps):
     start, stop = max(first.values()), max(last.values())
     for number in range(start, stop + 1):
         have = {r: c[number] for r, c in colls.items() if number in c}
+        if not have:
+            continue  # lost from every ring (a call reserved but not yet stored at the dump)
         lacking = sorted(r for r in colls if number > last[r])
         found = {"group": gid, "collective": number, "ranks": sorted(colls),
                  "calls": {r: have[r] for r in sorted(have)}}
