@@ -3,6 +3,7 @@ start-up rendezvous, and the hooks that abort the job when a rank fails or exits
 
 import atexit
 import ctypes
+import opcode
 import os
 import sys
 import threading
@@ -129,20 +130,26 @@ def _abort_on_exception(exc_type, exc, tb, fallback, args=None):
 #     finalizes MPI cleanly at exit and mpiexec then waits for the other ranks, which may wait
 #     for this one until their timeout. Python calls no excepthook for SystemExit and gives
 #     atexit functions no exit status, so sys.exit is wrapped to remember, per process, the
-#     SystemExit it raised last in the main thread. An exception's __traceback__ is rewritten
-#     each time Python code catches it; if at exit it still starts in the wrapper's frame, no
-#     Python code caught it after the wrapper, so it is what ends the program (a SystemExit
-#     that was caught, and a normal end after it, do not abort). Then the atexit function
-#     prints the status and where sys.exit was called, and calls MPI_Abort with the status
-#     (as ``python -m mpi4py`` does; it catches SystemExit around the whole script, and a
-#     script run so has its SystemExit caught there and aborted by mpi4py instead).
+#     SystemExit it raised last in the main thread. Was it what ends the program? Python sets
+#     an exception's __traceback__ each time a handler (except, finally, with) takes it, so
+#     the traceback starts in the frame that handled it last. If that frame returned (its last
+#     instruction is a return, or it is suspended at a yield), the exception went no further:
+#     the program went on (a SystemExit that pytest.raises or a retry loop caught, or a module
+#     that caught it and ended normally). If the frame ended by an exception (the wrapper
+#     itself when nothing handled it, a ``finally`` or ``with`` block, an ``except: raise``),
+#     it left that frame and nothing handled it after, so it ends the program. Then the
+#     atexit function prints the status and where sys.exit was called, and calls MPI_Abort
+#     with the status (as ``python -m mpi4py`` does, catching SystemExit around the whole
+#     script: a script run so is aborted by mpi4py instead).
 #     Not covered: ``raise SystemExit(n)`` and the interactive exit()/quit() (no hook sees
 #     their status on Python 3.11: use sys.exit); os._exit(n), which skips MPI_Finalize, so
 #     mpiexec (hydra) kills the other ranks at once itself, silently and with the job's exit
-#     status 0 for os._exit(0); a rank killed by a signal (mpiexec ends the job).
-#     A rank that exits 0 aborts nothing, whenever it finishes.
+#     status 0 for os._exit(0); a rank killed by a signal (mpiexec ends the job). A rank that
+#     exits 0 aborts nothing, whenever it finishes.
 _sys_exit = sys.exit
 _last_exit = None  # the SystemExit the wrapper raised last in the main thread
+_WENT_ON = {opcode.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE")
+            if name in opcode.opmap}
 
 
 def _recording_exit(status=None):
@@ -160,26 +167,39 @@ _recording_exit.__doc__ = _sys_exit.__doc__
 
 
 def _exit_status(exc):
-    """The process exit status a SystemExit gives (as Python computes it): None -> 0, int -> it,
-    anything else (a message) -> 1."""
+    """The exit status a SystemExit gives the process, as Python computes it and the OS keeps
+    it (8 bits): None -> 0, an int -> it, anything else (a message) -> 1."""
     code = exc.code
     if code is None:
         return 0
-    return int(code) if isinstance(code, int) else 1
+    return int(code) & 0xFF if isinstance(code, int) else 1
+
+
+def _went_on(frame):
+    """True if ``frame`` returned or is suspended at a yield, rather than ended by an exception."""
+    code = frame.f_code.co_code
+    return not 0 <= frame.f_lasti < len(code) or code[frame.f_lasti] in _WENT_ON
 
 
 def _failed_exit():
-    """(status, where sys.exit was called) if a sys.exit with a non-zero status, caught by no
-    Python code, is ending this process; else None (Note [Exit status])."""
+    """(status, where sys.exit was called) if a sys.exit with a non-zero status that nothing
+    handled ends this process; else None (Note [Exit status])."""
     exc = _last_exit
     tb = exc.__traceback__ if exc is not None else None
-    if tb is None or tb.tb_frame.f_code is not _recording_exit.__code__:
-        return None  # none, or caught by Python code after sys.exit raised it
+    if tb is None or _went_on(tb.tb_frame):
+        return None
     status = _exit_status(exc)
     if status == 0:
         return None
-    caller = tb.tb_frame.f_back
-    where = (f"sys.exit({exc.code!r}) at {caller.f_code.co_filename}:{caller.f_lineno} in "
+    # The caller of sys.exit: the traceback's entry before the wrapper's, whose line is that
+    # of the call (a finished frame's f_lineno is where it ended), else the wrapper's f_back.
+    caller, line = None, None
+    while tb is not None and tb.tb_frame.f_code is not _recording_exit.__code__:
+        caller, line, tb = tb.tb_frame, tb.tb_lineno, tb.tb_next
+    if tb is not None and (caller is None or caller is not tb.tb_frame.f_back):
+        caller = tb.tb_frame.f_back
+        line = caller.f_lineno if caller is not None else None
+    where = (f"sys.exit({exc.code!r}) at {caller.f_code.co_filename}:{line} in "
              f"{caller.f_code.co_name}" if caller is not None else f"sys.exit({exc.code!r})")
     return status, where
 
@@ -190,9 +210,8 @@ def _abort_on_exit():
     if failed is None:
         return
     status, where = failed
-    abort_status = status & 0xFF or 1
     abort_job([(f"exited with status {status} ({where}) while the other ranks may still run "
-                f"or wait for it -> MPI_Abort(COMM_WORLD, {abort_status})")], abort_status)
+                f"or wait for it -> MPI_Abort(COMM_WORLD, {status})")], status)
 
 
 _installed = False

@@ -84,15 +84,44 @@ def test_exit_status_as_python_computes_it(code, status):
     assert hpcgrad.comm.mpi._exit_status(SystemExit(code)) == status
 
 
-def test_sys_exit_is_recorded_and_a_caught_one_ends_nothing(fresh_hooks):
-    """Note [Exit status]: the wrapper raises what sys.exit raises and remembers it; once Python
-    code caught it, it is not what ends the process."""
-    install_abort_hook()
-    assert sys.exit.__name__ == "exit" and sys.exit.__doc__
+def _swallowed_exit():
     with pytest.raises(SystemExit) as caught:
         sys.exit(4)
-    assert caught.value.code == 4 and hpcgrad.comm.mpi._last_exit is caught.value
-    assert hpcgrad.comm.mpi._failed_exit() is None  # pytest.raises caught it
+    return caught.value
+
+
+def _exit_through_finally():
+    try:
+        sys.exit(6)
+    finally:
+        pass
+
+
+class _ExitsWhenDeleted:
+    def __del__(self):  # Python prints what __del__ raises, and no Python handler sees it
+        _exit_through_finally()
+
+
+def test_sys_exit_is_recorded_and_a_caught_one_ends_nothing(fresh_hooks):
+    """Note [Exit status]: the wrapper raises what sys.exit raises and remembers it; a frame
+    that handled it and returned means the program went on."""
+    install_abort_hook()
+    assert sys.exit.__name__ == "exit" and sys.exit.__doc__
+    exc = _swallowed_exit()
+    assert exc.code == 4 and hpcgrad.comm.mpi._last_exit is exc
+    assert hpcgrad.comm.mpi._failed_exit() is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_sys_exit_that_left_its_handler_is_what_ends_the_program(fresh_hooks):
+    """A ``finally`` (or ``with``) block handles the SystemExit and lets it go on: if no
+    Python code handles it after (here C code swallows it, as Python's exit does), it is
+    the process's exit status."""
+    install_abort_hook()
+    _ExitsWhenDeleted()
+    line = _exit_through_finally.__code__.co_firstlineno + 2
+    where = f"sys.exit(6) at {__file__}:{line} in _exit_through_finally"
+    assert hpcgrad.comm.mpi._failed_exit() == (6, where)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

@@ -28,7 +28,8 @@ mode = sys.argv[1]
 
 def leave(status):
     time.sleep(0.3)  # the other ranks are waiting by now
-    sys.exit(status)
+    with open(__file__):  # a with (or finally) block handles the SystemExit and lets it go on
+        sys.exit(status)
 
 
 if mode == "sys-exit":
