@@ -11,8 +11,9 @@
 - all_reduce: ``comm.Allreduce`` of 4 KB at size 1 with and without begin/end around it, hot and
   cold, as ``benchmarks/comm.py --overhead`` times hpcgrad's own cost: the recorder's share of a
   call.
-- stall inspector: the hot path writes nothing for it (its thread reads the ring); what its
-  thread costs per poll (``RECORDER.latest()`` with 4 groups, once a second by default).
+- stall inspector: the hot path writes nothing for it (its thread reads the ring); the pairs
+  again with its thread running, and what the thread costs per poll (``RECORDER.latest()``
+  with 4 groups, once a second by default).
 Medians of the repetitions; nothing here is used by a test.
 """
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from hpcgrad.comm.flight_recorder import FlightRecorder
 from hpcgrad.comm.mpi import MPI
+from hpcgrad.comm.stall import StallInspector
 
 _clock = time.perf_counter_ns
 
@@ -124,6 +126,11 @@ def main(argv=None):
         hot = hot_pairs(r, g, array, blocks)
         cold = cold_pairs(r, g, array, repeats, junk)
         print(f"  {name:28s} hot {hot:6.0f} ns   cold {cold:6.0f} ns")
+    inspector = StallInspector(MPI.COMM_WORLD.Dup(), 60.0, recorder)  # its thread polls
+    hot = hot_pairs(recorder, groups[0], array, blocks)
+    cold = cold_pairs(recorder, groups[0], array, repeats, junk)
+    inspector.stop()
+    print(f"  {'recorder + stall inspector':28s} hot {hot:6.0f} ns   cold {cold:6.0f} ns")
     costs = allreduce_costs(recorder, groups[0], repeats, junk)
     for case, med in costs.items():
         print(f"  4 KB comm.Allreduce, {case:4s}: {med['bare']:6.2f} us bare, "
