@@ -73,7 +73,7 @@ _MIN_RING = 64  # with the recorder off, the stall inspector still reads the lat
 
 
 def capacity_from_env():
-    """Ring entries from HPCGRAD_FLIGHT_RECORDER (default 2000; 0: no ring)."""
+    """Ring entries from HPCGRAD_FLIGHT_RECORDER (default 2000; 0: dumps hold no entries)."""
     raw = os.environ.get(CAPACITY_ENV, "").strip()
     if raw == "":
         return DEFAULT_CAPACITY
@@ -113,6 +113,7 @@ class FlightRecorder:
         self._p2p_slot = -1  # the latest point-to-point call's slot
         self._groups = []  # per group: (name, world ranks)
         self._dump_lock = threading.RLock()  # a signal may interrupt a dump on the same thread
+        self._dumps = itertools.count()
 
     # --- groups -----------------------------------------------------------------------------
     def register_group(self, ranks, name=None):
@@ -128,9 +129,9 @@ class FlightRecorder:
         return list(self._groups)
 
     # --- the hot path -----------------------------------------------------------------------
-    # Note [Cost per call] (process_group.py) applies: one tuple and two clock reads per call,
-    # nothing else allocated, no lock, no branch beyond collective/point-to-point. Published
-    # state for the stall inspector is read from the ring by its thread, not written here.
+    # Note [Cost per call] (process_group.py) applies: begin and end each build one tuple and
+    # read the clock once, nothing else is allocated, no lock, no branch beyond collective or
+    # point-to-point. The stall inspector's thread reads the ring: nothing is published here.
     def begin(self, group, seq, op, peer, array):
         """Record a call of group id ``group`` (its call number ``seq``) with ``array`` (for its
         size and dtype; a barrier passes an empty array), ``peer`` None for a collective.
@@ -216,7 +217,8 @@ class FlightRecorder:
                 record = self.snapshot(reason)
                 os.makedirs(self.directory, exist_ok=True)
                 path = os.path.join(self.directory, f"flight_rank{self.rank}.json")
-                tmp = f"{path}.tmp.{os.getpid()}"
+                # Unique: a signal handler's dump may interrupt one on the same thread.
+                tmp = f"{path}.tmp.{os.getpid()}.{next(self._dumps)}"
                 with open(tmp, "w") as f:
                     f.write(_to_json(record))
                 os.replace(tmp, path)
