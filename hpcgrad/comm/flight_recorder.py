@@ -51,6 +51,7 @@ Note [Flight recorder]
     first. ``end`` may run on another thread (the progress thread completing a Work).
 """
 
+import contextlib
 import itertools
 import json
 import os
@@ -212,6 +213,7 @@ class FlightRecorder:
     def dump(self, reason):
         """Write flight_rank{R}.json (atomically) into the flight directory; returns its path,
         or None after logging why not. Never raises: it runs on failure paths."""
+        tmp = None
         try:
             with self._dump_lock:
                 record = self.snapshot(reason)
@@ -226,6 +228,9 @@ class FlightRecorder:
         except Exception as exc:  # noqa: BLE001 - a failing dump must not hide the real error
             _log(f"rank {self.rank}: could not write the flight record ({reason}): "
                  f"{type(exc).__name__}: {exc}")
+            if tmp is not None:
+                with contextlib.suppress(OSError):  # a full disk leaves no partial file
+                    os.unlink(tmp)
             return None
 
 
