@@ -136,12 +136,16 @@ class ProcessGroup:
     # built and every call made misses. `python benchmarks/comm.py --overhead` times a 4 KB
     # all_reduce at size 1 over comm.Allreduce, in a loop (hot) and with a 4 MB array rewritten
     # before each call (cold): as first written (a Work, its Lock and a describe closure per
-    # call, keyword arguments, the polling wait) +9.4 us hot, +26-27 us cold; now +0.8 us hot,
+    # call, keyword arguments, the polling wait) +9.4 us hot, +26-27 us cold; then +0.8 us hot,
     # +3.0-3.6 us cold. A blocking call builds no Work and waits in MPI (Note [Blocking calls]
     # in work.py), an error describes its call from a tuple formatted only then, arguments go
     # by position (a keyword call cost ~1 us cold), and the common all_reduce takes
     # allreduce_now, a third of the Python steps of the general path (which stayed at
-    # +6.4-7.1 us cold).
+    # +6.4-7.1 us cold). Posting the nonblocking MPI call for blocking calls too (MPI_Iallreduce
+    # + MPI_Wait, Note [Blocking calls]) and the test of Note [A timed-out group] moved it to
+    # +1.0-1.8 us hot, +2.0-7.2 us cold (three runs; +0.7-1.6 and +1.4-3.0 before, on the same
+    # shared 2-core machine, whose load spreads these figures). The debug checks are priced
+    # in debug.py.
     def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
         """Number the call and wrap its requests as Work (Note [Cost per call])."""
         if peer is None:
@@ -208,7 +212,7 @@ class ProcessGroup:
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
         if self._failed is not None or self._checker is not None:
-            self._check("allreduce", array, reduce_op=getattr(op, "value", str(op)))
+            self._check("allreduce", array, reduce_op=getattr(op, "value", None) or str(op))
         mpi_op = _mpi_op(op, array)
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
@@ -233,7 +237,7 @@ class ProcessGroup:
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
         self._check_rank(dst, "dst")
-        self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", str(op)))
+        self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", None) or str(op))
         mpi_op = _mpi_op(op, array)
         root = self._rank == dst
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
@@ -260,7 +264,7 @@ class ProcessGroup:
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
-        self._check("reduce_scatter", array, reduce_op=getattr(op, "value", str(op)))
+        self._check("reduce_scatter", array, reduce_op=getattr(op, "value", None) or str(op))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
         _expect_dtype(output, array, "reduce_scatter output")
         mpi_op = _mpi_op(op, array)

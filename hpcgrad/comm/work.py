@@ -117,19 +117,27 @@ class Watchdog:
     running is reported as a CommTimeoutError and the job is aborted (Note [Blocking calls]).
 
     Note [Blocking calls]
-    A collective called without async_op runs the blocking MPI function (MPI_Allreduce, ...),
-    not its nonblocking twin and a Test loop: MPICH's blocking collectives use other algorithms
-    and wait better than any loop of ours when ranks share cores. Measured (benchmarks/comm.py,
-    2 ranks): with a Test loop, 1 MB all_reduce reached 0.92-0.93 of MPI_Allreduce on a quiet
-    machine, and under other jobs' load 4-64 KB calls took 60-100 us where MPI_Allreduce took
-    20-50 us (as did MPI_Iallreduce + MPI_Wait: the nonblocking algorithm, not our loop). A
-    blocking call cannot time out, so this thread watches it, like PyTorch's NCCL watchdog:
-    the error names the operation, its size and call number, and since a collective some rank
-    never joined leaves MPI unusable, the job ends (MPI_Abort) instead of raising. Waits on
-    Work (async_op=True), DETAIL checks and point-to-point keep the polling wait, whose
-    CommTimeoutError can be caught. Arming is two attribute stores on the group: a first
-    version that read the clock and kept a per-thread table cost 9-15 us per call with cold
-    caches (256 KB all_reduce, 2 ranks), this one 1-2 us.
+    A collective called without async_op posts the same nonblocking MPI call as with async_op
+    (MPI_Iallreduce, ...), then waits for it inside MPI (MPI_Wait), not in a Test loop of ours.
+    One MPI form for both, because MPI never matches a blocking collective with a nonblocking
+    one: rank 0's all_reduce(x) against rank 1's all_reduce(x, async_op=True).wait() hung
+    until the timeout when the blocking call ran MPI_Allreduce; PyTorch lets users mix them.
+    MPI_Wait, because it waits better than any loop of ours when ranks share cores: 2 ranks
+    pinned to one core (taskset -c 0), medians of 25, MPI_Allreduce / MPI_Iallreduce +
+    MPI_Wait / MPI_Iallreduce + our polling wait: 4 KB 25 / 34 / 54 us, 64 KB 78 / 90 / 122
+    us, 1 MB 603 / 628 / 672 us, 4 MB 1727 / 1738 / 1797 us. The nonblocking algorithm costs
+    MPICH a little at small sizes (the raw-i column of benchmarks/comm.py: +1-4 us at 4-64 KB
+    on a quiet machine, nothing from 256 KB); `python benchmarks/comm.py --overhead` went from
+    +0.7-1.6 us hot, +1.4-3.0 us cold to +1.0-1.8 us hot, +2.0-7.2 us cold (one process,
+    three runs each on a 2-core machine shared with other test runs). An MPI wait cannot time
+    out, so this thread watches it, like PyTorch's NCCL watchdog: the error names the
+    operation, its size and call number, and since a collective some rank never joined leaves
+    MPI unusable, the job ends (MPI_Abort) instead of raising. Waits on Work (async_op=True),
+    debug checks and point-to-point keep the polling wait, whose CommTimeoutError can be
+    caught (and then marks the group unusable, Note [A timed-out group] in process_group.py).
+    Arming is two attribute stores on the group: a first version that read the clock and kept
+    a per-thread table cost 9-15 us per call with cold caches (256 KB all_reduce, 2 ranks),
+    this one 1-2 us.
     """
 
     def __init__(self, interval=0.1):

@@ -217,3 +217,27 @@ def test_uninitialized_default_group(monkeypatch):
 def test_backend_other_than_mpi():
     with pytest.raises(ValueError, match="hpcgrad runs over MPI; backend='nccl' is not available"):
         dist.init_process_group("nccl")
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("level", ["INFO", "DETAIL"])
+def test_debug_checks_after_point_to_point_between_two_ranks(monkeypatch, level):
+    """Sends and receives are numbered apart from collectives, so ranks that took no part in
+    them still agree on the next collective's call number (before: DETAIL raised
+    CollectiveMismatchError, '"seq": 2' against '"seq": 1')."""
+    from hpcgrad.comm.mpi import MPI
+    from hpcgrad.comm.process_group import ProcessGroup
+
+    monkeypatch.setenv("HPCGRAD_DISTRIBUTED_DEBUG", level)
+    group = ProcessGroup(MPI.COMM_WORLD.Dup(), 30)
+    try:
+        rank = group.rank()
+        if rank == 0:
+            group.isend(np.ones(2), 1).wait()
+        elif rank == 1:
+            group.irecv(np.zeros(2), 0).wait()
+        x = np.ones(2)
+        group.iallreduce(x, ReduceOp.SUM, None, True)
+        assert x.tolist() == [group.size()] * 2
+    finally:
+        group.free()
