@@ -89,8 +89,8 @@ class FingerprintChecker:
         both = pyarray("q", mine + [-v for v in mine])
         request = self.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX)
         wait_requests([request], self.timeout,
-                      lambda: f"{name} #{seq} ({array.size} x {array.dtype}), at its "
-                              f"{DEBUG_ENV}=INFO call check,")
+                      lambda: f"{name} #{seq} ({array.size} x {array.dtype}, shape "
+                              f"{list(array.shape)}), at its {DEBUG_ENV}=INFO call check,")
         n = len(mine)
         agreed = both.tolist()
         if agreed[:n] == [-v for v in agreed[n:]]:

@@ -64,20 +64,24 @@ def test_matching_calls_pass_the_checks(mismatch_job):
         assert f"[rank {rank}] ok: afterwards all_reduce gives [6.0, 6.0]" in mismatch_job.stdout
 
 
-@pytest.mark.parametrize("mode", ["plain", "detail"])
+@pytest.mark.parametrize("mode", ["plain", "detail", "info"])
 def test_a_rank_that_never_arrives_times_out_and_ends_the_job(launch, mode):
     seconds = "2" if mode == "plain" else "1"
-    env = {"HPCGRAD_COMM_TIMEOUT": seconds, **(DETAIL if mode == "detail" else {})}
+    env = {"HPCGRAD_COMM_TIMEOUT": seconds}
+    if mode != "plain":
+        env["HPCGRAD_DISTRIBUTED_DEBUG"] = mode.upper()
     job = run_script(launch, "dist_timeout.py", nprocs=2, env=env)
     assert job.returncode not in (0, None) and not job.timed_out, job.output
     assert job.elapsed < 20, f"took {job.elapsed:.1f} s (rank 1 sleeps 120 s):\n{job.output}"
-    where = "" if mode == "plain" else ", at its HPCGRAD_DISTRIBUTED_DEBUG=DETAIL call check,"
+    where = ("" if mode == "plain" else
+             f", at its HPCGRAD_DISTRIBUTED_DEBUG={mode.upper()} call check,")
     assert (f"[rank 0] hpcgrad.comm.work.CommTimeoutError: allreduce #1 (1000 x float32, "
             f"shape [1000]){' in a group of 2 ranks' if mode == 'plain' else where} did not "
             f"complete within {seconds} s on rank 0: a peer rank never joined it") in job.stderr, \
         job.output
-    # A blocking all_reduce is stuck inside MPI: the watchdog reports it and aborts; the DETAIL
-    # check waits by polling, so its CommTimeoutError is raised and the abort hook ends the job.
+    # A blocking all_reduce is stuck inside MPI: the watchdog reports it and aborts; the INFO and
+    # DETAIL checks wait by polling, so their CommTimeoutError is raised and the abort hook ends
+    # the job.
     header = ("blocking call timed out (watchdog)" if mode == "plain" else "uncaught exception")
     assert f"[rank 0] {header} -> MPI_Abort(COMM_WORLD, 1)" in job.stderr, job.output
 
