@@ -21,16 +21,19 @@ def integer(minimum, what, example):
     return parse
 
 
-def real(what, example, positive=False):
-    """A finite float, > 0 with ``positive``, else >= 0 (no nan, no inf)."""
+def real(what, example, positive=False, below=None):
+    """A finite float, > 0 with ``positive``, else >= 0 (no nan, no inf); < ``below`` if given."""
     bound = "> 0" if positive else ">= 0"
+    if below is not None:
+        bound += f" and < {below:g}"
 
     def parse(text):
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        if (not math.isfinite(value) or value < 0 or (positive and value == 0)
+                or (below is not None and value >= below)):
             raise argparse.ArgumentTypeError(
                 f"expected a finite number {bound} ({what}), got {text!r}; for example {example}")
         return value

@@ -47,17 +47,23 @@ def build_model(kind):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
-    p.add_argument("--epochs", type=integer(1, "epochs to train", 8), default=8)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="the network")
+    p.add_argument("--epochs", type=integer(1, "epochs to train", 8), default=8,
+                   help="epochs to train in all (a resumed run continues to this many)")
     p.add_argument("--batch-size", type=integer(1, "samples per rank and step", 32), default=32,
                    help="per rank")
-    p.add_argument("--lr", type=real("the learning rate", 0.05), default=0.05)
-    p.add_argument("--momentum", type=real("SGD momentum", 0.9), default=0.9)
-    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0)
+    p.add_argument("--lr", type=real("the learning rate", 0.05, positive=True), default=0.05,
+                   help="SGD learning rate")
+    p.add_argument("--momentum", type=real("SGD momentum", 0.9, below=1), default=0.9,
+                   help="SGD momentum, in [0, 1)")
+    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0,
+                   help="seed of the weights and the sampler")
     p.add_argument("--bucket-cap-mb", type=real("DDP's bucket size in MB", 25, positive=True),
                    default=25)
-    p.add_argument("--checkpoint-dir", type=directory, default="checkpoints")
+    p.add_argument("--checkpoint-dir", type=directory, default="checkpoints",
+                   help="checkpoints and metrics.jsonl of the run")
     p.add_argument("--checkpoint-every", type=integer(0, "steps between checkpoints", 50),
                    default=50, help="steps (0: epoch ends only)")
     p.add_argument("--resume", action="store_true", help="continue from <checkpoint-dir>/last.npz")
@@ -122,7 +128,26 @@ def header(args, world, train, test):
             f"momentum {args.momentum}; epochs {args.epochs}\n"
             f"data: {len(train)} train / {len(test)} test samples; MPI: "
             f"{' '.join(MPI.Get_library_version().splitlines()[0].split())}; CUDA-aware: {cuda_aware_mpi()[0]}; "
-            f"checkpoints and metrics.jsonl in {args.checkpoint_dir}")
+            f"checkpoints and metrics.jsonl in {args.checkpoint_dir}\n"
+            f"arguments: {' '.join(f'{k}={v}' for k, v in sorted(vars(args).items()))}")
+
+
+def check_setup(args, world, train):
+    """What makes this run impossible, found before training (the same on every rank), or None."""
+    per_rank = len(train) // world
+    if args.batch_size > per_rank:
+        return (f"--batch-size {args.batch_size} is larger than each rank's share of the "
+                f"{len(train)} training samples ({per_rank} at {world} ranks); use at most "
+                f"{per_rank}")
+    probe = os.path.join(args.checkpoint_dir, f".write-test.{os.uname().nodename}.{os.getpid()}")
+    try:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as error:
+        return (f"--checkpoint-dir {args.checkpoint_dir} is not writable ({error.strerror}); "
+                "pass a directory you can write")
+    return None
 
 
 def dist_hosts():
@@ -144,6 +169,12 @@ def main(argv=None):
     test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
     path = os.path.join(args.checkpoint_dir, "last.npz")
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
+    problem = check_setup(args, world, train)
+    if problem:
+        if rank == 0:
+            print(f"train_ddp.py: error: {problem}", file=sys.stderr, flush=True)
+        dist.barrier()  # said before any rank's exit status ends the job
+        return 2
     lines = header(args, world, train, test)
     if rank == 0:
         print(lines, flush=True)
@@ -154,6 +185,20 @@ def main(argv=None):
                                     "first, or point --checkpoint-dir at it")
         meta = checkpoint.load(path, model, optimizer)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
+        saved_world = int(meta.get("world_size", world))
+        if saved_world != world and skip:
+            if rank == 0:
+                print(f"train_ddp.py: error: {path} was saved by {saved_world} ranks in the "
+                      f"middle of epoch {start_epoch + 1} (after {skip} of its steps); at {world} "
+                      f"ranks the epoch's shards differ, so it cannot continue exactly. Resume "
+                      f"with {saved_world} ranks, or start a new run (another --checkpoint-dir)",
+                      file=sys.stderr, flush=True)
+            dist.barrier()
+            return 2
+        if saved_world != world and rank == 0:
+            print(f"note: {path} was saved by {saved_world} ranks; continuing at {world} from the "
+                  f"start of epoch {start_epoch + 1} (global batch now "
+                  f"{args.batch_size * world})", flush=True)
         if rank == 0:
             print(f"resumed from {path}: epoch {start_epoch}, step {step}", flush=True)
         if start_epoch >= args.epochs:

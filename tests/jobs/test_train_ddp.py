@@ -67,3 +67,31 @@ def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path
     again = train(launch, tmp_path, "--epochs", "2", "--resume")
     assert "is complete (2 of 2 epochs); nothing to train" in again.stdout
     assert "epoch 1/2" not in again.stdout
+
+
+def test_arguments_are_checked_before_training(launch, tmp_path):
+    bad = launch([sys.executable, JOB, "--momentum", "7"], timeout=60)
+    assert bad.returncode == 2 and "expected a finite number >= 0 and < 1 (SGD momentum)" in bad.stderr
+    too_big = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path), "--batch-size", "5000"],
+                     nprocs=2, timeout=60)
+    assert too_big.failed and too_big.stderr.count("--batch-size 5000 is larger than each rank") == 1
+    assert "719 at 2 ranks" in too_big.stderr
+    unwritable = launch([sys.executable, JOB, "--checkpoint-dir", "/proc/hpcgrad-no-such-dir"],
+                        nprocs=2, timeout=60)
+    assert unwritable.failed and "is not writable" in unwritable.stderr
+    assert "epoch 1/" not in unwritable.stdout
+
+
+def test_resume_at_another_world_size(launch, tmp_path):
+    """At an epoch boundary the run goes on at any world size; mid-epoch it refuses, saying how."""
+    train(launch, tmp_path / "a", "--epochs", "1")
+    wider = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path / "a"), "--no-progress",
+                    "--epochs", "2", "--resume"], nprocs=3, timeout=120)
+    assert not wider.failed, wider.output
+    assert "saved by 2 ranks; continuing at 3 from the start of epoch 2" in wider.stdout
+    assert "epoch 2/2" in wider.stdout
+    train(launch, tmp_path / "b", "--epochs", "2", "--max-steps", "5")
+    refused = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path / "b"), "--resume"],
+                     nprocs=3, timeout=120)
+    assert refused.failed and "saved by 2 ranks in the middle of epoch 1" in refused.stderr
+    assert "Resume with 2 ranks" in refused.stderr
