@@ -152,7 +152,9 @@ def private_group(group):
                   lambda: f"DistributedDataParallel's communicator duplicate (MPI_Comm_idup) "
                           f"in a group of {group.size()} ranks: every rank must construct "
                           f"DDP (or run its first synced forward after unpickling) together")
-    return ProcessGroup(comm, group.timeout, group.ranks)
+    # Recorded under the user's group id: its ranks, and its place in every rank's program
+    # order, are the same (Note [Flight recorder]); not every rank builds a DDP.
+    return ProcessGroup(comm, group.timeout, group.ranks, recorder_id=group._gid)
 
 
 def _free_group(group):
