@@ -7,14 +7,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import hpcgrad.distributed as dist
-from hpcgrad.comm.mpi import comm_world  # under mpiexec, importing installs the abort-on-exception hook
+# Flight records that failing tests write (Note [Flight recorder]) go to a scratch directory,
+# not into the checkout; set before hpcgrad reads it. Launched jobs inherit it.
+os.environ.setdefault("HPCGRAD_FLIGHT_DIR", os.path.join(tempfile.gettempdir(), "hpcgrad-flight-tests"))
+
+import hpcgrad.distributed as dist  # noqa: E402
+from hpcgrad.comm.mpi import comm_world  # noqa: E402  (under mpiexec, importing installs the abort-on-exception hook)
 
 # Variables through which a launcher tells a process its rank; a nested mpiexec must not inherit them.
 _LAUNCH_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD_")

@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 
-from .mpi import comm_world
+from .mpi import before_abort, comm_world
 
 CAPACITY_ENV = "HPCGRAD_FLIGHT_RECORDER"
 DIR_ENV = "HPCGRAD_FLIGHT_DIR"
@@ -252,6 +252,7 @@ def _new_recorder():
 
 
 RECORDER = _new_recorder()
+before_abort(RECORDER.dump)  # every abort path of comm/mpi.py writes this rank's record
 
 _signal_state = {"thread": None, "previous": None}
 

@@ -97,10 +97,20 @@ def _world_aborts():
             and MPI.COMM_WORLD.Get_size() > 1)
 
 
+_before_abort = []  # functions called with the reason before MPI_Abort (the flight recorder)
+
+
+def before_abort(fn):
+    """Call ``fn(reason)`` before this process aborts the job (it must not raise or block)."""
+    _before_abort.append(fn)
+    return fn
+
+
 def abort_job(lines, status=1):
     """Print ``lines`` to stderr as '[rank N] ...' and end every rank with MPI_Abort(status).
 
-    For failures that leave MPI unusable or a peer waiting forever; never returns.
+    For failures that leave MPI unusable or a peer waiting forever; never returns. The
+    functions given to ``before_abort`` run first (the flight recorder writes its record).
     """
     comm = MPI.COMM_WORLD
     prefix = f"[rank {comm.Get_rank()}] "
@@ -109,6 +119,11 @@ def abort_job(lines, status=1):
         sys.stdout.flush()
         sys.stderr.write(text)
         sys.stderr.flush()
+        for fn in _before_abort:
+            try:
+                fn("abort: " + " ".join(lines[-1].split())[:500])
+            except BaseException:  # noqa: BLE001  (aborting regardless)
+                pass
     finally:
         try:
             comm.Abort(status)

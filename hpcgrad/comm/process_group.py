@@ -10,6 +10,7 @@ from mpi4py import MPI
 from .. import backend
 from . import buffers, debug, progress
 from .buffers import MessageBuffer, dtype_code, dtype_name, is_floating
+from .flight_recorder import RECORDER
 from .work import CommTimeoutError, GroupUnusableError, Work, wait_requests, watchdog
 
 
@@ -74,10 +75,24 @@ class ProcessGroup:
     (op, count, dtype, root, reduce op) is compared across ranks first, with DETAIL its shape
     too, and a mismatch raises on every rank instead of hanging or corrupting (debug.py).
     After a wait on the group times out, the group refuses every call (Note [A timed-out
-    group]).
+    group]). Every call is kept in the flight recorder (Note [Flight recorder]).
+
+    Note [Wide elements on their own communicator]
+    Collectives of 8- and 16-byte elements (float64, int64, complex) run on a duplicate of
+    the group's communicator, the others on the communicator itself. MPI matches collectives
+    by order alone: a float32 all_reduce on one rank and a float64 one on another would match
+    and, since every collective posts the nonblocking MPI call (Note [Blocking calls]), give
+    both ranks garbage without an error (the blocking MPI_Allreduce aborted MPICH with
+    "Message truncated"). On two communicators they never match: both ranks wait, the stall
+    inspector shows each rank's call, and the timeout ends the job. This costs one attribute
+    test per call and one communicator per group. Mixing elements of one size (float32 and
+    int32) is still undetected without HPCGRAD_DISTRIBUTED_DEBUG=INFO (debug.py).
     """
 
-    def __init__(self, comm, timeout, ranks=None):
+    def __init__(self, comm, timeout, ranks=None, recorder_id=None, name=None):
+        """``recorder_id``: this group's id in the flight recorder, registered by the caller on
+        every rank when not every rank builds the group (new_group); None registers it here
+        (every rank of the world builds it). Note [Flight recorder]."""
         self.comm = comm
         self.timeout = timeout
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
@@ -85,8 +100,12 @@ class ProcessGroup:
         self._seq = 0  # collectives: the same number on every rank for the same call
         self._p2p_seq = 0  # sends and receives, numbered apart (ranks make different ones)
         self._checker = debug.make_checker(comm, timeout)
+        # Note [Wide elements on their own communicator]
+        self._wide = comm.Dup() if comm != MPI.COMM_NULL else comm
         self._inflight = None  # the blocking call under way, for the watchdog
         self._failed = None  # Note [A timed-out group]: the timeout that ended this group
+        self._gid = (RECORDER.register_group(self.ranks, name) if recorder_id is None
+                     else recorder_id)
         if timeout:
             watchdog.watch(self)
 
@@ -98,6 +117,8 @@ class ProcessGroup:
         if self._checker is not None:
             self._checker.comm.Free()
             self._checker = None
+        if self._wide != MPI.COMM_NULL and self._wide is not self.comm:
+            self._wide.Free()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
@@ -118,9 +139,14 @@ class ProcessGroup:
     # way on is a new communicator, built by every rank: destroy_process_group() and
     # init_process_group() for the default group, new_group() for another. (A blocking call
     # never gets here: it waits inside MPI and the watchdog ends the job, Note [Blocking calls].)
+    def _record_end(self, slot, ok):
+        """The flight-recorder end of a Work's call (work.py cannot import the recorder)."""
+        RECORDER.end(slot, ok)
+
     def _fail(self, error):
         if self._failed is None:
             self._failed = (str(error), time.strftime("%H:%M:%S"))
+            RECORDER.dump(f"timeout: {error}")  # never raises (Note [Flight recorder])
 
     def _refuse(self):
         error, when = self._failed
@@ -155,7 +181,7 @@ class ProcessGroup:
             self._p2p_seq += 1
             seq = self._p2p_seq
         work = Work(requests, buffers, (name, peer, seq, array, self._size), self.timeout,
-                    finish, result, self)
+                    finish, result, self, RECORDER.begin(self._gid, seq, name, peer, array))
         if progress._thread is not None and array.nbytes >= progress._MIN_BYTES:
             progress._thread.watch(work)  # Note [Communication progress]
         return work
@@ -165,10 +191,15 @@ class ProcessGroup:
         inside MPI under the watchdog (Note [Blocking calls])."""
         self._seq += 1
         self._inflight = (name, None, self._seq, array, self._size)
+        slot = RECORDER.begin(self._gid, self._seq, name, None, array)
         try:
             start(*args).Wait()
+        except BaseException:
+            RECORDER.end(slot, False)
+            raise
         finally:
             self._inflight = None
+        RECORDER.end(slot)
         if finish is not None:
             finish()
 
@@ -192,6 +223,7 @@ class ProcessGroup:
         if (type(array) is not np.ndarray or op is _AVG or self._checker is not None
                 or self._failed is not None):
             return False
+        comm = self._wide if array.itemsize > 4 else self.comm
         mpi_op = getattr(op, "_mpi_op", None)
         mpi_type = buffers._MPI_TYPES.get(array.dtype)  # read here: tests swap the map
         flags = array.flags
@@ -200,10 +232,15 @@ class ProcessGroup:
             return False
         self._seq += 1
         self._inflight = ("allreduce", None, self._seq, array, self._size)
+        slot = RECORDER.begin(self._gid, self._seq, "allreduce", None, array)
         try:
-            self.comm.Iallreduce(_IN_PLACE, [array, mpi_type], mpi_op).Wait()
+            comm.Iallreduce(_IN_PLACE, [array, mpi_type], mpi_op).Wait()
+        except BaseException:
+            RECORDER.end(slot, False)
+            raise
         finally:
             self._inflight = None
+        RECORDER.end(slot)
         return True
 
     # Each collective below posts the nonblocking MPI call and returns a Work, or, with
@@ -211,6 +248,7 @@ class ProcessGroup:
     # matches a blocking collective with a nonblocking one (Note [Blocking calls]).
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         if self._failed is not None or self._checker is not None:
             self._check("allreduce", array, reduce_op=getattr(op, "value", None) or str(op))
         mpi_op = _mpi_op(op, array)
@@ -218,24 +256,26 @@ class ProcessGroup:
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
         if blocking:
-            return self._blocking("allreduce", array, finish, self.comm.Iallreduce, _IN_PLACE,
+            return self._blocking("allreduce", array, finish, comm.Iallreduce, _IN_PLACE,
                                   buf.spec, mpi_op)
-        request = self.comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
+        request = comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
         return self._work("allreduce", array, [request], (buf,), finish, result)
 
     def ibroadcast(self, array, src, result=None, blocking=False):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         self._check_rank(src, "src")
         self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, True)
         finish = _finish_buffer(buf)
         if blocking:
-            return self._blocking("broadcast", array, finish, self.comm.Ibcast, buf.spec, src)
-        request = self.comm.Ibcast(buf.spec, src)
+            return self._blocking("broadcast", array, finish, comm.Ibcast, buf.spec, src)
+        request = comm.Ibcast(buf.spec, src)
         return self._work("broadcast", array, [request], (buf,), finish, result)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         self._check_rank(dst, "dst")
         self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", None) or str(op))
         mpi_op = _mpi_op(op, array)
@@ -244,26 +284,28 @@ class ProcessGroup:
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
         send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
         if blocking:
-            return self._blocking("reduce", array, finish, self.comm.Ireduce, send, recv,
+            return self._blocking("reduce", array, finish, comm.Ireduce, send, recv,
                                   mpi_op, dst)
-        request = self.comm.Ireduce(send, recv, mpi_op, dst)
+        request = comm.Ireduce(send, recv, mpi_op, dst)
         return self._work("reduce", array, [request], (buf,), finish, result)
 
     def iallgather(self, output, array, result=None, after=None, blocking=False):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         self._check("allgather", array)
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
         if blocking:
-            return self._blocking("allgather", array, finish, self.comm.Iallgather, send.spec,
+            return self._blocking("allgather", array, finish, comm.Iallgather, send.spec,
                                   recv.spec)
-        request = self.comm.Iallgather(send.spec, recv.spec)
+        request = comm.Iallgather(send.spec, recv.spec)
         return self._work("allgather", array, [request], (send, recv), finish, result)
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         self._check("reduce_scatter", array, reduce_op=getattr(op, "value", None) or str(op))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
         _expect_dtype(output, array, "reduce_scatter output")
@@ -274,12 +316,13 @@ class ProcessGroup:
         finish = _finish_average(recv, self._size) if avg else _finish_buffer(recv)
         if blocking:
             return self._blocking("reduce_scatter", array, finish,
-                                  self.comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
-        request = self.comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
+                                  comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
+        request = comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
         return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
 
     def ialltoall(self, output, array, result=None, after=None, blocking=False):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
+        comm = self._wide if array.itemsize > 4 else self.comm
         self._check("alltoall", array)
         if array.shape[:1] != (self._size,) or output.shape != array.shape:
             raise ValueError(f"all_to_all: input and output must both have shape "
@@ -289,9 +332,9 @@ class ProcessGroup:
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
         if blocking:
-            return self._blocking("alltoall", array, finish, self.comm.Ialltoall, send.spec,
+            return self._blocking("alltoall", array, finish, comm.Ialltoall, send.spec,
                                   recv.spec)
-        request = self.comm.Ialltoall(send.spec, recv.spec)
+        request = comm.Ialltoall(send.spec, recv.spec)
         return self._work("alltoall", array, [request], (send, recv), finish, result)
 
     def ibarrier(self, blocking=False):

@@ -7,6 +7,8 @@ import weakref
 
 from mpi4py import MPI
 
+from . import mpi as _mpi  # mpi.py imports this module: call through the module
+
 from ..futures import (
     Future,  # the one Future type (Note [One Future] in hpcgrad/futures.py)
 )
@@ -188,16 +190,8 @@ class Watchdog:
 
 def _abort_job(error):
     """Print ``error`` as '[rank N] ...' lines and abort every rank (the caller is stuck in MPI)."""
-    import sys
-    prefix = f"[rank {MPI.COMM_WORLD.Get_rank()}] "
-    sys.stdout.flush()
-    sys.stderr.write(f"{prefix}blocking call timed out (watchdog) -> MPI_Abort(COMM_WORLD, 1)\n"
-                     f"{prefix}{type(error).__module__}.{type(error).__qualname__}: {error}\n")
-    sys.stderr.flush()
-    try:
-        MPI.COMM_WORLD.Abort(1)
-    finally:
-        os._exit(1)
+    _mpi.abort_job(["blocking call timed out (watchdog) -> MPI_Abort(COMM_WORLD, 1)",
+               f"{type(error).__module__}.{type(error).__qualname__}: {error}"])
 
 
 watchdog = Watchdog()
@@ -219,11 +213,12 @@ class Work:
     """
 
     __slots__ = ("_requests", "_buffers", "_what", "_timeout", "_finish", "_result",
-                 "_completed", "_future", "_lock", "_group", "_error")
+                 "_completed", "_future", "_lock", "_group", "_error", "_slot")
 
     def __init__(self, requests, buffers, describe, timeout, finish=None, result=None,
-                 group=None):
-        """``group``: the ProcessGroup to mark unusable if a wait times out."""
+                 group=None, slot=-1):
+        """``group``: the ProcessGroup to mark unusable if a wait times out; ``slot``: the
+        call's flight-recorder entry (Note [Flight recorder]), -1 for none."""
         self._requests = requests
         self._buffers = buffers
         self._what = describe
@@ -235,6 +230,7 @@ class Work:
         self._lock = threading.Lock()
         self._group = group
         self._error = None  # what the finish step raised (e.g. a receive's size check)
+        self._slot = slot
 
     def _describe(self):
         return describe_call(self._what)
@@ -276,6 +272,8 @@ class Work:
                                       self._timeout if timeout is None else timeout,
                                       self._describe)
                     except CommTimeoutError as error:
+                        if self._slot >= 0:
+                            self._group._record_end(self._slot, False)
                         if self._group is not None:
                             self._group._fail(error)
                         raise
@@ -292,6 +290,8 @@ class Work:
                 self._finish()
         except Exception as error:  # noqa: BLE001 -- the progress thread may run this: keep it
             self._error = error
+        if self._slot >= 0:  # a Work with a slot has a group (Note [Flight recorder])
+            self._group._record_end(self._slot, self._error is None)
         self._completed = True
         self._buffers = ()  # MPI is done with them
 

@@ -8,7 +8,7 @@ from .api import (NON_GROUP_MEMBER, all_gather, all_gather_into_tensor, all_gath
 from ..comm.debug import CollectiveMismatchError  # noqa: F401
 from ..comm.process_group import ProcessGroup, ReduceOp  # noqa: F401
 from ..comm.progress import progress_thread, start_progress_thread, stop_progress_thread  # noqa: F401
-from ..comm.work import CommTimeoutError, Work  # noqa: F401
+from ..comm.work import CommTimeoutError, GroupUnusableError, Work  # noqa: F401
 from ..futures import Future  # noqa: F401
 from .grad_bucket import GradBucket  # noqa: F401
 

@@ -12,7 +12,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
+from ..comm import stall
 from ..comm.buffers import is_array
+from ..comm.flight_recorder import RECORDER, install_signal_handler
 from ..comm.mpi import comm_world, rendezvous
 from ..comm.process_group import ProcessGroup, ReduceOp
 from ..comm.progress import start_from_env
@@ -89,11 +91,15 @@ def init_process_group(backend="mpi", timeout=None, **unused):
                    "every rank must call init_process_group(); check the missing ranks' "
                    "output (an error, an exit or a long step before it), or give it more "
                    "time: init_process_group(timeout=...) or HPCGRAD_COMM_TIMEOUT")
-        _default_group = ProcessGroup(world.Dup(), seconds)
+        _default_group = ProcessGroup(world.Dup(), seconds, name="default")
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
         start_from_env()
+        # Failure knowledge by default (Note [Flight recorder], Note [Stall inspector]):
+        # SIGUSR2 dumps this rank's record; rank 0 names the ranks a stalled call waits for.
+        install_signal_handler()
+        stall.start(world)
     return _default_group
 
 
@@ -108,6 +114,7 @@ def destroy_process_group(group=None):
         if _default_group is None:
             return
         group, _default_group, _local = _default_group, None, None
+        stall.stop()  # local; init_process_group starts it again (collectively)
     if group is NON_GROUP_MEMBER:
         return
     group.free()
@@ -164,10 +171,12 @@ def new_group(ranks=None, timeout=None):
                                f"group called new_group within {world.timeout:g} s; every rank "
                                f"must call it, also the ranks outside the group (the default "
                                f"group is unusable now)") from None
+    # Every rank registers the group, members or not, so recorder ids agree across ranks.
+    gid = RECORDER.register_group(members, f"new_group({members})")
     comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)
     if comm == MPI.COMM_NULL:
         return NON_GROUP_MEMBER
-    return ProcessGroup(comm, timeout, members)
+    return ProcessGroup(comm, timeout, members, recorder_id=gid)
 
 
 def _group_rank(group, world_rank, what):
