@@ -4,9 +4,11 @@ A rank that calls a different collective, or the same one with another size or d
 hang, crash MPICH or corrupt data silently; here every rank raises CollectiveMismatchError
 listing each rank's call, and the refused call sends nothing (the group still works).
 
-- OFF (the default): no check. What a mismatch does is up to MPI: with MPICH 5, a float32
-  all_reduce on one rank against float64 on another returns garbage on both without an error
-  (tests/comm/test_group_faults.py), another op or count hangs until the group's timeout.
+- OFF (the default): no check. A float32 all_reduce on one rank against a float64 one on
+  another runs on different communicators (Note [Wide elements on their own communicator] in
+  process_group.py): both wait, the stall inspector shows each rank's call, and the group's
+  timeout ends the job; another op or count hangs the same way, or MPI errors; the same
+  element size with another type (float32 against int32) is not caught.
 - INFO: a fingerprint of each call (call number, op, element count, dtype, root, reduce op: six
   integers) and its negation are reduced with MPI_MAX in one extra 96-byte all_reduce on a
   private communicator; the ranks agree when every maximum equals minus the negation's. Only on

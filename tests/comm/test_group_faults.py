@@ -114,12 +114,18 @@ def test_info_mismatches_raise_on_every_rank(launch):
         assert f"[rank {rank}] ok: no error, got [3.0, 3.0, 3.0]" in job.stdout, job.output
 
 
-def test_dtype_mismatch_without_checks_is_not_caught(launch):
-    """What debug.py documents for OFF: MPICH 5 returns garbage for a float32/float64
-    all_reduce, without an error; the job still ends (no hang)."""
-    job = run_script(launch, "comm_dtype_mismatch.py", "dtype")
-    assert not job.timed_out, job.output
-    assert "CollectiveMismatchError" not in job.output
+def test_dtype_mismatch_without_checks_waits_and_is_reported(launch):
+    """float32 on one rank against float64 on another, no checks: before, both ranks got
+    garbage without an error (MPICH matched the two nonblocking calls); now they run on
+    different communicators (Note [Wide elements on their own communicator]), both wait, the
+    stall inspector shows each rank's call, and the group timeout ends the job."""
+    job = run_script(launch, "comm_dtype_mismatch.py", "dtype",
+                     env={"HPCGRAD_STALL_WARNING": "2"})
+    assert not job.timed_out and job.returncode not in (0, None), job.output
+    assert "no error, got" not in job.stdout, job.output  # nobody went on with garbage
+    assert "rank 0: waiting in allreduce #1 (1000 x float64)" in job.stderr, job.output
+    assert "rank 1: waiting in allreduce #1 (1000 x float32)" in job.stderr, job.output
+    assert "did not complete within 10 s" in job.stderr, job.output
 
 
 @pytest.mark.parametrize("value, mode", [("info", "INFO"), ("DETAIL", "DETAIL"), ("OFF", "OFF"),
