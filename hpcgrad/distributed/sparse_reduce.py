@@ -4,7 +4,7 @@ import numpy as np
 
 from .. import backend
 from ..comm.buffers import MessageBuffer
-from ..comm.work import wait_requests
+from ..comm.work import CommTimeoutError, wait_requests
 from ..sparse import SparseCOOTensor
 
 
@@ -17,7 +17,7 @@ class SparseAllGather:
 
     def __init__(self, process_group, grad):
         comm = process_group.comm
-        self._timeout = process_group.timeout
+        self._group, self._timeout = process_group, process_group.timeout
         self._shape = grad.shape
         counts = np.empty((process_group.size(), 1), dtype=np.int64)
         process_group.iallgather(counts, np.array([grad.indices.shape[0]], np.int64)).wait()
@@ -41,7 +41,11 @@ class SparseAllGather:
 
     def wait(self):
         if self._result is None:
-            wait_requests(self._requests, self._timeout, lambda: "sparse gradient allgather")
+            try:
+                wait_requests(self._requests, self._timeout, lambda: "sparse gradient allgather")
+            except CommTimeoutError as error:
+                self._group._fail(error)  # its requests stay posted: Note [A timed-out group]
+                raise
             for buffer in self._buffers:
                 buffer.finish()
             self._buffers = ()
