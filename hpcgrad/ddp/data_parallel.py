@@ -222,6 +222,7 @@ class DistributedDataParallel(Module):
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
         self._join = None  # (divide_by_initial_world_size, throw_on_early_termination)
+        self._joined_ever = False  # join() entered once: _get_ddp_logging_data says so
         self._trained = 0  # synced iterations this rank ran itself: its model is current if max
         self._bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -372,6 +373,7 @@ class DistributedDataParallel(Module):
             self._private_group()  # an unpickled DDP's first collective
         active = self._announce_active(syncing) if self._join is not None else None
         if syncing:
+            self.reducer.prepare_for_forward()
             self._rebuild_buckets()
         if self.forward_sync_buffers:
             self._sync_buffers()
@@ -421,6 +423,29 @@ class DistributedDataParallel(Module):
         _check_comm_hook(hook)
         self.reducer.register_comm_hook(state, hook)
 
+    # --- logging data ------------------------------------------------------------------------------
+    def _get_ddp_logging_data(self):
+        """PyTorch's DDP logging data, one dict (Note [DDP logging data] in reducer.py).
+
+        PyTorch's key names, with Python values: ``bucket_sizes`` (bytes per bucket, as built at
+        construction), ``has_rebuilt_buckets`` and ``rebuilt_bucket_sizes`` (after the first
+        backward), ``bucket_cap_bytes``, ``find_unused_parameters``, ``unused_parameter_size``
+        (bytes unused in the last iteration), ``comm_hook`` (the hook's name or None),
+        ``gradient_as_bucket_view``, and the averages over synced iterations
+        ``avg_forward_compute_time``, ``avg_backward_compute_time``, ``avg_backward_comm_time``
+        and ``avg_backward_compute_comm_overlap_time`` in nanoseconds, as PyTorch's. Beyond
+        PyTorch's: ``num_buckets``, ``bucket_num_parameters`` and
+        ``rebuilt_bucket_num_parameters`` (parameters per bucket), ``unused_parameter_names``
+        (every parameter this rank found unused so far). Local: no collective.
+        """
+        data = {"module_name": type(self.module).__name__,
+                "rank": self.process_group.rank(),
+                "backend_name": "mpi"}
+        data.update(self.reducer.logging_data())
+        data.update(broadcast_buffers=self.forward_sync_buffers, static_graph=self.static_graph,
+                    join_uneven_inputs=self._joined_ever)
+        return data
+
     # --- uneven inputs ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def join(self, divide_by_initial_world_size=True, enable=True,
@@ -438,6 +463,7 @@ class DistributedDataParallel(Module):
             yield
             return
         self._join = (divide_by_initial_world_size, throw_on_early_termination)
+        self._joined_ever = True
         try:
             yield
             self._shadow_until_all_done()

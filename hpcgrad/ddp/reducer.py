@@ -7,9 +7,29 @@ seed, so a later post-hook cannot change what is reduced); a bucket whose gradie
 ready is launched (strictly in bucket order) as a nonblocking all-reduce or a registered comm
 hook; the last ready gradient queues a final callback on the engine that waits for every
 bucket and writes the averaged gradients back.
+
+Note [DDP timeline]
+    With the timeline on (Note [Timeline]) the reducer records, per iteration: "copy into
+    bucket" spans (a gradient copied, divided, into its bucket view, in its hook), a "bucket
+    ready" instant when a bucket's last gradient arrives (its args say how long after its first),
+    an "allreduce" span per bucket from its launch (a comm hook's call included) to the moment
+    finalize's wait for it returns, and a "finalize" span (the engine's final callback: waits and
+    write-back). Every span's args carry its bucket. Off, each site costs one attribute test.
+    The all-reduce spans overlap each other and finalize on the rank's one thread: Chrome's
+    format wants duration events nested per thread, so they belong on a track of their own
+    (asynchronous events), which hpcgrad.timeline does not write yet.
+
+Note [DDP logging data]
+    PyTorch's c10d Logger, cheaply: ``perf_counter`` at five points of a synced iteration
+    (forward start, prepare_for_backward, the first bucket's launch, finalize's start and end)
+    give its forward compute, backward compute (prepare_for_backward to the final callback),
+    communication (first launch to the last wait's return) and their overlap (first launch to
+    the end of backward compute); each iteration's values are summed for the averages
+    ``DistributedDataParallel._get_ddp_logging_data`` reports, in nanoseconds as PyTorch's.
 """
 
 import threading
+import time
 import warnings
 import weakref
 
@@ -24,6 +44,7 @@ from ..distributed.sparse_reduce import SparseAllGather
 from ..futures import Future
 from ..sparse import SparseCOOTensor
 from ..tensor import Tensor
+from ..timeline import TIMELINE
 from . import buckets as bucket_rules
 
 
@@ -81,6 +102,7 @@ class Bucket:
         self.variable_indices = variable_indices
         self.expect_sparse = expect_sparse
         self.pending = len(variables)
+        self.first_ready = None  # time.time() of its first gradient, timeline on only
         self.work = self.future = None
         self.sparse_grad = None
         if expect_sparse:
@@ -99,6 +121,12 @@ class Bucket:
         """After a comm hook: results are read from ``flat`` (which may be a new array)."""
         self.views_out = [_view_like(flat[o:o + n], v.data)
                           for o, n, v in zip(self.offsets, self.lengths, self.variables)]
+
+
+def _bucket_bytes(bucket):
+    if bucket.expect_sparse:
+        return int(getattr(getattr(bucket.sparse_grad, "values", None), "nbytes", 0))
+    return int(bucket.contents.nbytes)
 
 
 def _grad_bucket(index, bucket, is_last):
@@ -146,6 +174,15 @@ class Reducer:
         self._hook_handles = [acc.register_hook(self._make_autograd_hook(i))
                               for i, acc in enumerate(self._accumulators)]
         self.initialize_buckets(bucket_indices)
+        self.initial_bucket_indices = self.bucket_indices()  # for _get_ddp_logging_data
+        # Note [DDP logging data]
+        self.comm_hook_name = None
+        self.num_iterations = 0  # synced forwards (PyTorch's num_iterations_)
+        self.unused_parameter_names = {}  # name -> None: every one found unused, in order
+        self._forward_start = self._backward_start = self._comm_start = None
+        self.last_times = (0.0, 0.0, 0.0, 0.0)  # forward, backward, comm, overlap (seconds)
+        self.time_sums = [0.0, 0.0, 0.0, 0.0]
+        self.timed_iterations = 0
 
     def _make_autograd_hook(self, index):
         # A weak reference: the hooks live on accumulators the reducer holds, so a strong one
@@ -200,9 +237,15 @@ class Reducer:
         return [list(b.variable_indices) for b in self.buckets]
 
     # --- one iteration --------------------------------------------------------------------------
+    def prepare_for_forward(self):
+        """A synced forward begins (Note [DDP logging data])."""
+        self.num_iterations += 1
+        self._forward_start = time.perf_counter()
+
     def prepare_for_backward(self, outputs=()):
         """Called after forward: expect hooks; with find_unused_parameters find who is unused."""
         with self._lock:
+            self._backward_start = time.perf_counter()
             self.ensure_prior_reduction_finished()
             self.expect_autograd_hooks = True
             self.next_bucket = 0
@@ -215,6 +258,7 @@ class Reducer:
             self.ready_order = []
             self._outer_task = None
             self._note_graph_task()
+            self._comm_start = None
             if self.find_unused_parameters:
                 self.unused_parameters = self._unreached_from(
                     [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None])
@@ -310,10 +354,17 @@ class Reducer:
             self.div_factor = self.process_group.size()
             if self.forward_pass_work is not None:  # join(): only the active ranks count
                 self.div_factor = int(self.forward_pass_work.result()[0][0])
+        traced = TIMELINE.enabled  # Note [DDP timeline]
+        if traced:
+            if bucket.pending == len(bucket.variables):
+                bucket.first_ready = time.time()
+            TIMELINE.begin("copy into bucket", "ddp", bucket=b, parameter=self.names[index])
         if bucket.expect_sparse:
             self._mark_sparse_ready(bucket, index, computed)
         else:
             self._mark_dense_ready(bucket, k, index, computed)
+        if traced:
+            TIMELINE.end("copy into bucket", "ddp", bucket=b)
         bucket.pending -= 1
         if bucket.pending == 0:
             self.mark_bucket_ready(b)
@@ -367,11 +418,21 @@ class Reducer:
 
     def mark_bucket_ready(self, bucket_index):
         """Launch every ready bucket from ``next_bucket`` on, strictly in order."""
+        traced = TIMELINE.enabled  # Note [DDP timeline]
+        if traced:
+            first = self.buckets[bucket_index].first_ready
+            TIMELINE.instant("bucket ready", "ddp", bucket=bucket_index,
+                             since_first_gradient_us=round((time.time() - first) * 1e6, 1)
+                             if first is not None else None)
         if bucket_index > self.next_bucket:
             return  # an earlier bucket is still waiting for gradients
+        if self.next_bucket == 0:
+            self._comm_start = time.perf_counter()  # Note [DDP logging data]
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             b = self.next_bucket
             bucket = self.buckets[b]
+            if traced:
+                TIMELINE.begin("allreduce", "ddp", bucket=b, bytes=_bucket_bytes(bucket))
             if self.comm_hook is not None:
                 state, hook = self.comm_hook
                 bucket.future = hook(state, _grad_bucket(b, bucket, b == len(self.buckets) - 1))
@@ -389,34 +450,106 @@ class Reducer:
 
     def finalize_backward(self):
         """The engine's final callback: wait for every bucket, write the gradients back."""
+        compute_end = time.perf_counter()
+        traced = TIMELINE.enabled  # Note [DDP timeline]
+        if traced:
+            TIMELINE.begin("finalize", "ddp")
+        try:
+            self._finalize(traced)
+            self._record_times(compute_end)
+        finally:
+            if traced:
+                TIMELINE.end("finalize", "ddp")
+
+    def _finalize(self, traced):
         with self._lock:
             self.expect_autograd_hooks = False
             self.require_finalize = False
             self.div_factor = None
-            for bucket in self.buckets:
+            for b, bucket in enumerate(self.buckets):
+                # Waited first, whatever the bucket holds: its span ends where the wait returns.
                 if self.comm_hook is not None:
                     result = bucket.future.wait()
                     result = result[0] if isinstance(result, (list, tuple)) else result
-                    if bucket.expect_sparse:
-                        if not self._globally_unused(bucket.variable_indices[0]):
-                            bucket.variables[0].grad = result
-                        continue
+                elif bucket.expect_sparse:
+                    result = bucket.work.result()
+                else:
+                    bucket.work.wait()
+                if traced:
+                    TIMELINE.end("allreduce", "ddp", bucket=b)
+                if bucket.expect_sparse:
+                    if not self._globally_unused(bucket.variable_indices[0]):
+                        bucket.variables[0].grad = result
+                    continue
+                if self.comm_hook is not None:
                     flat = result.data if isinstance(result, Tensor) else result
                     if flat.shape != bucket.contents.shape:
                         raise RuntimeError(f"the comm hook returned shape {list(flat.shape)} for "
                                            f"a bucket of {list(bucket.contents.shape)}")
                     bucket.set_output(flat)
-                elif bucket.expect_sparse:
-                    self._finalize_sparse(bucket)
-                    continue
-                else:
-                    bucket.work.wait()
                 self._finalize_dense(bucket)
             if self.find_unused_parameters:
                 if not self.local_used_reduced:
                     self.local_used_work.wait()
                 self.local_used[:] = 0
+                for index in self.unused_parameters:
+                    self.unused_parameter_names[self.names[index]] = None
             self._outer_task, self._stashed = None, {}  # the GraphTask holds the whole graph
+
+    def _record_times(self, compute_end):
+        """This iteration's forward, backward, comm and overlap times (Note [DDP logging data])."""
+        forward, backward, comm = self._forward_start, self._backward_start, self._comm_start
+        self._forward_start = self._backward_start = self._comm_start = None
+        if backward is None or comm is None:
+            return  # not an iteration DDP's forward prepared (a second backward, say)
+        comm_end = time.perf_counter()  # the waits and the write-back are done
+        times = (backward - forward if forward is not None else 0.0, compute_end - backward,
+                 comm_end - comm, max(compute_end - comm, 0.0))
+        self.last_times = times
+        self.time_sums = [s + t for s, t in zip(self.time_sums, times)]
+        self.timed_iterations += 1
+
+    def logging_data(self):
+        """The reducer's part of ``_get_ddp_logging_data`` (Note [DDP logging data])."""
+        def sizes(indices):
+            return [sum(self.params[i].data.nbytes for i in b) for b in indices]
+
+        with self._lock:
+            current = self.bucket_indices()
+            n = max(self.timed_iterations, 1)
+            averages = [round(s / n * 1e9) for s in self.time_sums]
+            last = [round(t * 1e9) for t in self.last_times]
+            unused = [] if not self.find_unused_parameters else self.unused_parameters
+            return {
+                "world_size": self.process_group.size(),
+                "iteration": self.num_iterations,
+                "num_parameter_tensors": len(self.params),
+                "total_parameter_size_bytes": sum(p.data.nbytes for p in self.params),
+                "dtypes": ", ".join(sorted({str(p.data.dtype) for p in self.params})),
+                "bucket_cap_bytes": self.bucket_bytes_cap,
+                "bucket_sizes": sizes(self.initial_bucket_indices),
+                "bucket_num_parameters": [len(b) for b in self.initial_bucket_indices],
+                "num_buckets": len(current),
+                "has_rebuilt_buckets": self.has_rebuilt_buckets,
+                "rebuilt_bucket_sizes": sizes(current) if self.has_rebuilt_buckets else None,
+                "rebuilt_bucket_num_parameters":
+                    [len(b) for b in current] if self.has_rebuilt_buckets else None,
+                "rebuilt_per_bucket_param_indices": current if self.has_rebuilt_buckets else None,
+                "prev_iteration_grad_ready_order_indices": list(self.ready_order),
+                "find_unused_parameters": self.find_unused_parameters,
+                "unused_parameter_size": sum(self.params[i].data.nbytes for i in unused),
+                "unused_parameter_names": list(self.unused_parameter_names),
+                "comm_hook": self.comm_hook_name,
+                "gradient_as_bucket_view": self.gradient_as_bucket_view,
+                "avg_forward_compute_time": averages[0],
+                "avg_backward_compute_time": averages[1],
+                "avg_backward_comm_time": averages[2],
+                "avg_backward_compute_comm_overlap_time": averages[3],
+                "forward_compute_time": last[0],
+                "backward_compute_time": last[1],
+                "backward_comm_time": last[2],
+                "backward_compute_comm_overlap_time": last[3],
+            }
 
     def _globally_unused(self, index):
         """Lazily wait for the used-map all-reduce only when a parameter was unused locally."""
@@ -454,11 +587,6 @@ class Reducer:
                 warnings.warn("a parameter's gradient is not its DDP bucket view although "
                               "gradient_as_bucket_view=True (parameters sharing one gradient?)",
                               stacklevel=2)
-
-    def _finalize_sparse(self, bucket):
-        result = bucket.work.result()
-        if not self._globally_unused(bucket.variable_indices[0]):
-            bucket.variables[0].grad = result
 
     def ensure_prior_reduction_finished(self):
         if not self.require_finalize:
@@ -562,6 +690,7 @@ class Reducer:
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
                                "called once.")
         self.comm_hook = (state, hook)
+        self.comm_hook_name = getattr(hook, "__qualname__", None) or type(hook).__name__
 
     def shadow_backward(self):
         """join(): this iteration's reductions with zero gradients (this rank has no batch)."""
@@ -581,8 +710,11 @@ class Reducer:
             self.mark_bucket_ready(0)
             if self.find_unused_parameters:
                 self.process_group.iallreduce(np.zeros_like(self.local_used)).wait()
-            for bucket in self.buckets:
+            traced = TIMELINE.enabled  # Note [DDP timeline]
+            for b, bucket in enumerate(self.buckets):
                 (bucket.work if self.comm_hook is None else bucket.future).wait()
+                if traced:
+                    TIMELINE.end("allreduce", "ddp", bucket=b)
                 bucket.pending = len(bucket.variables)
             self.div_factor = None
             self.push_all_rebuilt_params()
