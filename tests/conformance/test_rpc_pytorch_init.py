@@ -1,7 +1,7 @@
 """Ports of PyTorch's RpcTest start-up and shutdown tests: each starts and stops RPC itself.
 
 No module-wide RPC fixture here (PyTorch's ``@dist_init(setup_rpc=False)``). Left out:
-- test_wrong_types, test_cannot_infer_backend_from_options: hpcgrad has one backend, no options.
+- test_cannot_infer_backend_from_options: hpcgrad has one backend, nothing to infer.
 - test_invalid_names: hpcgrad's WorkerInfo is a plain named tuple (no name rules).
 - test_wait_all_workers*, test_shutdown_errors: they use or patch PyTorch's internal _all_gather.
 - test_pg_init_no_rpc_init: RRef of a DDP model's parameters without RPC (RRef from a value is
@@ -107,14 +107,28 @@ def test_duplicate_name_2():
 
 @pytest.mark.mpi(min_size=2)
 def test_set_and_get_default_rpc_timeout():
-    """PyTorch sets the timeout through its backend options; hpcgrad has no options object, so
-    the default is set with rpc._set_rpc_timeout."""
-    with running_rpc():
-        rpc._set_rpc_timeout(0.5)
-        try:
-            assert rpc.get_rpc_timeout() == 0.5
-        finally:
-            rpc._set_rpc_timeout(rpc.DEFAULT_RPC_TIMEOUT)
+    """The backend options' rpc_timeout becomes the default timeout (PyTorch's port)."""
+    rank, _ = rank_size()
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=0.5)
+    rpc.init_rpc(h.worker_name(rank), backend=rpc.BackendType.TENSORPIPE, rank=rank,
+                 rpc_backend_options=options)
+    try:
+        assert rpc.get_rpc_timeout() == 0.5
+    finally:
+        rpc.shutdown(timeout=WAIT)
+        rpc._set_rpc_timeout(rpc.DEFAULT_RPC_TIMEOUT)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wrong_types():
+    rank, _ = rank_size()
+    with pytest.raises(TypeError, match="Argument backend must be a member of BackendType"):
+        rpc.init_rpc(h.worker_name(rank), rank=rank, backend="TENSORPIPE")
+    with pytest.raises(TypeError, match="Argument rpc_backend_options must be an instance of "
+                                        "RpcBackendOptions"):
+        rpc.init_rpc(h.worker_name(rank), rank=rank, backend=rpc.BackendType.TENSORPIPE,
+                     rpc_backend_options={"init_method": "env://"})
+    assert rpc._agent is None  # nothing was started
 
 
 def test_world_size_one():

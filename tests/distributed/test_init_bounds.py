@@ -60,9 +60,9 @@ def test_init_rpc_options_as_pytorch():
     """rpc_timeout of the backend options becomes the default RPC timeout (PyTorch's names)."""
     if comm_world().Get_size() != 1:
         pytest.skip("starts and stops RPC by itself: one process")
-    with pytest.raises(ValueError, match="one backend"):
+    with pytest.raises(TypeError, match="Argument backend must be a member of BackendType"):
         rpc.init_rpc("me", backend="gloo")
-    with pytest.raises(TypeError, match="rpc_backend_options must be an rpc.RpcBackendOptions"):
+    with pytest.raises(TypeError, match="rpc_backend_options must be an instance of RpcBackendOptions"):
         rpc.init_rpc("me", rpc_backend_options={"rpc_timeout": 5})
     options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=7, num_worker_threads=2,
                                               init_method="env://")

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import math
+import enum
 import numbers
 import threading
 import traceback
@@ -85,6 +86,12 @@ def _require_agent():
     return _agent
 
 
+class BackendType(enum.Enum):
+    """PyTorch's ``rpc.BackendType``: TENSORPIPE names the one backend here (MPI)."""
+
+    TENSORPIPE = "TENSORPIPE"
+
+
 class RpcBackendOptions:
     """init_rpc's options, with the names of PyTorch's ``TensorPipeRpcBackendOptions``.
 
@@ -123,11 +130,13 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     global _agent, _default_timeout
     if _agent is not None:
         raise RuntimeError("init_rpc was already called on this rank; call shutdown() first")
-    if backend is not None and getattr(backend, "name", backend) not in ("TENSORPIPE", "MPI"):
-        raise ValueError(f"hpcgrad's RPC has one backend (MPI); leave backend out, got {backend!r}")
+    if backend is not None and not isinstance(backend, BackendType):
+        raise TypeError(f"Argument backend must be a member of BackendType (hpcgrad has one: "
+                        f"rpc.BackendType.TENSORPIPE, or leave it out), got {backend!r}")
     if rpc_backend_options is not None and not isinstance(rpc_backend_options, RpcBackendOptions):
-        raise TypeError(f"rpc_backend_options must be an rpc.RpcBackendOptions (or "
-                        f"TensorPipeRpcBackendOptions), got {type(rpc_backend_options).__name__}")
+        raise TypeError(f"Argument rpc_backend_options must be an instance of RpcBackendOptions "
+                        f"(rpc.TensorPipeRpcBackendOptions(rpc_timeout=...)), got "
+                        f"{type(rpc_backend_options).__name__}")
     options = rpc_backend_options or RpcBackendOptions()
     comm = comm_world()
     if rank == -1:  # PyTorch's default: not given
