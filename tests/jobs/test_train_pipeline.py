@@ -1,6 +1,7 @@
 """jobs/train_pipeline.py end to end: a model split across 2 and 3 ranks learns digits and ends at its
 best, reports like the DDP job, and stop (steps, a signal) + --resume equals an uninterrupted run."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -9,10 +10,10 @@ import threading
 import time
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
 
-import conftest
 from hpcgrad.comm.mpi import comm_world
 
 pytest.importorskip("sklearn")
@@ -165,21 +166,48 @@ def test_resume_at_another_world_size_is_refused(launch, whole):
     assert not epoch_lines(refused.stdout)
 
 
-def test_arguments_are_checked_before_training(launch, tmp_path):
-    helped = launch([sys.executable, JOB, "--help"], timeout=60)
-    assert "(default: 0.05)" in helped.stdout and "(default: checkpoints-pipeline)" in helped.stdout
-    for flag, value, expected in [("--momentum", "1", "expected a finite number >= 0 and < 1"),
-                                  ("--lr", "0", "expected a finite number > 0"),
-                                  ("--max-steps", "-3", "expected an integer >= 0"),
-                                  ("--checkpoint-every", "-5", "expected an integer >= 0")]:
-        bad = launch([sys.executable, JOB, flag, value], timeout=60)
-        assert bad.returncode == 2 and expected in bad.stderr, (flag, bad.stderr)
+@pytest.fixture(scope="module")
+def job():
+    """jobs/train_pipeline.py as a module (main() does not run), importing job_args as a sibling."""
+    sys.path.insert(0, str(Path(JOB).parent))
+    try:
+        spec = importlib.util.spec_from_file_location("job_train_pipeline", JOB)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(Path(JOB).parent))
+    return module
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--momentum", "1", "expected a finite number >= 0 and < 1 (SGD momentum), got '1'"),
+    ("--momentum", "7", "expected a finite number >= 0 and < 1 (SGD momentum), got '7'"),
+    ("--lr", "0", "expected a finite number > 0 (the learning rate), got '0'"),
+    ("--lr", "-1", "expected a finite number > 0 (the learning rate), got '-1'"),
+    ("--max-steps", "-3", "expected an integer >= 0"),
+    ("--checkpoint-every", "-5", "expected an integer >= 0"),
+])
+def test_arguments_refuse_nonsense(job, capsys, flag, value, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        job.parse_args([flag, value])
+    assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_help_shows_defaults(job, capsys):
+    with pytest.raises(SystemExit):
+        job.parse_args(["--help"])
+    helped = capsys.readouterr().out
+    assert "(default: 0.05)" in helped and "(default: checkpoints-pipeline)" in helped
+
+
+def test_impossible_runs_are_refused_before_training(launch, tmp_path):
     too_big = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path), "--batch-size",
                       "2000"], nprocs=2, timeout=60)
     assert too_big.failed and too_big.stderr.count("--batch-size 2000 is larger than the 1438") == 1
     missing = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path), "--resume"],
                      nprocs=2, timeout=60)
     assert missing.failed and missing.stderr.count("--resume: no checkpoint at") == 1
+    assert not epoch_lines(too_big.stdout + missing.stdout)
 
 
 def test_pipeline_job_needs_two_ranks(launch):
