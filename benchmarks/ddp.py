@@ -156,6 +156,7 @@ def timeline_figures(sizes, batch, path, steps=5):
     step = hpcgrad_step(ddp, *hpcgrad_batch(sizes, batch))
     for _ in range(2):
         step()  # kernels compiled and buckets rebuilt before anything is recorded
+    before = ddp._get_ddp_logging_data()
     TIMELINE.path, TIMELINE.rank, TIMELINE.enabled = path, COMM.Get_rank(), True
     for i in range(steps):
         COMM.Barrier()
@@ -163,7 +164,11 @@ def timeline_figures(sizes, batch, path, steps=5):
             step()
     TIMELINE.save()
     TIMELINE.enabled = False
-    logged = ddp._get_ddp_logging_data()
+    after = ddp._get_ddp_logging_data()
+    # Averages over the synced iterations but the first: these steps' own, in ms.
+    logged = {key: (after[key] * (after["iteration"] - 1) - before[key] * (before["iteration"] - 1))
+              / steps / 1e6 for key in ("avg_backward_compute_time", "avg_backward_comm_time",
+                                        "avg_backward_compute_comm_overlap_time")}
     logged = COMM.gather(logged, root=0)
     COMM.Barrier()  # every rank's file is written
     if COMM.Get_rank() != 0:
@@ -185,11 +190,12 @@ def timeline_figures(sizes, batch, path, steps=5):
     print("(in flight: from its launch to the return of finalize's wait, which includes "
           "waiting for the slowest rank's gradients; MPICH moves it only inside MPI calls unless "
           "a progress thread runs: HPCGRAD_PROGRESS_THREAD=1, Note [Communication progress])")
-    print("_get_ddp_logging_data, average of the 7 synced iterations incl. 2 warm-up, ms:")
+    print("the same steps in _get_ddp_logging_data (comm: first launch to the last wait's "
+          "return; overlap: first launch to the end of backward compute), ms:")
     for rank, data in enumerate(logged):
-        print(f"rank {rank:<10} backward compute {data['avg_backward_compute_time'] / 1e6:.2f}"
-              f"  comm {data['avg_backward_comm_time'] / 1e6:.2f}"
-              f"  overlap {data['avg_backward_compute_comm_overlap_time'] / 1e6:.2f}")
+        print(f"rank {rank:<10} backward compute {data['avg_backward_compute_time']:.2f}"
+              f"  comm {data['avg_backward_comm_time']:.2f}"
+              f"  overlap {data['avg_backward_compute_comm_overlap_time']:.2f}")
 
 
 def torch_figures(sizes, batch, repeats, lr=0.01):

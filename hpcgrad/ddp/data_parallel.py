@@ -431,9 +431,10 @@ class DistributedDataParallel(Module):
         construction), ``has_rebuilt_buckets`` and ``rebuilt_bucket_sizes`` (after the first
         backward), ``bucket_cap_bytes``, ``find_unused_parameters``, ``unused_parameter_size``
         (bytes unused in the last iteration), ``comm_hook`` (the hook's name or None),
-        ``gradient_as_bucket_view``, and the averages over synced iterations
-        ``avg_forward_compute_time``, ``avg_backward_compute_time``, ``avg_backward_comm_time``
-        and ``avg_backward_compute_comm_overlap_time`` in nanoseconds, as PyTorch's. Beyond
+        ``gradient_as_bucket_view``, and the averages over synced iterations (but the first,
+        which compiles kernels) ``avg_forward_compute_time``, ``avg_backward_compute_time``,
+        ``avg_backward_comm_time`` and ``avg_backward_compute_comm_overlap_time`` in
+        nanoseconds, as PyTorch's (``backward_compute_time``...: the last iteration's). Beyond
         PyTorch's: ``num_buckets``, ``bucket_num_parameters`` and
         ``rebuilt_bucket_num_parameters`` (parameters per bucket), ``unused_parameter_names``
         (every parameter this rank found unused so far). Local: no collective.

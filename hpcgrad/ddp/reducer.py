@@ -24,8 +24,10 @@ Note [DDP logging data]
     (forward start, prepare_for_backward, the first bucket's launch, finalize's start and end)
     give its forward compute, backward compute (prepare_for_backward to the final callback),
     communication (first launch to the last wait's return) and their overlap (first launch to
-    the end of backward compute); each iteration's values are summed for the averages
-    ``DistributedDataParallel._get_ddp_logging_data`` reports, in nanoseconds as PyTorch's.
+    the end of backward compute), in nanoseconds as PyTorch's. The averages
+    ``DistributedDataParallel._get_ddp_logging_data`` reports leave out the first synced
+    iteration, unlike PyTorch's: there numba compiles the kernels, and it can take a hundred
+    times a later one; the last iteration's values are there too.
 """
 
 import threading
@@ -251,6 +253,7 @@ class Reducer:
             self.next_bucket = 0
             for bucket in self.buckets:
                 bucket.pending = len(bucket.variables)
+                bucket.first_ready = None
             self.ready = np.zeros(len(self.params), dtype=bool)
             self._stashed = {}  # index -> a bucket-view .grad of an unused parameter
             self.has_marked_unused_parameters = False
@@ -506,8 +509,9 @@ class Reducer:
         times = (backward - forward if forward is not None else 0.0, compute_end - backward,
                  comm_end - comm, max(compute_end - comm, 0.0))
         self.last_times = times
-        self.time_sums = [s + t for s, t in zip(self.time_sums, times)]
-        self.timed_iterations += 1
+        if self.num_iterations > 1:  # the first compiles kernels: no measure of the others
+            self.time_sums = [s + t for s, t in zip(self.time_sums, times)]
+            self.timed_iterations += 1
 
     def logging_data(self):
         """The reducer's part of ``_get_ddp_logging_data`` (Note [DDP logging data])."""
