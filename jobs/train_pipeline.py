@@ -52,12 +52,11 @@ from job_args import directory, integer, real
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.distributed.autograd as dist_autograd
-import hpcgrad.distributed.rpc as rpc
-import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
-from hpcgrad import checkpoint, optim
+from hpcgrad import checkpoint, nn, optim
 from hpcgrad.comm.mpi import MPI, comm_world
 from hpcgrad.data import load_digits
+from hpcgrad.distributed import rpc
 from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn import init
 from hpcgrad.timeline import TIMELINE, merge

@@ -186,7 +186,7 @@ def job():
     ("--lr", "-1", "expected a finite number > 0 (the learning rate), got '-1'"),
     ("--max-steps", "-3", "expected an integer >= 0"),
     ("--checkpoint-every", "-5", "expected an integer >= 0"),
-])
+], ids=["momentum-1", "momentum-7", "lr-0", "lr-minus-1", "max-steps", "checkpoint-every"])
 def test_arguments_refuse_nonsense(job, capsys, flag, value, expected):
     with pytest.raises(SystemExit) as exit_info:
         job.parse_args([flag, value])
