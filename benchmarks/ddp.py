@@ -103,13 +103,14 @@ def _no_span(*args, **kwargs):
 
 
 def _intervals(events):
-    """{(name, bucket): [(begin, end), ...]} of one rank's B/E events, in microseconds."""
+    """{(name, bucket): [(begin, end), ...]} of one rank's span events (B/E, and the async b/e
+    of bucket all-reduces), in microseconds."""
     open_spans, spans = {}, {}
     for e in sorted(events, key=lambda e: e["ts"]):
         key = (e["name"], e.get("args", {}).get("bucket"))
-        if e["ph"] == "B":
+        if e["ph"] in "Bb":
             open_spans.setdefault(key, []).append(e["ts"])
-        elif e["ph"] == "E" and open_spans.get(key):
+        elif e["ph"] in "Ee" and open_spans.get(key):
             spans.setdefault(key, []).append((open_spans[key].pop(), e["ts"]))
     return spans
 
@@ -133,8 +134,8 @@ def trace_overlap(events):
     finalize's wait for it; all-reduces in flight together count once.
     """
     figures = {}
-    for rank in sorted({e["pid"] for e in events if e["ph"] in "BE"}):
-        spans = _intervals([e for e in events if e["pid"] == rank and e["ph"] in "BE"])
+    for rank in sorted({e["pid"] for e in events if e["ph"] in "BEbe"}):
+        spans = _intervals([e for e in events if e["pid"] == rank and e["ph"] in "BEbe"])
         finalizes = sorted(spans.get(("finalize", None), []))
         comm = _union(i for (name, _), found in spans.items() if name == "allreduce"
                       for i in found)

@@ -150,6 +150,19 @@ def check_setup(args, world, train):
     return None
 
 
+def ddp_summary(model):
+    """One line from DDP's logging data (PyTorch's _get_ddp_logging_data), after some steps."""
+    data = model._get_ddp_logging_data()
+    sizes = data.get("rebuilt_bucket_sizes") or data["bucket_sizes"]
+    unused = ", ".join(data["unused_parameter_names"]) or "none"
+    return (f"DDP: {data['num_buckets']} bucket(s) of {', '.join(f'{b / 2**20:.3f}' for b in sizes)} MB"
+            f" ({'rebuilt in gradient order' if data['has_rebuilt_buckets'] else 'not rebuilt'}), "
+            f"comm hook {data['comm_hook']}, unused parameters {unused}; per step on rank 0: "
+            f"backward {data['avg_backward_compute_time'] / 1e6:.1f} ms, all-reduce "
+            f"{data['avg_backward_comm_time'] / 1e6:.1f} ms, overlapped "
+            f"{data['avg_backward_compute_comm_overlap_time'] / 1e6:.1f} ms")
+
+
 def dist_hosts():
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, os.uname().nodename)
@@ -280,6 +293,9 @@ def main(argv=None):
                            f"{elapsed:.1f} s  {samples_per_s:,.0f} samples/s  "
                            f"({time.perf_counter() - started:.1f} s)")
                 (progress.write if progress is not None else print)(message, flush=True)
+                if epoch == start_epoch:
+                    (progress.write if progress is not None else print)(ddp_summary(model),
+                                                                       flush=True)
     finally:
         metrics.close()
         if progress is not None:

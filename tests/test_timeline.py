@@ -45,3 +45,13 @@ def test_launched_ranks_merge_into_one_trace(launch, tmp_path):
 def test_merge_without_files_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="HPCGRAD_TIMELINE="):
         merge(str(tmp_path / "none.json"))
+
+
+def test_async_spans_carry_their_id(tmp_path):
+    """Overlapping spans on one thread (bucket all-reduces) are Chrome async events with an id."""
+    timeline = Timeline(str(tmp_path / "t.json"), rank=0)
+    timeline.begin_async("allreduce", "ddp", 0, bucket=0)
+    timeline.begin_async("allreduce", "ddp", 1, bucket=1)
+    timeline.end_async("allreduce", "ddp", 0, bucket=0)
+    timeline.end_async("allreduce", "ddp", 1, bucket=1)
+    assert [(e["ph"], e["id"]) for e in timeline.events()] == [("b", 0), ("b", 1), ("e", 0), ("e", 1)]

@@ -435,7 +435,7 @@ class Reducer:
             b = self.next_bucket
             bucket = self.buckets[b]
             if traced:
-                TIMELINE.begin("allreduce", "ddp", bucket=b, bytes=_bucket_bytes(bucket))
+                TIMELINE.begin_async("allreduce", "ddp", b, bucket=b, bytes=_bucket_bytes(bucket))
             if self.comm_hook is not None:
                 state, hook = self.comm_hook
                 bucket.future = hook(state, _grad_bucket(b, bucket, b == len(self.buckets) - 1))
@@ -479,7 +479,7 @@ class Reducer:
                 else:
                     bucket.work.wait()
                 if traced:
-                    TIMELINE.end("allreduce", "ddp", bucket=b)
+                    TIMELINE.end_async("allreduce", "ddp", b, bucket=b)
                 if bucket.expect_sparse:
                     if not self._globally_unused(bucket.variable_indices[0]):
                         bucket.variables[0].grad = result
@@ -718,7 +718,7 @@ class Reducer:
             for b, bucket in enumerate(self.buckets):
                 (bucket.work if self.comm_hook is None else bucket.future).wait()
                 if traced:
-                    TIMELINE.end("allreduce", "ddp", bucket=b)
+                    TIMELINE.end_async("allreduce", "ddp", b, bucket=b)
                 bucket.pending = len(bucket.variables)
             self.div_factor = None
             self.push_all_rebuilt_params()

@@ -84,13 +84,13 @@ def test_buckets_all_reduces_and_finalize_in_order(group, monkeypatch, tmp_path,
         step_end = only(events, "step", "E")
         for b in range(2):
             ready = only(events, "bucket ready", "i", b)
-            begin, end = only(events, "allreduce", "B", b), only(events, "allreduce", "E", b)
+            begin, end = only(events, "allreduce", "b", b), only(events, "allreduce", "e", b)
             last_copy = max(e["ts"] for e in copies if e["args"]["bucket"] == b)
             assert last_copy <= ready["ts"] <= begin["ts"] <= finalize_begin["ts"]
             assert begin["args"]["bytes"] > 0
             assert finalize_begin["ts"] <= end["ts"] <= finalize_end["ts"] <= step_end["ts"]
         launches = [e["args"]["bucket"] for e in events
-                    if e["name"] == "allreduce" and e["ph"] == "B"]
+                    if e["name"] == "allreduce" and e["ph"] == "b"]
         assert launches == [0, 1]  # strictly in bucket order
 
     timeline.save()
@@ -101,5 +101,5 @@ def test_buckets_all_reduces_and_finalize_in_order(group, monkeypatch, tmp_path,
             merged = json.load(f)["traceEvents"]
         for rank in group.ranks:
             mine = [e for e in merged if e["pid"] == rank]
-            assert sum(e["name"] == "allreduce" and e["ph"] == "E" for e in mine) == 2 * STEPS
+            assert sum(e["name"] == "allreduce" and e["ph"] == "e" for e in mine) == 2 * STEPS
     dist.barrier(group=group)  # nobody leaves while rank 0 reads the files

@@ -51,8 +51,8 @@ def refused(job, capsys, *argv):
     (["--bucket-cap-mb", "inf"], r"--bucket-cap-mb: .*got 'inf'"),
     (["--epochs", "0"], r"--epochs: expected an integer >= 1 .*got '0'"),
     (["--batch-size", "-4"], r"--batch-size: expected an integer >= 1 .*got '-4'"),
-    (["--lr", "nan"], r"--lr: expected a finite number >= 0 .*got 'nan'"),
-    (["--lr", "-0.1"], r"--lr: expected a finite number >= 0 .*got '-0.1'"),
+    (["--lr", "nan"], r"--lr: expected a finite number > 0 .*got 'nan'"),
+    (["--lr", "-0.1"], r"--lr: expected a finite number > 0 .*got '-0.1'"),
     (["--momentum", "inf"], r"--momentum: expected a finite number >= 0 .*got 'inf'"),
     (["--checkpoint-every", "-5"], r"--checkpoint-every: expected an integer >= 0 .*got '-5'"),
     (["--max-steps", "-1"], r"--max-steps: expected an integer >= 0 .*got '-1'"),
@@ -72,9 +72,9 @@ def test_train_ddp_refuses_a_file_as_checkpoint_dir(train_ddp, capsys, tmp_path)
 
 
 def test_train_ddp_accepts_sensible_values(train_ddp, tmp_path):
-    args = train_ddp.parse_args(["--seed", "7", "--bucket-cap-mb", "0.001", "--lr", "0",
+    args = train_ddp.parse_args(["--seed", "7", "--bucket-cap-mb", "0.001", "--lr", "0.001",
                                  "--checkpoint-dir", str(tmp_path / "new"), "--max-steps", "0"])
-    assert (args.seed, args.bucket_cap_mb, args.lr, args.max_steps) == (7, 0.001, 0.0, 0)
+    assert (args.seed, args.bucket_cap_mb, args.lr, args.max_steps) == (7, 0.001, 0.001, 0)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -82,7 +82,7 @@ def test_train_ddp_accepts_sensible_values(train_ddp, tmp_path):
     (["--timeout", "0"], r"--timeout: expected a finite number > 0 .*got '0'"),
     (["--timeout", "nan"], r"--timeout: expected a finite number > 0 .*got 'nan'"),
     (["--epochs", "x"], r"--epochs: expected an integer >= 1 .*got 'x'"),
-    (["--lr", "-1"], r"--lr: expected a finite number >= 0 .*got '-1'"),
+    (["--lr", "-1"], r"--lr: expected a finite number > 0 .*got '-1'"),
 ])
 def test_train_pipeline_refuses_nonsense(train_pipeline, capsys, argv, message):
     assert re.search(message, refused(train_pipeline, capsys, *argv))

@@ -52,6 +52,7 @@ def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path
     result = train(launch, tmp_path, "--epochs", "2", env={"HPCGRAD_TIMELINE": str(timeline)})
     assert "2 ranks on 1 node(s)" in result.stdout and "global batch 64" in result.stdout
     assert result.stdout.count("epoch 2/2") == 1  # rank 0 reports, once
+    assert "DDP: 1 bucket(s) of" in result.stdout and "rebuilt in gradient order" in result.stdout
     epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
               if '"epoch", "step"' in line or line.startswith('{"kind": "epoch"')]
     assert [e["epoch"] for e in epochs] == [1, 2]
