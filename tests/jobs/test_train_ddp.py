@@ -1,7 +1,11 @@
 """jobs/train_ddp.py end to end: it learns, and stop + --resume equals an uninterrupted run bitwise."""
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +100,44 @@ def test_resume_at_another_world_size(launch, tmp_path):
                      nprocs=3, timeout=120)
     assert refused.failed and "saved by 2 ranks in the middle of epoch 1" in refused.stderr
     assert "Resume with 2 ranks" in refused.stderr
+
+
+def _rank_pid(checkpoint_dir, rank, deadline):
+    """The pid of rank ``rank`` of the job whose command line names ``checkpoint_dir``."""
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if JOB.encode() in cmdline and str(checkpoint_dir).encode() in cmdline and any(
+                    v in environ for v in (b"PMI_RANK=%d" % rank, b"OMPI_COMM_WORLD_RANK=%d" % rank)):
+                return int(pid)
+        time.sleep(0.05)
+    raise AssertionError(f"no rank {rank} of {JOB} for {checkpoint_dir} found")
+
+
+def test_ctrl_c_on_one_rank_checkpoints_with_one_line(launch, tmp_path):
+    """SIGINT to rank 1 alone (as Ctrl-C, SIGTERM or SLURM's SIGUSR1): every rank stops at the
+    next step after a checkpoint, one line says so, no traceback, PREEMPTED is left for the
+    requeue, and --resume finishes the run and clears it."""
+    outcome = {}
+    job = threading.Thread(target=lambda: outcome.update(result=launch(
+        [sys.executable, JOB, "--checkpoint-dir", str(tmp_path), "--no-progress", "--epochs", "20"],
+        nprocs=2, timeout=120)))
+    job.start()
+    deadline = time.monotonic() + 60
+    pid = _rank_pid(tmp_path, 1, deadline)
+    metrics = tmp_path / "metrics.jsonl"
+    while time.monotonic() < deadline and not (
+            metrics.exists() and metrics.read_text().count('"kind": "step"') >= 3):
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGINT)
+    job.join(120)
+    stopped = outcome["result"]
+    assert not stopped.failed and "Traceback" not in stopped.output, stopped.output
+    assert stopped.stdout.count("stopped at step") == 1 and "epoch 20/20" not in stopped.stdout
+    assert (tmp_path / "PREEMPTED").exists()
+    resumed = train(launch, tmp_path, "--epochs", "2", "--resume")
+    assert "resumed from" in resumed.stdout and not (tmp_path / "PREEMPTED").exists()
