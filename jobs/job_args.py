@@ -51,3 +51,46 @@ def directory(text):
         raise argparse.ArgumentTypeError(f"expected a directory, got {text!r}, which is a "
                                          f"file; pass another path (it is created if missing)")
     return text
+
+
+def training_parser(description, *, epochs, batch_help, lr_help, seed_help):
+    """The arguments every training job takes (defaults shown in --help); the job adds its own."""
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--epochs", type=integer(1, "epochs to train", epochs), default=epochs,
+                   help="epochs to train in all (a resumed run continues to this many)")
+    p.add_argument("--batch-size", type=integer(1, "samples per step", 32), default=32,
+                   help=batch_help)
+    p.add_argument("--lr", type=real("the learning rate", 0.05, positive=True), default=0.05,
+                   help=lr_help)
+    p.add_argument("--momentum", type=real("SGD momentum", 0.9, below=1), default=0.9,
+                   help="SGD momentum, in [0, 1)")
+    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0, help=seed_help)
+    return p
+
+
+def add_run_arguments(p, *, checkpoint_dir, checkpoint_help, resume_help):
+    """Checkpoints, resume and stopping: the arguments after a job's own."""
+    p.add_argument("--checkpoint-dir", type=directory, default=checkpoint_dir,
+                   help=checkpoint_help)
+    p.add_argument("--checkpoint-every", type=integer(0, "steps between checkpoints", 50),
+                   default=50, help="steps (0: epoch ends only)")
+    p.add_argument("--resume", action="store_true", help=resume_help)
+    p.add_argument("--max-steps", type=integer(0, "steps before stopping, 0: no limit", 30),
+                   default=0, help="stop after this many steps (tests)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    return p
+
+
+def unwritable(checkpoint_dir):
+    """Why ``checkpoint_dir`` cannot take checkpoints (made if missing), or None: checked by
+    every rank before training, not found by rank 0 at its first save."""
+    probe = os.path.join(checkpoint_dir, f".write-test.{os.uname().nodename}.{os.getpid()}")
+    try:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as error:
+        return (f"--checkpoint-dir {checkpoint_dir} is not writable ({error.strerror}); "
+                "pass a directory you can write")
+    return None

@@ -14,14 +14,13 @@ and rank 0 leaves <checkpoint-dir>/PREEMPTED, so --resume (or slurm/train_ddp.sb
 continues exactly where the job stopped. HPCGRAD_TIMELINE=path records a timeline of every rank.
 """
 
-import argparse
 import os
 import signal
 import sys
 import time
 
 import numpy as np
-from job_args import directory, integer, real
+from job_args import add_run_arguments, real, training_parser, unwritable
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -47,29 +46,15 @@ def build_model(kind):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = training_parser(__doc__.splitlines()[0], epochs=8, batch_help="samples per rank and step",
+                        lr_help="SGD learning rate",
+                        seed_help="seed of the weights and the sampler")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="the network")
-    p.add_argument("--epochs", type=integer(1, "epochs to train", 8), default=8,
-                   help="epochs to train in all (a resumed run continues to this many)")
-    p.add_argument("--batch-size", type=integer(1, "samples per rank and step", 32), default=32,
-                   help="per rank")
-    p.add_argument("--lr", type=real("the learning rate", 0.05, positive=True), default=0.05,
-                   help="SGD learning rate")
-    p.add_argument("--momentum", type=real("SGD momentum", 0.9, below=1), default=0.9,
-                   help="SGD momentum, in [0, 1)")
-    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0,
-                   help="seed of the weights and the sampler")
     p.add_argument("--bucket-cap-mb", type=real("DDP's bucket size in MB", 25, positive=True),
-                   default=25)
-    p.add_argument("--checkpoint-dir", type=directory, default="checkpoints",
-                   help="checkpoints and metrics.jsonl of the run")
-    p.add_argument("--checkpoint-every", type=integer(0, "steps between checkpoints", 50),
-                   default=50, help="steps (0: epoch ends only)")
-    p.add_argument("--resume", action="store_true", help="continue from <checkpoint-dir>/last.npz")
-    p.add_argument("--max-steps", type=integer(0, "steps before stopping, 0: no limit", 30),
-                   default=0, help="stop after this many steps (tests)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+                   default=25, help="DDP's bucket size")
+    add_run_arguments(p, checkpoint_dir="checkpoints",
+                      checkpoint_help="checkpoints and metrics.jsonl of the run",
+                      resume_help="continue from <checkpoint-dir>/last.npz")
     return p.parse_args(argv)
 
 
@@ -139,15 +124,7 @@ def check_setup(args, world, train):
         return (f"--batch-size {args.batch_size} is larger than each rank's share of the "
                 f"{len(train)} training samples ({per_rank} at {world} ranks); use at most "
                 f"{per_rank}")
-    probe = os.path.join(args.checkpoint_dir, f".write-test.{os.uname().nodename}.{os.getpid()}")
-    try:
-        os.makedirs(args.checkpoint_dir, exist_ok=True)
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as error:
-        return (f"--checkpoint-dir {args.checkpoint_dir} is not writable ({error.strerror}); "
-                "pass a directory you can write")
-    return None
+    return unwritable(args.checkpoint_dir)
 
 
 def ddp_summary(model):

@@ -38,7 +38,6 @@ Note [Pipeline job's learning]
     schedule (raising --epochs on resume stretches it: the rate rises again).
 """
 
-import argparse
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import sys
 import time
 
 import numpy as np
-from job_args import directory, integer, real
+from job_args import add_run_arguments, real, training_parser, unwritable
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -104,30 +103,17 @@ def learning_rate(base, step, total):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--epochs", type=integer(1, "epochs to train", 5), default=5,
-                   help="epochs to train in all (a resumed run continues to this many)")
-    p.add_argument("--batch-size", type=integer(1, "samples per step", 32), default=32,
-                   help="samples per step (every stage sees the whole batch)")
-    p.add_argument("--lr", type=real("the learning rate", 0.05, positive=True), default=0.05,
-                   help="SGD learning rate at the start; a cosine takes it to 0 at the end")
-    p.add_argument("--momentum", type=real("SGD momentum", 0.9, below=1), default=0.9,
-                   help="SGD momentum, in [0, 1)")
-    p.add_argument("--seed", type=integer(0, "the random seed", 0), default=0,
-                   help="seed of the weights and the shuffling")
+    p = training_parser(__doc__.splitlines()[0], epochs=5,
+                        batch_help="samples per step (every stage sees the whole batch)",
+                        lr_help="SGD learning rate at the start; a cosine takes it to 0 at the end",
+                        seed_help="seed of the weights and the shuffling")
     p.add_argument("--timeout", type=real("seconds any rank waits for another", 60,
                                           positive=True),
                    default=60, help="seconds any rank waits for another")
-    p.add_argument("--checkpoint-dir", type=directory, default="checkpoints-pipeline",
-                   help="each rank's stage<R>.npz and metrics.jsonl of the run")
-    p.add_argument("--checkpoint-every", type=integer(0, "steps between checkpoints", 50),
-                   default=50, help="steps (0: epoch ends only)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from <checkpoint-dir>/stage<R>.npz (same number of ranks)")
-    p.add_argument("--max-steps", type=integer(0, "steps before stopping, 0: no limit", 30),
-                   default=0, help="stop after this many steps (tests)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    add_run_arguments(p, checkpoint_dir="checkpoints-pipeline",
+                      checkpoint_help="each rank's stage<R>.npz and metrics.jsonl of the run",
+                      resume_help="continue from <checkpoint-dir>/stage<R>.npz (same number of "
+                                  "ranks)")
     return p.parse_args(argv)
 
 
@@ -231,15 +217,7 @@ def check_setup(args, train_size):
     if args.batch_size > train_size:
         return (f"--batch-size {args.batch_size} is larger than the {train_size} training "
                 f"samples (every stage sees the whole batch); use at most {train_size}")
-    probe = os.path.join(args.checkpoint_dir, f".write-test.{os.uname().nodename}.{os.getpid()}")
-    try:
-        os.makedirs(args.checkpoint_dir, exist_ok=True)
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as error:
-        return (f"--checkpoint-dir {args.checkpoint_dir} is not writable ({error.strerror}); "
-                "pass a directory you can write")
-    return None
+    return unwritable(args.checkpoint_dir)
 
 
 def stage_path(directory, rank):

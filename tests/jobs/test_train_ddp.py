@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from job_processes import rank_pid
 
 pytest.importorskip("sklearn")
 JOB = str(Path(__file__).resolve().parents[2] / "jobs" / "train_ddp.py")
@@ -102,22 +103,6 @@ def test_resume_at_another_world_size(launch, tmp_path):
     assert "Resume with 2 ranks" in refused.stderr
 
 
-def _rank_pid(checkpoint_dir, rank, deadline):
-    """The pid of rank ``rank`` of the job whose command line names ``checkpoint_dir``."""
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if JOB.encode() in cmdline and str(checkpoint_dir).encode() in cmdline and any(
-                    v in environ for v in (b"PMI_RANK=%d" % rank, b"OMPI_COMM_WORLD_RANK=%d" % rank)):
-                return int(pid)
-        time.sleep(0.05)
-    raise AssertionError(f"no rank {rank} of {JOB} for {checkpoint_dir} found")
-
-
 def test_ctrl_c_on_one_rank_checkpoints_with_one_line(launch, tmp_path):
     """SIGINT to rank 1 alone (as Ctrl-C, SIGTERM or SLURM's SIGUSR1): every rank stops at the
     next step after a checkpoint, one line says so, no traceback, PREEMPTED is left for the
@@ -128,7 +113,7 @@ def test_ctrl_c_on_one_rank_checkpoints_with_one_line(launch, tmp_path):
         nprocs=2, timeout=120)))
     job.start()
     deadline = time.monotonic() + 60
-    pid = _rank_pid(tmp_path, 1, deadline)
+    pid = rank_pid(JOB, tmp_path, 1, deadline)
     metrics = tmp_path / "metrics.jsonl"
     while time.monotonic() < deadline and not (
             metrics.exists() and metrics.read_text().count('"kind": "step"') >= 3):

@@ -13,6 +13,7 @@ from pathlib import Path
 import conftest
 import numpy as np
 import pytest
+from job_processes import rank_pid
 
 from hpcgrad.comm.mpi import comm_world
 
@@ -104,23 +105,6 @@ def test_stop_and_resume_matches_uninterrupted_run(launch, tmp_path, whole):
     assert_same_arrays(stage_arrays(directory), stage_arrays(tmp_path))
 
 
-def rank_pid(checkpoint_dir, rank, deadline):
-    """The pid of the job rank ``rank`` whose command line names ``checkpoint_dir``."""
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if JOB.encode() in cmdline and str(checkpoint_dir).encode() in cmdline and any(
-                    v in environ for v in (b"PMI_RANK=%d" % rank,
-                                           b"OMPI_COMM_WORLD_RANK=%d" % rank)):
-                return int(pid)
-        time.sleep(0.05)
-    raise AssertionError(f"no rank {rank} of {JOB} for {checkpoint_dir} found")
-
-
 def test_ctrl_c_on_one_rank_stops_every_rank_and_resume_is_exact(launch, tmp_path, whole):
     """SIGINT (as SIGTERM or SIGUSR1) to rank 1 alone: all ranks agree at the next step,
     checkpoint, leave PREEMPTED and exit 0 without a traceback; --resume ends bitwise equal."""
@@ -131,7 +115,7 @@ def test_ctrl_c_on_one_rank_stops_every_rank_and_resume_is_exact(launch, tmp_pat
          "2", "--checkpoint-every", "0"], nprocs=2, timeout=120)))
     job.start()
     deadline = time.monotonic() + 60
-    pid = rank_pid(tmp_path, 1, deadline)
+    pid = rank_pid(JOB, tmp_path, 1, deadline)
     metrics = tmp_path / "metrics.jsonl"
     while time.monotonic() < deadline and not (
             metrics.exists() and metrics.read_text().count('"kind": "step"') >= 3):
