@@ -145,7 +145,8 @@ class Engine:
     max_recursion_depth = 60  # nested backwards on one thread before a pool thread takes over
 
     def __init__(self):
-        self._device_queues = None
+        self._device_queues = None  # device -> ReadyQueue, each started on first use
+        self._has_gpus = False
         self._device_lock = threading.Lock()
         self._pool_lock = threading.Lock()
         self._pool_work = threading.Condition(self._pool_lock)
@@ -359,7 +360,7 @@ class Engine:
         if _anomaly.enabled and _anomaly.check_nan:
             _check_nan(fn, outputs)
 
-        gpu = self._device_queues  # without GPUs every task goes to the CPU queue
+        gpu = self._has_gpus  # without GPUs every task goes to the CPU queue
         with graph_task.mutex:
             dependencies = graph_task.dependencies
             not_ready = graph_task.not_ready
@@ -406,24 +407,34 @@ class Engine:
 
     def ready_queue(self, cpu_ready_queue, device):
         """CPU work goes to the caller's queue; GPU work to that device's worker thread."""
-        if device == CPU_DEVICE or not self._device_queues:
+        if device == CPU_DEVICE or not self._has_gpus:
             return cpu_ready_queue
-        return self._device_queues[device]
+        queue = self._device_queues.get(device)
+        return queue if queue is not None else self._start_device_thread(device)
 
     def ready_queue_by_index(self, cpu_ready_queue, device):
         return self.ready_queue(cpu_ready_queue, device)
 
     def _start_device_threads(self):
+        """Learn once whether GPUs exist; a device's thread starts with its first work
+        (_start_device_thread), so a rank using one GPU makes a CUDA context on that one only,
+        not on every visible device (which cost every rank memory on every GPU)."""
         if self._device_queues is not None:
             return
         with self._device_lock:
-            if self._device_queues is not None:
-                return
-            queues = [ReadyQueue() for _ in range(backend.device_count())]
-            for device, queue in enumerate(queues):
+            if self._device_queues is None:
+                self._has_gpus = backend.device_count() > 0
+                self._device_queues = {}
+
+    def _start_device_thread(self, device):
+        with self._device_lock:
+            queue = self._device_queues.get(device)
+            if queue is None:
+                queue = ReadyQueue()
                 threading.Thread(target=self._device_thread, args=(device, queue), daemon=True,
                                  name=f"hpcgrad-autograd-cuda:{device}").start()
-            self._device_queues = queues
+                self._device_queues = {**self._device_queues, device: queue}  # readers: no lock
+            return queue
 
     def _device_thread(self, device, queue):
         backend.use_device(device)
