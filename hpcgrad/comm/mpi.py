@@ -71,14 +71,22 @@ def _loaded_mpi_libraries():
 def cuda_aware_mpi():
     """Decide whether MPI can take device pointers; returns (bool, reason).
 
-    Order: env override HPCGRAD_CUDA_AWARE_MPI=0/1, then MPIX_Query_cuda_support() from the
-    loaded MPI library (MPICH and Open MPI export it), else assume not CUDA-aware.
+    Order: env override HPCGRAD_CUDA_AWARE_MPI=0/1; Intel MPI: its offload settings
+    (I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda); then MPIX_Query_cuda_support() from the loaded
+    MPI library (MPICH and Open MPI export it), else assume not CUDA-aware.
     """
     override = _env_flag(CUDA_AWARE_ENV, None,
                          "1 = pass GPU buffers to MPI, 0 = stage them through host memory; "
                          "unset it to ask the MPI library (MPIX_Query_cuda_support)")
     if override is not None:
         return override, f"{CUDA_AWARE_ENV}={int(override)} (environment override)"
+    if MPI.Get_library_version().startswith("Intel"):
+        # Intel MPI takes device buffers only with its GPU offload on, which it does not report.
+        offload = (os.environ.get("I_MPI_OFFLOAD", "0"), os.environ.get("I_MPI_OFFLOAD_MODE", ""))
+        aware = offload[0] == "1" and offload[1].lower() == "cuda"
+        return aware, (f"Intel MPI with I_MPI_OFFLOAD={offload[0]} I_MPI_OFFLOAD_MODE="
+                       f"{offload[1] or '(unset)'}" + ("" if aware else
+                       "; set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda for device buffers"))
     for path in _loaded_mpi_libraries():
         try:
             query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support")

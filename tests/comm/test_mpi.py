@@ -158,3 +158,21 @@ def test_opt_out_prints_plain_traceback_and_needs_timeout(launch):
     job = run_raise_on_rank1(launch, env={"HPCGRAD_NO_ABORT_HOOK": "1"}, mpiexec_timeout=5)
     assert job.failed, job.output
     assert f"RuntimeError: {MESSAGE}" in job.stderr and "[rank 1]" not in job.stderr, job.output
+
+
+@pytest.mark.parametrize("offload, mode, aware", [("1", "cuda", True), ("0", "cuda", False),
+                                                  (None, None, False)])
+def test_intel_mpi_is_cuda_aware_with_its_offload_on(monkeypatch, offload, mode, aware):
+    """Intel MPI (the impi extra) takes device buffers only with I_MPI_OFFLOAD=1 and
+    I_MPI_OFFLOAD_MODE=cuda, which no query reports: the decision reads them."""
+    monkeypatch.delenv(hpcgrad.comm.mpi.CUDA_AWARE_ENV, raising=False)
+    monkeypatch.setattr(hpcgrad.comm.mpi.MPI, "Get_library_version",
+                        lambda: "Intel(R) MPI Library 2021.18.1 for Linux* OS\n")
+    for name, value in (("I_MPI_OFFLOAD", offload), ("I_MPI_OFFLOAD_MODE", mode)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    result, reason = cuda_aware_mpi()
+    assert result is aware and reason.startswith("Intel MPI with I_MPI_OFFLOAD=")
+    assert aware or "set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda" in reason
