@@ -189,7 +189,7 @@ def test_cpu_errors(cpu):
 
 def test_dispatch_by_array_module(monkeypatch):
     """hpcgrad.kernels sends numpy arrays to the CPU kernels."""
-    import hpcgrad.kernels as kernels
+    from hpcgrad import kernels
     from hpcgrad.kernels import cpu
     calls = []
     monkeypatch.setattr(cpu, "scaled_copy", lambda *a: calls.append("copy"))
