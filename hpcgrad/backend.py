@@ -67,3 +67,14 @@ def to_device(array, device):
                            "(pip install 'hpcgrad[cuda12]')")
     with _cupy.cuda.Device(device_index(device)):
         return _cupy.asarray(array)
+
+
+def zeros(shape, dtype, device=CPU):
+    """Zeros on ``device`` ("cpu" or "cuda:N")."""
+    if device == CPU:
+        return np.zeros(shape, dtype)
+    if _cupy is None:
+        raise RuntimeError(f"cannot make an array on {device}: cupy is not installed "
+                           "(pip install 'hpcgrad[cuda12]')")
+    with _cupy.cuda.Device(device_index(device)):
+        return _cupy.zeros(shape, dtype)

@@ -30,3 +30,11 @@ def test_gpu_backward_matches_cpu():
         (x.tanh() * 2.0).sum().backward()
     assert x_gpu.grad.device == "cuda:0"
     np.testing.assert_allclose(x_gpu.grad.cpu().numpy(), x_cpu.grad.numpy(), rtol=1e-12)
+
+
+def test_zeros_on_a_device():
+    assert backend.zeros((2, 3), np.float32).dtype == np.float32
+    assert not backend.zeros((2,), np.float64).any()
+    if backend.cupy_module() is None:
+        with pytest.raises(RuntimeError, match="cupy is not installed"):
+            backend.zeros((2,), np.float32, "cuda:0")

@@ -7,8 +7,7 @@ any of its tensors is used, and sends every gradient at once (zeros for the unus
 the peer's SendRpcBackward always gets its gradients.
 """
 
-import numpy as np
-
+from ... import backend
 from ...autograd.engine import current_graph_task
 from ...autograd.graph import Node
 
@@ -52,8 +51,9 @@ class RecvRpcBackward(Node):
 
     def apply(self, grads):
         arrays = []
-        for grad, (shape, dtype, _) in zip(grads, self.input_metadata):
-            arrays.append(np.zeros(shape, dtype) if grad is None else grad.data)
+        for grad, (shape, dtype, device) in zip(grads, self.input_metadata):
+            # An unused output's gradient: zeros where the tensor lived, as PyTorch's
+            arrays.append(backend.zeros(shape, dtype, device) if grad is None else grad.data)
         self.send_grad(self, current_graph_task(), arrays)
         return []
 
