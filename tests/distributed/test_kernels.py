@@ -5,7 +5,9 @@ the very same checks: ``python tests/distributed/test_kernels.py`` with NUMBA_EN
 (numba reads it at import, hence a subprocess) runs every CASE through ``hpcgrad.kernels.cuda``.
 """
 
+import itertools
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -214,7 +216,127 @@ def run_cuda_cases():
     for dtype, shapes, offsets, size in MULTI_CASES.values():
         check_scaled_copy_multi(cuda, dtype, shapes, offsets, size, 1 / 3)
     check_errors(cuda)
+    with warnings.catch_warnings():  # the overflows are cases (the simulator's threads warn too)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with np.errstate(over="ignore"):
+            check_cuda_half_precision(cuda)
+    check_cuda_many_sources(cuda)
+    check_cuda_layout_reused(cuda)
+    check_cuda_streams(cuda)
     print("cuda kernels: all cases passed")
+
+
+def _half_reference(dtype, scale):
+    """Sources with rounding ties, specials and near-overflow values, and ``src * scale`` in
+    float32 rounded once to ``dtype`` (the reference: numpy's and ml_dtypes' casts)."""
+    src = np.concatenate([_random((150,), np.float32, 6) * 100,
+                          [0.0, -0.0, np.inf, -np.inf, 1e-8, 3e38, 65504.0, 1.0 + 2.0 ** -8]])
+    src = src.astype(np.float32).astype(dtype)
+    want = (src.astype(np.float32) * np.float32(scale)).astype(dtype)
+    return src, want
+
+
+def check_cuda_half_precision(cuda):
+    """float16 and ml_dtypes' bfloat16 (uint16 bits in the kernel): float32 arithmetic, one
+    round-to-nearest-even, bit for bit as numpy/ml_dtypes; NaN stays NaN; both kernels."""
+    import ml_dtypes
+    # 1/3 is inexact in both (a half-precision scale would round differently); 3 overflows
+    # float16 at 65504 and bfloat16 at 3e38.
+    for dtype, scale in itertools.product((np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)),
+                                          (1 / 3, 3.0)):
+        src, want = _half_reference(dtype, scale)
+        dst = np.zeros(src.size, dtype)
+        cuda.scaled_copy(dst, src, scale)
+        np.testing.assert_array_equal(dst.view(np.uint16), want.view(np.uint16), err_msg=str(dtype))
+        flat = np.zeros(src.size + 10, dtype)
+        cuda.scaled_copy_multi(flat, [src[:100], src[100:]], [0, 110], scale)
+        np.testing.assert_array_equal(flat[:100].view(np.uint16), want[:100].view(np.uint16))
+        np.testing.assert_array_equal(flat[110:].view(np.uint16), want[100:].view(np.uint16))
+        assert not flat[100:110].astype(np.float32).any()
+        nan = np.array([np.nan, -np.nan], np.float32).astype(dtype)
+        out = np.zeros(2, dtype)
+        cuda.scaled_copy(out, nan, 0.5)
+        assert np.isnan(out.astype(np.float32)).all()
+
+
+def check_cuda_many_sources(cuda):
+    """More sources than one launch takes (three chunks), sizes 0 to 12 in a shuffled order, one
+    chunk all empty; no concatenated copy of the sources is made."""
+    rng = np.random.default_rng(7)
+    sizes = list(rng.integers(0, 13, size=40))
+    sizes[16:32] = [0] * 16  # the second chunk: nothing to launch
+    order = rng.permutation(len(sizes))
+    offsets, start = [0] * len(sizes), 0
+    for t in order:
+        offsets[t], start = start, start + int(sizes[t]) + 1  # a gap after each
+    srcs = [_random((int(n),), np.float32, i) for i, n in enumerate(sizes)]
+    dst = np.full(start, -7.0, np.float32)
+    want = dst.copy()
+    for src, at in zip(srcs, offsets):
+        want[at:at + src.size] = src * np.float32(1 / 3)
+    concatenate = np.concatenate
+    np.concatenate = None  # a concatenation would fail here
+    try:
+        cuda.scaled_copy_multi(dst, srcs, offsets, 1 / 3)
+    finally:
+        np.concatenate = concatenate
+    np.testing.assert_array_equal(dst, want)
+    assert len(sizes) > 2 * cuda.SOURCES_PER_LAUNCH
+
+
+def check_cuda_layout_reused(cuda):
+    """A bucket's layout table is uploaded once: later calls with new sources reuse it."""
+    cuda._LAYOUTS.clear()
+    dst = np.zeros(9)
+    for seed in (1, 2, 3):
+        srcs = [_random((4,), "float64", seed), _random((3,), "float64", seed + 10)]
+        cuda.scaled_copy_multi(dst, srcs, [5, 0], 0.5)
+        np.testing.assert_array_equal(dst[5:], srcs[0] * 0.5)
+        np.testing.assert_array_equal(dst[:3], srcs[1] * 0.5)
+        if seed == 1:
+            table = cuda._LAYOUTS[((4, 3), (5, 0), -1)]
+        assert len(cuda._LAYOUTS) == 1 and cuda._layout([4, 3], [5, 0], -1) is table
+    cuda.scaled_copy_multi(dst, srcs, [0, 4], 0.5)  # another layout: another table
+    assert len(cuda._LAYOUTS) == 2
+
+
+def check_cuda_streams(cuda):
+    """With cupy arrays, kernels launch on cupy's current stream and import the arrays with
+    ``sync=False`` (a stand-in cupy: there is no GPU under the simulator)."""
+    from numba import cuda as numba_cuda
+
+    class FakeCupyArray(np.ndarray):
+        device = type("Device", (), {"id": 0})()
+
+    fake_stream = type("Stream", (), {"ptr": 0xBEEF})()
+    fake_cupy = type("cupy", (), {"cuda": type("cuda", (), {
+        "get_current_stream": staticmethod(lambda: fake_stream)})})
+    calls = []
+    real = {name: getattr(cuda.backend, name) for name in ("is_gpu_array", "cupy_module")}
+    numba_real = {name: getattr(cuda.cuda, name, None) for name in ("external_stream",
+                                                                      "as_cuda_array")}
+    cuda.backend.is_gpu_array = lambda a: isinstance(a, FakeCupyArray)
+    cuda.backend.cupy_module = lambda: fake_cupy
+    cuda.cuda.external_stream = lambda ptr: calls.append(("stream", ptr)) or numba_cuda.stream()
+    cuda.cuda.as_cuda_array = lambda a, sync=True: calls.append(("import", sync)) or \
+        numba_cuda.to_device(np.asarray(a))
+    cuda._STREAMS.clear()
+    try:
+        dst = np.zeros(6).view(FakeCupyArray)
+        cuda.scaled_copy(dst, np.ones(6).view(FakeCupyArray), 2.0)
+        cuda.scaled_copy_multi(dst, [np.ones(2).view(FakeCupyArray)], [0], 2.0)
+    finally:
+        for name, value in real.items():
+            setattr(cuda.backend, name, value)
+        for name, value in numba_real.items():
+            if value is None:
+                delattr(cuda.cuda, name)
+            else:
+                setattr(cuda.cuda, name, value)
+        cuda._STREAMS.clear()
+    assert ("stream", 0xBEEF) in calls
+    assert [c for c in calls if c[0] == "stream"] == [("stream", 0xBEEF)]  # made once, reused
+    assert {c for c in calls if c[0] == "import"} == {("import", False)}
 
 
 def test_cuda_kernels_under_simulator(launch):
