@@ -6,7 +6,8 @@ for comparison with a reference computed on the host. The cupy case is marked ``
 ``-m gpu`` selects it and conftest.py skips it when no GPU answers) and is skipped with a reason
 when cupy is not importable.
 
-Import the fixture into a test module with ``from arrays import xp  # noqa: F401``.
+Import the fixture into a test module with ``from arrays import xp_fixture  # noqa: F401``; tests
+name it ``xp`` (the attribute has another name so that linters see no redefinition).
 """
 
 import numpy as np
@@ -78,7 +79,7 @@ MODULES = [
 ]
 
 
-@pytest.fixture(params=MODULES)
-def xp(request):
+@pytest.fixture(params=MODULES, name="xp")
+def xp_fixture(request):
     """The array module a test runs on: numpy, then cupy (GPU; skipped without one)."""
     return ArrayModule(request.param)

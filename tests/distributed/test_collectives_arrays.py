@@ -6,13 +6,12 @@ computes the expected result from all ranks' inputs in numpy, independently of M
 
 import numpy as np
 import pytest
+from arrays import xp_fixture  # noqa: F401  (the xp fixture)
+from dist_cases import SHAPE, assert_matches, contribution, reduce_reference
 
 import hpcgrad.distributed as dist
 from hpcgrad.distributed import ReduceOp
 from hpcgrad.tensor import Tensor
-
-from arrays import xp  # noqa: F401  (fixture)
-from dist_cases import SHAPE, assert_matches, contribution, reduce_reference
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.usefixtures("world")]
 
