@@ -16,7 +16,10 @@ def scaled_copy_strided(dst, src, scale):
     """``dst[...] = src * scale`` for arrays of one shape but any layouts (a strided pass)."""
     if backend.is_gpu_array(dst):
         xp = backend.cupy_module()
-        xp.multiply(src, dst.dtype.type(scale), out=dst)
+        if dst.dtype.name in ("float16", "bfloat16"):  # float32 opmath, one rounding
+            dst[...] = (src.astype(xp.float32) * xp.float32(scale)).astype(dst.dtype)
+        else:
+            xp.multiply(src, dst.dtype.type(scale), out=dst)
         return None
     from . import cpu
     return cpu.scaled_copy_strided(dst, src, scale)
@@ -26,6 +29,6 @@ def scaled_copy_multi(dst, srcs, offsets, scale):
     """Several ready gradients into one flat bucket at ``offsets`` (scaled), in one launch."""
     if backend.is_gpu_array(dst):
         from . import cuda
-        return cuda.scaled_copy_multi(dst, srcs, offsets, scale, backend.cupy_module())
+        return cuda.scaled_copy_multi(dst, srcs, offsets, scale)
     from . import cpu
     return cpu.scaled_copy_multi(dst, srcs, offsets, scale)
