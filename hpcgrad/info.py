@@ -1,7 +1,6 @@
 """Environment report: versions, MPI, launcher, CUDA-awareness and GPUs, per rank and summarized on rank 0."""
 
 import argparse
-import ctypes
 import importlib.metadata
 import json
 import os
@@ -13,12 +12,16 @@ import sys
 from pathlib import Path
 
 import hpcgrad
-from hpcgrad.comm.mpi import (
+from hpcgrad.comm.mpi import (  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
     CUDA_AWARE_ENV,
     MPI,
+    _intel_offload,
     _loaded_mpi_libraries,
     comm_world,
+    cuda_aware_decision,
     cuda_aware_mpi,
+    mpix_query,
+    ompi_info_text,
     thread_level,
 )
 
@@ -69,86 +72,6 @@ def cupy_status():
 def gpu_count():
     """Number of usable CUDA devices seen through cupy; 0 when cupy is missing or unusable."""
     return cupy_status()[1]
-
-
-# Note [CUDA-aware decision]
-#     Whether MPI takes device pointers is decided statically, in this order, then (with
-#     `hpcgrad-info --probe`) confirmed by a device all-reduce in a bounded subprocess:
-#       1. HPCGRAD_CUDA_AWARE_MPI=0/1: the user knows better than any query.
-#       2. Intel MPI: its CUDA offload is a run-time setting (I_MPI_OFFLOAD=1 or 2 with
-#          I_MPI_OFFLOAD_MODE=cuda), not a build property, so the settings decide there.
-#       3. MPIX_Query_cuda_support() on the libmpi mpi4py loaded (MPICH and Open MPI export it);
-#          a 1 is trusted; a 0 from Open MPI is checked against ompi_info below, since older
-#          Open MPI builds answer 0 until CUDA is initialized.
-#       4. Open MPI's ompi_info: mpi_built_with_cuda_support:value:true|false.
-#       5. Otherwise not CUDA-aware: host staging is always correct, only slower.
-#     A static "yes" can still be wrong (a CUDA-aware build on a node whose transport lacks
-#     GPU support), which is why the probe exists. hpcgrad.comm.mpi.cuda_aware_mpi does steps
-#     1 and 3 today; this tree should replace it there (the comm layer may not import info).
-
-def mpix_query():
-    """(result, where) from MPIX_Query_cuda_support() of the loaded MPI library, or None if absent."""
-    for path in _loaded_mpi_libraries():
-        try:
-            query = ctypes.CDLL(path).MPIX_Query_cuda_support
-        except (OSError, AttributeError):
-            continue
-        query.restype, query.argtypes = ctypes.c_int, []
-        return int(query()), path or "the process's global symbols"
-    return None
-
-
-def ompi_info_text(timeout=20):
-    """`ompi_info --parsable --all` output from the ompi_info beside this Python or on PATH, or None."""
-    beside = Path(sys.executable).parent / "ompi_info"
-    exe = str(beside) if beside.exists() else shutil.which("ompi_info")
-    if exe is None:
-        return None
-    try:
-        return subprocess.run([exe, "--parsable", "--all"], check=False, capture_output=True, text=True,
-                              timeout=timeout).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _intel_offload(environ):
-    """(bool, reason) from Intel MPI's offload settings (I_MPI_OFFLOAD, I_MPI_OFFLOAD_MODE)."""
-    offload = environ.get("I_MPI_OFFLOAD", "").strip()
-    mode = environ.get("I_MPI_OFFLOAD_MODE", "").strip().lower()
-    settings = f"I_MPI_OFFLOAD={offload or '(unset)'} I_MPI_OFFLOAD_MODE={mode or '(unset)'}"
-    if offload in ("1", "2") and mode == "cuda":
-        return True, f"Intel MPI with {settings}"
-    return False, (f"Intel MPI with {settings}; set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda "
-                   "for device buffers")
-
-
-def cuda_aware_decision(environ=None, library_version=None, query=mpix_query, ompi_info=ompi_info_text):
-    """The static decision of Note [CUDA-aware decision]: (bool, reason). Inputs are parameters
-    so tests can stand in for each MPI; by default this process's environment and MPI."""
-    environ = os.environ if environ is None else environ
-    library = MPI.Get_library_version() if library_version is None else library_version
-    value = environ.get(CUDA_AWARE_ENV, "").strip()
-    if value in ("0", "1"):
-        return value == "1", f"{CUDA_AWARE_ENV}={value} (environment override)"
-    if value:
-        raise ValueError(f"environment variable {CUDA_AWARE_ENV} must be '0' or '1', got {value!r}; "
-                         "1 = pass GPU buffers to MPI, 0 = stage them through host memory; "
-                         "unset it to ask the MPI library")
-    if "Intel(R) MPI" in library or "Intel MPI" in library:
-        return _intel_offload(environ)
-    found = query()
-    is_ompi = "Open MPI" in library
-    if found is not None and (found[0] or not is_ompi):
-        return bool(found[0]), f"MPIX_Query_cuda_support() returned {found[0]} ({found[1]})"
-    if is_ompi:
-        text = ompi_info() or ""
-        for line in text.splitlines():
-            if "mpi_built_with_cuda_support:value:" in line:
-                built = line.rsplit(":", 1)[1].strip().lower() == "true"
-                return built, f"ompi_info: mpi_built_with_cuda_support:{str(built).lower()}"
-        if found is not None:
-            return False, f"MPIX_Query_cuda_support() returned 0 ({found[1]}); no ompi_info to check"
-    return False, "no query available -> assume not CUDA-aware"
 
 
 PROBE_VALUES = 4096  # floats per rank: above MPI's eager/inline thresholds would test less

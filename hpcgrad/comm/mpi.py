@@ -5,10 +5,13 @@ import atexit
 import ctypes
 import opcode
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
 import warnings
+from pathlib import Path
 
 import mpi4py
 import numpy as np
@@ -68,35 +71,88 @@ def _loaded_mpi_libraries():
     return paths + [None]
 
 
-def cuda_aware_mpi():
-    """Decide whether MPI can take device pointers; returns (bool, reason).
+# Note [CUDA-aware decision]
+#     Whether MPI takes device pointers is decided statically, in this order, then (with
+#     `hpcgrad-info --probe`) confirmed by a device all-reduce in a bounded subprocess:
+#       1. HPCGRAD_CUDA_AWARE_MPI=0/1: the user knows better than any query.
+#       2. Intel MPI: its CUDA offload is a run-time setting (I_MPI_OFFLOAD=1 or 2 with
+#          I_MPI_OFFLOAD_MODE=cuda), not a build property, so the settings decide there.
+#       3. MPIX_Query_cuda_support() on the libmpi mpi4py loaded (MPICH and Open MPI export it);
+#          a 1 is trusted; a 0 from Open MPI is checked against ompi_info below, since older
+#          Open MPI builds answer 0 until CUDA is initialized.
+#       4. Open MPI's ompi_info: mpi_built_with_cuda_support:value:true|false.
+#       5. Otherwise not CUDA-aware: host staging is always correct, only slower.
+#     A static "yes" can still be wrong (a CUDA-aware build on a node whose transport lacks
+#     GPU support), which is why the probe exists (hpcgrad/info.py, `hpcgrad-info --probe`).
 
-    Order: env override HPCGRAD_CUDA_AWARE_MPI=0/1; Intel MPI: its offload settings
-    (I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda); then MPIX_Query_cuda_support() from the loaded
-    MPI library (MPICH and Open MPI export it), else assume not CUDA-aware.
-    """
-    override = _env_flag(CUDA_AWARE_ENV, None,
-                         "1 = pass GPU buffers to MPI, 0 = stage them through host memory; "
-                         "unset it to ask the MPI library (MPIX_Query_cuda_support)")
-    if override is not None:
-        return override, f"{CUDA_AWARE_ENV}={int(override)} (environment override)"
-    if MPI.Get_library_version().startswith("Intel"):
-        # Intel MPI takes device buffers only with its GPU offload on, which it does not report.
-        offload = (os.environ.get("I_MPI_OFFLOAD", "0"), os.environ.get("I_MPI_OFFLOAD_MODE", ""))
-        aware = offload[0] == "1" and offload[1].lower() == "cuda"
-        return aware, (f"Intel MPI with I_MPI_OFFLOAD={offload[0]} I_MPI_OFFLOAD_MODE="
-                       f"{offload[1] or '(unset)'}" + ("" if aware else
-                       "; set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda for device buffers"))
+def mpix_query():
+    """(result, where) from MPIX_Query_cuda_support() of the loaded MPI library, or None if absent."""
     for path in _loaded_mpi_libraries():
         try:
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support")
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
         except (OSError, AttributeError):
             continue
         query.restype, query.argtypes = ctypes.c_int, []
-        result = query()
-        where = path or "the process's global symbols"
-        return bool(result), f"MPIX_Query_cuda_support() returned {result} ({where})"
+        return int(query()), path or "the process's global symbols"
+    return None
+
+
+def ompi_info_text(timeout=20):
+    """`ompi_info --parsable --all` output from the ompi_info beside this Python or on PATH, or None."""
+    beside = Path(sys.executable).parent / "ompi_info"
+    exe = str(beside) if beside.exists() else shutil.which("ompi_info")
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, "--parsable", "--all"], check=False, capture_output=True, text=True,
+                              timeout=timeout).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _intel_offload(environ):
+    """(bool, reason) from Intel MPI's offload settings (I_MPI_OFFLOAD, I_MPI_OFFLOAD_MODE)."""
+    offload = environ.get("I_MPI_OFFLOAD", "").strip()
+    mode = environ.get("I_MPI_OFFLOAD_MODE", "").strip().lower()
+    settings = f"I_MPI_OFFLOAD={offload or '(unset)'} I_MPI_OFFLOAD_MODE={mode or '(unset)'}"
+    if offload in ("1", "2") and mode == "cuda":
+        return True, f"Intel MPI with {settings}"
+    return False, (f"Intel MPI with {settings}; set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda "
+                   "for device buffers")
+
+
+def cuda_aware_decision(environ=None, library_version=None, query=mpix_query, ompi_info=ompi_info_text):
+    """The static decision of Note [CUDA-aware decision]: (bool, reason). Inputs are parameters
+    so tests can stand in for each MPI; by default this process's environment and MPI."""
+    environ = os.environ if environ is None else environ
+    library = MPI.Get_library_version() if library_version is None else library_version
+    value = environ.get(CUDA_AWARE_ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1", f"{CUDA_AWARE_ENV}={value} (environment override)"
+    if value:
+        raise ValueError(f"environment variable {CUDA_AWARE_ENV} must be '0' or '1', got {value!r}; "
+                         "1 = pass GPU buffers to MPI, 0 = stage them through host memory; "
+                         "unset it to ask the MPI library")
+    if "Intel(R) MPI" in library or "Intel MPI" in library:
+        return _intel_offload(environ)
+    found = query()
+    is_ompi = "Open MPI" in library
+    if found is not None and (found[0] or not is_ompi):
+        return bool(found[0]), f"MPIX_Query_cuda_support() returned {found[0]} ({found[1]})"
+    if is_ompi:
+        text = ompi_info() or ""
+        for line in text.splitlines():
+            if "mpi_built_with_cuda_support:value:" in line:
+                built = line.rsplit(":", 1)[1].strip().lower() == "true"
+                return built, f"ompi_info: mpi_built_with_cuda_support:{str(built).lower()}"
+        if found is not None:
+            return False, f"MPIX_Query_cuda_support() returned 0 ({found[1]}); no ompi_info to check"
     return False, "no query available -> assume not CUDA-aware"
+
+
+def cuda_aware_mpi():
+    """Whether MPI can take device pointers, (bool, reason): Note [CUDA-aware decision]."""
+    return cuda_aware_decision()
 
 
 def _world_aborts():
