@@ -48,6 +48,19 @@ else
     fi
 fi
 
+# --- the test tools: a GPU machine without an index must be given them as wheels ----------------
+if [ -n "$wheels" ]; then  # the wheels given may also be the test tools the machine lacks
+    timeout -k 10 300 "$python" -m pip install -q --no-index --find-links "$wheels" \
+        pytest-mpi pytest-timeout >"$logs/pip-tools.log" 2>&1 || true
+fi
+missing=$("$python" -c '
+import importlib.util as u
+print(" ".join(n for m, n in (("pytest", "pytest"), ("pytest_mpi", "pytest-mpi"),
+      ("pytest_timeout", "pytest-timeout"), ("mpi4py", "mpi4py")) if u.find_spec(m) is None))')
+[ -z "$missing" ] || die "$python lacks $missing; on a machine with an index run: pip download" \
+    "--no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64" \
+    "--dest wheels $missing mpich, carry the folder, and run: bash tests/gpu.sh wheels"
+
 # --- everything imports, with or without a GPU --------------------------------------------------
 imports="import hpcgrad, hpcgrad.cuda, hpcgrad.distributed, hpcgrad.info, hpcgrad.kernels.cuda, hpcgrad.nn.parallel"
 timeout -k 5 120 "$python" -c "$imports" || die "importing hpcgrad failed with $python (see above)"
