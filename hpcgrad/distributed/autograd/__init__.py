@@ -354,7 +354,7 @@ def _serve_backward(src, envelope, payloads):
     try:
         ctx = container.retrieve(envelope["context_id"])
         send_function = ctx.send_functions[envelope["message_id"]]
-        send_function.grads = [Tensor._make(p, False, None, 0) for p in payloads]
+        send_function.set_grads(payloads, lambda a: Tensor._make(a, False, None, 0))
         state = PassState(ctx, envelope["pass_id"], envelope["keep_graph"],
                           envelope.get("pass_timeout"))
         with context_guard(ctx.context_id):

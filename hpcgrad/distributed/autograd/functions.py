@@ -24,6 +24,17 @@ class SendRpcBackward(Node):
     def name(self):
         return "SendRpcBackward"
 
+    def set_grads(self, arrays, make_tensor):
+        """The peer's gradients (host arrays off the wire), each moved to the device its edge's
+        Node expects (a GPU tensor sent by RPC travels as a host copy)."""
+        grads = []
+        for array, edge in zip(arrays, self.next_edges):
+            if edge is not None:
+                node, input_nr = edge
+                array = backend.to_device(array, node.input_metadata[input_nr][2])
+            grads.append(make_tensor(array))
+        self.grads = grads
+
     def apply(self, grads):
         if self.grads is None:
             raise RuntimeError("SendRpcBackward ran without the gradients from its peer")
