@@ -1,6 +1,28 @@
 """Arrays -> MPI buffers: dtype map, contiguity checks, and CUDA-aware or host-staged GPU memory.
 
 This is the one place that synchronizes a GPU stream before MPI touches device memory.
+
+Note [Device buffers before MPI]
+    MPI reads and writes memory from the host's point of view: before it touches a device array
+    (directly, with a CUDA-aware MPI, or through a host copy) the kernels that produced the
+    array must be done. hpcgrad waits on an event recorded on the producer's stream, in one
+    place, ``device_ready_event`` here (MessageBuffer and the reducer's bucket staging call it):
+    not on the whole device, and not on whatever stream the caller happens to call current, so
+    work enqueued on other streams is not waited for and work enqueued later on the producer's
+    stream (the rest of backward) goes on.
+
+    Which stream produced the array: ``stream=`` when the caller knows it; otherwise cupy's
+    current stream of the calling thread. In hpcgrad that default is the producer's: gradients
+    are computed by the engine's device thread for that device (Note [Layers]: engine), and the
+    hooks that hand them to communication (the reducer's autograd hooks, comm hooks, a
+    collective called in a hook) run on that same thread, right after the kernels that wrote
+    the gradient (and the divide-and-copy into the bucket view, which launches on cupy's
+    current stream, kernels.py) were enqueued on its current stream. A caller that computes on
+    a stream of its own and then calls a collective from another thread must pass ``stream=``.
+
+    With a CUDA-aware MPI the event is synchronized before the MPI spec is built. Without one,
+    the event orders a device-to-host copy on a side stream instead (Note [Host staging that
+    overlaps] in staging.py) and MPI gets the pinned host copy once that copy completes.
 """
 
 import numpy as np
@@ -8,6 +30,7 @@ from mpi4py import MPI
 
 from .. import backend
 from .mpi import cuda_aware_mpi
+from .staging import STAGING
 
 
 def _mpi_type(name):
@@ -63,6 +86,25 @@ def cuda_aware():
     return _cuda_aware
 
 
+def device_ready_event(array, stream=None):
+    """An event recorded on the stream that produced the device ``array``: once it completes,
+    MPI (or a copy ordered after it) may read the array (Note [Device buffers before MPI])."""
+    cupy = backend.cupy_module()
+    with cupy.cuda.Device(array.device.id):
+        if stream is None:
+            stream = cupy.cuda.get_current_stream()
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+    return event
+
+
+def stage_device_array(array, stream=None):
+    """Start the pinned host copy of the contiguous device ``array`` after its producer's work;
+    returns the StagedCopy (staging.py) without blocking: ``wait()`` it before MPI reads the
+    host copy, ``copy_back()`` after MPI wrote it, then ``release()``."""
+    return STAGING.stage(backend.cupy_module(), array, device_ready_event(array, stream))
+
+
 def is_array(x):
     """Whether ``x`` is a numpy or cupy array (what this layer sends; it knows no Tensor)."""
     return isinstance(x, np.ndarray) or backend.is_gpu_array(x)
@@ -80,11 +122,12 @@ class MessageBuffer:
     with a CUDA-aware MPI); otherwise a host or float32 copy, written back by ``finish()``.
     """
 
-    __slots__ = ("array", "staged", "writable", "spec")
+    __slots__ = ("array", "spec", "staged", "transfer", "writable")
 
-    def __init__(self, array, writable=False, name="tensor", upcast=False):
+    def __init__(self, array, writable=False, name="tensor", upcast=False, stream=None):
         """``upcast``: send float16 as float32 even where MPI has a float16 type (for AVG, whose
-        sum would overflow 65504 before the division)."""
+        sum would overflow 65504 before the division). ``stream``: the stream that produced a
+        device ``array`` (default: cupy's current stream; Note [Device buffers before MPI])."""
         if type(array) is np.ndarray:  # the hot path: one flags object, one dict lookup
             flags = array.flags
             if not flags.c_contiguous:
@@ -102,13 +145,14 @@ class MessageBuffer:
                 raise _not_contiguous(array, name)
             if writable and not getattr(array.flags, "writeable", True):
                 raise _read_only(name)
-        self.array, self.writable = array, writable
+        self.array, self.writable, self.transfer = array, writable, None
         staged = array
         if backend.is_gpu_array(array):
-            cupy = backend.cupy_module()
-            cupy.cuda.get_current_stream().synchronize()  # the producer's kernels are done
-            if not cuda_aware():
-                staged = cupy.asnumpy(array)
+            if cuda_aware():
+                device_ready_event(array, stream).synchronize()
+            else:  # a pinned host copy from the pool; MPI reads it once the copy is done
+                self.transfer = stage_device_array(array, stream)
+                staged = self.transfer.wait()
         dtype = staged.dtype
         mpi_type = None if upcast and dtype.name in _UPCAST else _MPI_TYPES.get(dtype)
         if mpi_type is None:
@@ -127,11 +171,20 @@ class MessageBuffer:
         return self.staged is not self.array
 
     def finish(self):
-        """Write received data back into the caller's array if MPI worked on a copy."""
-        if self.writable and self.staged is not self.array:
-            if backend.is_gpu_array(self.array):
-                self.array[...] = backend.cupy_module().asarray(self.staged).astype(
-                    self.array.dtype)
+        """Write received data back into the caller's array if MPI worked on a copy; give a
+        pinned staging buffer back (the buffer is done with once this returns)."""
+        transfer = getattr(self, "transfer", None)  # unset on the host fast path
+        if transfer is not None:
+            self.transfer = None
+            last_use = None
+            if self.writable:
+                if self.staged is not transfer.host:  # float32 for a float16/bfloat16 array
+                    np.copyto(transfer.host, self.staged, casting="unsafe")
+                last_use = transfer.copy_back()  # completed: any stream may read the array
+            transfer.release(last_use)
+        elif self.writable and self.staged is not self.array:
+            if backend.is_gpu_array(self.array):  # CUDA-aware, float32 on the device
+                self.array[...] = self.staged.astype(self.array.dtype)
             else:
                 np.copyto(self.array, self.staged, casting="unsafe")
 
