@@ -8,7 +8,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from . import buffers, debug, progress
+from . import buffers, debug, device_path, progress
+from . import work as work_module
 from .buffers import MessageBuffer, dtype_code, dtype_name, is_floating
 from .flight_recorder import RECORDER
 from .work import CommTimeoutError, GroupUnusableError, Work, wait_requests, watchdog
@@ -104,6 +105,10 @@ class ProcessGroup:
         self._wide = comm.Dup() if comm != MPI.COMM_NULL else comm
         self._inflight = None  # the blocking call under way, for the watchdog
         self._failed = None  # Note [A timed-out group]: the timeout that ended this group
+        # Note [Device collectives per MPI]: None (every call direct) or which arrays take
+        # the communication thread, started on first use
+        self._via_thread = device_path.router(buffers.cuda_aware)
+        self._comm_thread = None
         self._gid = (RECORDER.register_group(self.ranks, name) if recorder_id is None
                      else recorder_id)
         if timeout:
@@ -114,6 +119,8 @@ class ProcessGroup:
 
     def free(self):
         """Release the communicators (the group is unusable afterwards)."""
+        if self._comm_thread is not None:
+            self._comm_thread.close("was freed")
         if self._checker is not None:
             self._checker.comm.Free()
             self._checker = None
@@ -147,6 +154,8 @@ class ProcessGroup:
         if self._failed is None:
             self._failed = (str(error), time.strftime("%H:%M:%S"))
             RECORDER.dump(f"timeout: {error}")  # never raises (Note [Flight recorder])
+            if self._comm_thread is not None:
+                self._comm_thread.close(f"failed: {error}")
 
     def _refuse(self):
         error, when = self._failed
@@ -203,6 +212,37 @@ class ProcessGroup:
         if finish is not None:
             finish()
 
+    def _routed(self, name, array, finish, bufs, result, blocking, start, *args):
+        """A collective on a group that may use its communication thread: there when
+        ``_via_thread(array)``, else direct once the thread has drained (Note [Device
+        collectives per MPI]). ``start`` is the nonblocking MPI call; the thread runs its
+        blocking form (Iallreduce -> Allreduce)."""
+        thread = self._comm_thread
+        if self._via_thread(array):
+            if thread is None:
+                thread = self._comm_thread = device_path.CommThread(
+                    f"hpcgrad-comm-{self._gid}")
+            form = start.__name__
+            call = getattr(start.__self__, form[1].upper() + form[2:])
+            device = array.device.id if backend.is_gpu_array(array) else -1
+            request = thread.submit(call, args, device)
+            work = self._work(name, array, [request], bufs, _then(request.check, finish),
+                              result)
+            if blocking:
+                work.wait()
+                return None
+            return work
+        if thread is not None and not thread.idle():
+            try:
+                thread.drain(self.timeout, lambda: work_module.describe_call(
+                    (name, None, self._seq + 1, array, self._size)))
+            except CommTimeoutError as error:
+                self._fail(error)
+                raise
+        if blocking:
+            return self._blocking(name, array, finish, start, *args)
+        return self._work(name, array, [start(*args)], bufs, finish, result)
+
     def _check(self, name, array, **extra):
         """The debug check of the next call (HPCGRAD_DISTRIBUTED_DEBUG=INFO or DETAIL)."""
         if self._failed is not None:
@@ -221,7 +261,7 @@ class ProcessGroup:
         report): the common case in a third of the Python steps (Note [Cost per call]).
         Returns False if it did nothing."""
         if (type(array) is not np.ndarray or op is _AVG or self._checker is not None
-                or self._failed is not None):
+                or self._failed is not None or self._via_thread is not None):
             return False
         comm = self._wide if array.itemsize > 4 else self.comm
         mpi_op = getattr(op, "_mpi_op", None)
@@ -255,6 +295,9 @@ class ProcessGroup:
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
+        if self._via_thread is not None:
+            return self._routed("allreduce", array, finish, (buf,), result, blocking,
+                                comm.Iallreduce, _IN_PLACE, buf.spec, mpi_op)
         if blocking:
             return self._blocking("allreduce", array, finish, comm.Iallreduce, _IN_PLACE,
                                   buf.spec, mpi_op)
@@ -268,6 +311,9 @@ class ProcessGroup:
         self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, True)
         finish = _finish_buffer(buf)
+        if self._via_thread is not None:
+            return self._routed("broadcast", array, finish, (buf,), result, blocking,
+                                comm.Ibcast, buf.spec, src)
         if blocking:
             return self._blocking("broadcast", array, finish, comm.Ibcast, buf.spec, src)
         request = comm.Ibcast(buf.spec, src)
@@ -283,6 +329,9 @@ class ProcessGroup:
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
         send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
+        if self._via_thread is not None:
+            return self._routed("reduce", array, finish, (buf,), result, blocking,
+                                comm.Ireduce, send, recv, mpi_op, dst)
         if blocking:
             return self._blocking("reduce", array, finish, comm.Ireduce, send, recv,
                                   mpi_op, dst)
@@ -297,6 +346,9 @@ class ProcessGroup:
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
+        if self._via_thread is not None:
+            return self._routed("allgather", array, finish, (send, recv), result, blocking,
+                                comm.Iallgather, send.spec, recv.spec)
         if blocking:
             return self._blocking("allgather", array, finish, comm.Iallgather, send.spec,
                                   recv.spec)
@@ -314,6 +366,9 @@ class ProcessGroup:
         send = MessageBuffer(array, upcast=avg)
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         finish = _finish_average(recv, self._size) if avg else _finish_buffer(recv)
+        if self._via_thread is not None:
+            return self._routed("reduce_scatter", array, finish, (send, recv), result, blocking,
+                                comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
         if blocking:
             return self._blocking("reduce_scatter", array, finish,
                                   comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
@@ -331,6 +386,9 @@ class ProcessGroup:
         _expect_dtype(output, array, "all_to_all output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_finish_buffer(recv), after)
+        if self._via_thread is not None:
+            return self._routed("alltoall", array, finish, (send, recv), result, blocking,
+                                comm.Ialltoall, send.spec, recv.spec)
         if blocking:
             return self._blocking("alltoall", array, finish, comm.Ialltoall, send.spec,
                                   recv.spec)
@@ -340,6 +398,9 @@ class ProcessGroup:
     def ibarrier(self, blocking=False):
         """Complete once every rank of the group has started its barrier."""
         self._check("barrier", _NOTHING)
+        if self._via_thread is not None:
+            return self._routed("barrier", _NOTHING, None, (), None, blocking,
+                                self.comm.Ibarrier)
         if blocking:
             return self._blocking("barrier", _NOTHING, None, self.comm.Ibarrier)
         return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
