@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import backend, kernels
 from ..autograd.engine import Engine, current_graph_task
+from ..comm import buffers
 from ..comm.process_group import ReduceOp
 from ..distributed import api
 from ..distributed.grad_bucket import GradBucket
@@ -106,6 +107,7 @@ class Bucket:
         self.pending = len(variables)
         self.first_ready = None  # time.time() of its first gradient, timeline on only
         self.work = self.future = None
+        self.staged = None  # a GPU bucket's host copy (Note [Host staging that overlaps])
         self.sparse_grad = None
         if expect_sparse:
             self.contents, self.views_in, self.offsets = None, [], []
@@ -164,6 +166,7 @@ class Reducer:
         self.div_factor = None
         self.forward_pass_work = None
         self.comm_hook = None
+        self._copying = []  # full GPU buckets whose host copy is under way, in bucket order
         self.has_rebuilt_buckets = False
         self.rebuilt_param_indices = []
         self.ready_order = []  # the last iteration's gradient-ready order (for inspection)
@@ -251,9 +254,11 @@ class Reducer:
             self.ensure_prior_reduction_finished()
             self.expect_autograd_hooks = True
             self.next_bucket = 0
+            self._copying = []
             for bucket in self.buckets:
                 bucket.pending = len(bucket.variables)
                 bucket.first_ready = None
+                bucket.staged = None
             self.ready = np.zeros(len(self.params), dtype=bool)
             self._stashed = {}  # index -> a bucket-view .grad of an unused parameter
             self.has_marked_unused_parameters = False
@@ -348,6 +353,8 @@ class Reducer:
         """``computed``: this backward brought the parameter a gradient (else: unused)."""
         if self.ready[index]:
             raise RuntimeError(self._ready_twice_message(index))
+        if self._copying:
+            self._launch_copied(block=False)
         b, k = self.locators[index]
         bucket = self.buckets[b]
         self.ready[index] = True
@@ -448,8 +455,39 @@ class Reducer:
             elif bucket.expect_sparse:
                 bucket.work = SparseAllGather(self.process_group, bucket.sparse_grad)
             else:
-                bucket.work = self.process_group.iallreduce(bucket.contents, ReduceOp.SUM)
+                self._launch_dense(bucket)
             self.next_bucket += 1
+
+    def _launch_dense(self, bucket):
+        """All-reduce a full dense bucket; a GPU one without a CUDA-aware MPI goes through a
+        pinned host copy started now, its all-reduce launched once the copy is done."""
+        if backend.is_gpu_array(bucket.contents) and not buffers.cuda_aware():
+            # Note [Host staging that overlaps]: the device-to-host copy runs on a side stream
+            # after the kernels that filled the bucket; the hook returns at once, so backward
+            # goes on; a later hook (or finalize) launches the all-reduce, in bucket order.
+            bucket.staged = buffers.stage_device_array(bucket.contents)
+        elif not self._copying:
+            bucket.work = self.process_group.iallreduce(bucket.contents, ReduceOp.SUM)
+            return
+        bucket.work = None  # queued behind earlier buckets: every rank launches in one order
+        self._copying.append(bucket)
+        self._launch_copied(block=False)
+
+    def _launch_copied(self, block):
+        """All-reduce the queued buckets whose host copy is done, in bucket order (``block``:
+        all of them, waiting for each copy)."""
+        while self._copying and (block or self._copying[0].staged is None
+                                 or self._copying[0].staged.ready()):
+            bucket = self._copying.pop(0)
+            array = bucket.contents if bucket.staged is None else bucket.staged.wait()
+            bucket.work = self.process_group.iallreduce(array, ReduceOp.SUM)
+
+    @staticmethod
+    def _copy_back(bucket):
+        """After a staged bucket's all-reduce: the sum back to the device, the buffer released."""
+        staged, bucket.staged = bucket.staged, None
+        if staged is not None:
+            staged.release(staged.copy_back())  # completed on return: any stream may read it
 
     def finalize_backward(self):
         """The engine's final callback: wait for every bucket, write the gradients back."""
@@ -469,6 +507,7 @@ class Reducer:
             self.expect_autograd_hooks = False
             self.require_finalize = False
             self.div_factor = None
+            self._launch_copied(block=True)
             for b, bucket in enumerate(self.buckets):
                 # Waited first, whatever the bucket holds: its span ends where the wait returns.
                 if self.comm_hook is not None:
@@ -478,6 +517,7 @@ class Reducer:
                     result = bucket.work.result()
                 else:
                     bucket.work.wait()
+                    self._copy_back(bucket)
                 if traced:
                     TIMELINE.end_async("allreduce", "ddp", b, bucket=b)
                 if bucket.expect_sparse:
@@ -712,11 +752,13 @@ class Reducer:
                 bucket.pending = 0
             self.next_bucket = 0
             self.mark_bucket_ready(0)
+            self._launch_copied(block=True)
             if self.find_unused_parameters:
                 self.process_group.iallreduce(np.zeros_like(self.local_used)).wait()
             traced = TIMELINE.enabled  # Note [DDP timeline]
             for b, bucket in enumerate(self.buckets):
                 (bucket.work if self.comm_hook is None else bucket.future).wait()
+                self._copy_back(bucket)
                 if traced:
                     TIMELINE.end_async("allreduce", "ddp", b, bucket=b)
                 bucket.pending = len(bucket.variables)

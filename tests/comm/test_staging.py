@@ -194,3 +194,63 @@ def test_host_arrays_take_no_staging(fake_cupy):
     a = np.arange(4.0)
     buf = MessageBuffer(a, writable=True)
     assert buf.spec[0] is a and fake_cupy.log == []
+
+
+class RecordingGroup:
+    """Stands for a ProcessGroup of 2 ranks: records what each all-reduce got and, on wait,
+    writes the sum of two equal contributions, as MPI would into the host copy."""
+
+    def __init__(self, log):
+        self.log, self.launched = log, []
+
+    def iallreduce(self, array, op):
+        self.log.append(("iallreduce", type(array).__name__))
+        self.launched.append(array)
+        return types.SimpleNamespace(wait=lambda: np.multiply(array, 2, out=array))
+
+
+def test_reducer_stages_a_full_bucket_and_goes_on(fake_cupy, monkeypatch):
+    from hpcgrad.ddp.reducer import Reducer
+    monkeypatch.setattr(buffers, "_cuda_aware", False)
+    reducer = Reducer.__new__(Reducer)  # only the bucket launch and finalize paths
+    group = RecordingGroup(fake_cupy.log)
+    buckets = [types.SimpleNamespace(contents=np.full(4, float(b + 1)).view(DeviceArray),
+                                     pending=0, expect_sparse=False, staged=None, work=None)
+               for b in range(2)]
+    reducer.__dict__.update(buckets=buckets, next_bucket=0, comm_hook=None, _copying=[],
+                            process_group=group, _comm_start=None)
+    reducer.mark_bucket_ready(0)
+    # Both copies enqueued on the side stream after the producer; nothing waited for, nothing
+    # launched yet: the hook returns and backward goes on.
+    assert _kinds(fake_cupy.log, "wait_event", "memcpy", "sync", "iallreduce") == [
+        ("wait_event", "side1", "event1"), ("memcpy", "D2H", "side1"),
+        ("wait_event", "side1", "event3"), ("memcpy", "D2H", "side1")]
+    assert reducer.next_bucket == 2 and len(reducer._copying) == 2
+    buckets[0].staged.copied.done = True  # the first copy completes; a later hook launches it
+    reducer._launch_copied(block=False)
+    assert [type(a) for a in group.launched] == [np.ndarray]
+    reducer._launch_copied(block=True)  # finalize: the rest, in bucket order
+    assert [a.tolist() for a in group.launched] == [[1.0] * 4, [2.0] * 4]
+    for bucket in buckets:
+        bucket.work.wait()
+        Reducer._copy_back(bucket)
+        assert bucket.staged is None
+    assert [b.contents.tolist() for b in buckets] == [[2.0] * 4, [4.0] * 4]
+    assert _kinds(fake_cupy.log, "memcpy")[-2:] == [("memcpy", "H2D", "side1")] * 2
+    # The next iteration reuses both pinned buffers.
+    pinned = len(_kinds(fake_cupy.log, "pinned"))
+    reducer.next_bucket = 0
+    reducer.mark_bucket_ready(0)
+    assert len(_kinds(fake_cupy.log, "pinned")) == pinned == 2
+
+
+def test_reducer_host_buckets_launch_at_once(fake_cupy):
+    from hpcgrad.ddp.reducer import Reducer
+    reducer = Reducer.__new__(Reducer)
+    group = RecordingGroup(fake_cupy.log)
+    bucket = types.SimpleNamespace(contents=np.ones(3), pending=0, expect_sparse=False,
+                                   staged=None, work=None)
+    reducer.__dict__.update(buckets=[bucket], next_bucket=0, comm_hook=None, _copying=[],
+                            process_group=group, _comm_start=None)
+    reducer.mark_bucket_ready(0)
+    assert group.launched == [bucket.contents] and fake_cupy.log == [("iallreduce", "ndarray")]
