@@ -56,8 +56,9 @@ def _mpi_op(op, array):
 
 
 def _finish_buffer(buf):
-    """The finish step for one received buffer: None when MPI wrote straight into the array."""
-    return buf.finish if buf.writable and buf.staged is not buf.array else None
+    """The finish step of a buffer: None when MPI used the array itself; a staged one copies
+    back (when written) and returns its pinned host buffer to the pool (also when only sent)."""
+    return buf.finish if buf.staged is not buf.array else None
 
 
 def _finish_average(buf, size):

@@ -1,20 +1,16 @@
-"""MessageBuffer: dtype map, the float32 upcast, contiguity and read-only checks, device staging."""
+"""MessageBuffer: dtype map, the float32 upcast, contiguity and read-only checks, device staging (tests/comm/test_staging.py)."""
 
-import types
-
+import dist_cases as cases
 import numpy as np
 import pytest
 
 import hpcgrad.distributed as dist
-from hpcgrad import backend
-from hpcgrad.distributed import ReduceOp
 from hpcgrad.comm import buffers
 from hpcgrad.comm.buffers import MessageBuffer
-from hpcgrad.distributed.api import as_array
 from hpcgrad.comm.mpi import MPI
+from hpcgrad.distributed import ReduceOp
+from hpcgrad.distributed.api import as_array
 from hpcgrad.tensor import Tensor
-
-import dist_cases as cases
 
 NATIVE = {"float64": MPI.DOUBLE, "float32": MPI.FLOAT, "float16": MPI.FLOAT16_T,
           "int64": MPI.INT64_T, "int32": MPI.INT32_T, "int16": MPI.INT16_T, "int8": MPI.INT8_T,
@@ -108,41 +104,7 @@ class DeviceArray(np.ndarray):
     """Stands for a cupy array: numpy memory, but not a host numpy array to MessageBuffer."""
 
 
-@pytest.fixture
-def stand_in_device(monkeypatch):
-    """Route MessageBuffer's GPU branch to DeviceArray; returns the stream-synchronize log."""
-    syncs = []
-    stream = types.SimpleNamespace(synchronize=lambda: syncs.append("sync"))
-    fake_cupy = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(get_current_stream=lambda: stream),
-        asnumpy=lambda a: np.array(a).view(np.ndarray),
-        asarray=lambda a: np.asarray(a).view(DeviceArray))
-    monkeypatch.setattr(backend, "is_gpu_array", lambda a: isinstance(a, DeviceArray))
-    monkeypatch.setattr(backend, "cupy_module", lambda: fake_cupy)
-    return syncs
-
-
-@pytest.mark.parametrize("aware", [False, True], ids=["host-staged", "cuda-aware"])
-def test_device_buffers(stand_in_device, monkeypatch, aware):
-    monkeypatch.setattr(buffers, "_cuda_aware", aware)
-    a = np.arange(4.0).view(DeviceArray)
-    buf = MessageBuffer(a, writable=True)
-    assert stand_in_device == ["sync"]  # the producer's stream is synchronized first
-    assert buf.is_staged is not aware
-    assert isinstance(buf.spec[0], DeviceArray) is aware
-    buf.staged[...] = [9, 8, 7, 6]  # what MPI would write
-    buf.finish()
-    assert a.tolist() == [9, 8, 7, 6] and type(a) is DeviceArray
-
-
-def test_device_float16_without_mpi_type(stand_in_device, monkeypatch, without_float16):
-    monkeypatch.setattr(buffers, "_cuda_aware", False)
-    a = np.array([1.0, 2.0], np.float16).view(DeviceArray)
-    buf = MessageBuffer(a, writable=True)
-    assert buf.staged.dtype == np.float32 and type(buf.staged) is np.ndarray
-    buf.staged[...] = [0.5, 4097]
-    buf.finish()
-    assert a.dtype == np.float16 and a.tolist() == [0.5, 4096]
+# Device staging with a stand-in cupy: tests/comm/test_staging.py.
 
 
 # --- real GPUs (skipped without one) -------------------------------------------------------------
