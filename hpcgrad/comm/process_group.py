@@ -346,7 +346,7 @@ class ProcessGroup:
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
-        finish = _then(_finish_buffer(recv), after)
+        finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
         if self._via_thread is not None:
             return self._routed("allgather", array, finish, (send, recv), result, blocking,
                                 comm.Iallgather, send.spec, recv.spec)
@@ -366,7 +366,8 @@ class ProcessGroup:
         avg = op is _AVG
         send = MessageBuffer(array, upcast=avg)
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
-        finish = _finish_average(recv, self._size) if avg else _finish_buffer(recv)
+        finish = _then(_finish_average(recv, self._size) if avg else _finish_buffer(recv),
+                       _finish_buffer(send))
         if self._via_thread is not None:
             return self._routed("reduce_scatter", array, finish, (send, recv), result, blocking,
                                 comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
@@ -386,7 +387,7 @@ class ProcessGroup:
                              f"and {list(output.shape)}")
         _expect_dtype(output, array, "all_to_all output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
-        finish = _then(_finish_buffer(recv), after)
+        finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
         if self._via_thread is not None:
             return self._routed("alltoall", array, finish, (send, recv), result, blocking,
                                 comm.Ialltoall, send.spec, recv.spec)
@@ -415,7 +416,7 @@ class ProcessGroup:
         self._check_peer(dst, "dst", "send to self would deadlock; use a local copy")
         buf = MessageBuffer(array)
         request = self.comm.Isend(buf.spec, dst, wire)
-        return self._work("send", array, [request], (buf,), None, result, peer=dst)
+        return self._work("send", array, [request], (buf,), _finish_buffer(buf), result, peer=dst)
 
     def irecv(self, array, src=None, tag=None, result=None):
         """Receive into ``array`` from ``src``; with ``src=None`` first wait for any sender.
