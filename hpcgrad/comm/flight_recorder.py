@@ -242,13 +242,10 @@ def _to_json(record):
 
 
 def _new_recorder():
+    # A bad HPCGRAD_FLIGHT_RECORDER is an error at import, as every hpcgrad setting is: a
+    # silent default would leave a user who asked for a larger ring without it.
     world = comm_world()
-    try:
-        capacity = capacity_from_env()
-    except ValueError as exc:
-        _log(f"{exc}; using {DEFAULT_CAPACITY}")
-        capacity = DEFAULT_CAPACITY
-    return FlightRecorder(capacity, world.Get_rank(), world.Get_size())
+    return FlightRecorder(capacity_from_env(), world.Get_rank(), world.Get_size())
 
 
 RECORDER = _new_recorder()

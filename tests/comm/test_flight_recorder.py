@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -155,3 +156,12 @@ def test_sigusr2_dumps_while_the_main_thread_is_blocked_in_mpi(launch, tmp_path)
     assert "installed: True" in job.stdout
     assert "dumped while blocked: True" in job.stdout, job.output
     assert "reason: signal SIGUSR2; last call: recv from 0, posted" in job.stdout, job.output
+
+
+def test_a_bad_capacity_is_an_error_at_import():
+    """Not a silent default: the user asked for something and learns it was not taken."""
+    done = subprocess.run([sys.executable, "-c", "import hpcgrad.distributed"],
+                          env=dict(os.environ, HPCGRAD_FLIGHT_RECORDER="lots"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "HPCGRAD_FLIGHT_RECORDER must be a whole number of entries >= 0" in done.stderr
