@@ -1,0 +1,128 @@
+"""The scaling model (hpcgrad/distributed/model.py) against hand-computed costs, limits and fits."""
+
+import numpy as np
+import pytest
+
+from hpcgrad.distributed import model
+
+A, B, G = 2e-6, 1e-9, 0.25e-9  # alpha, beta, gamma: round numbers to compute by hand
+FAB = model.Fabric("test", A, B, G)
+N = 1_000_000
+
+
+@pytest.mark.parametrize("p, want", [
+    (2, 2 * A + 2 * 0.5 * N * B + 0.5 * N * G),          # 2 alpha + n beta + n/2 gamma
+    (4, 6 * A + 2 * 0.75 * N * B + 0.75 * N * G),
+    (8, 14 * A + 2 * 0.875 * N * B + 0.875 * N * G),
+])
+def test_ring_hand_computed(p, want):
+    assert model.ring_allreduce(N, p, FAB) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("p, steps", [(2, 1), (4, 2), (8, 3), (5, 3)])
+def test_tree_hand_computed(p, steps):
+    want = steps * (A + N * B + N * G)
+    assert model.tree_allreduce(N, p, FAB) == pytest.approx(want, rel=1e-12)
+
+
+def test_one_rank_costs_nothing():
+    assert model.ring_allreduce(N, 1, FAB) == 0
+    assert model.tree_allreduce(N, 1, FAB) == 0
+    assert model.hierarchical_allreduce(N, 1, 1, FAB, FAB) == 0
+
+
+def test_ring_bandwidth_term_tends_to_2_n_beta():
+    no_latency = model.Fabric("bw", 0.0, B)
+    assert model.ring_allreduce(N, 10**6, no_latency) == pytest.approx(2 * N * B, rel=1e-5)
+    # and the latency term grows linearly: 2 (p-1) alpha
+    latency_only = model.Fabric("lat", A, 0.0)
+    assert model.ring_allreduce(N, 4096, latency_only) == pytest.approx(2 * 4095 * A)
+
+
+def test_hierarchical_hand_computed():
+    intra = model.Fabric("intra", 1e-6, 0.1e-9)
+    inter = model.Fabric("inter", 5e-6, 1e-9)
+    n = 8  # tiny message: binomial tree in the node, log2(4) = 2 steps each way
+    reduce = 2 * (1e-6 + n * 0.1e-9)
+    bcast = 2 * (1e-6 + n * 0.1e-9)
+    ring = 2 * 3 * 5e-6 + 2 * 0.75 * n * 1e-9  # 4 leaders
+    assert model.hierarchical_allreduce(n, 4, 4, intra, inter) == pytest.approx(
+        reduce + ring + bcast, rel=1e-12)
+    # large message: reduce-scatter + gather and scatter + all-gather win over the tree
+    n = 64 * model.MB
+    reduce = (3 + 2) * 1e-6 + 2 * 0.75 * n * 0.1e-9
+    bcast = (2 + 3) * 1e-6 + 2 * 0.75 * n * 0.1e-9
+    ring = 2 * 3 * 5e-6 + 2 * 0.75 * n * 1e-9
+    assert model.hierarchical_allreduce(n, 4, 4, intra, inter) == pytest.approx(
+        reduce + ring + bcast, rel=1e-12)
+    # one rank per node is the flat ring among nodes
+    assert model.hierarchical_allreduce(n, 4, 1, intra, inter) == model.ring_allreduce(n, 4, inter)
+
+
+def test_fabric_from_bandwidth():
+    ib = model.Fabric.from_bandwidth("ib", 1.5, 100)
+    assert ib.alpha == pytest.approx(1.5e-6)
+    assert ib.beta == pytest.approx(1 / 12.5e9)  # 100 Gbit/s = 12.5 GB/s
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        model.Fabric.from_bandwidth("bad", 1, 0)
+
+
+def test_bad_rank_count_is_refused():
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        model.ring_allreduce(N, 0, FAB)
+
+
+def test_buckets_first_small_then_cap():
+    mb = model.MB
+    assert model.buckets(60 * mb) == [mb, 25 * mb, 25 * mb, 9 * mb]
+    assert model.buckets(mb // 2) == [mb // 2]
+    assert model.buckets(0) == []
+
+
+def test_fit_recovers_alpha_beta_from_synthetic_data():
+    sizes = 4096 * 4.0 ** np.arange(8)  # 4 KB .. 64 MB, as benchmarks/comm.py sweeps
+    for p in (2, 3, 8):
+        exact = model.ring_allreduce
+        times = np.array([exact(n, p, model.Fabric("x", 3e-6, 2e-10)) for n in sizes])
+        alpha, beta = model.fit_alpha_beta(sizes, times, p)
+        assert alpha == pytest.approx(3e-6, rel=1e-6) and beta == pytest.approx(2e-10, rel=1e-6)
+        noisy = times * np.random.default_rng(p).uniform(0.97, 1.03, times.size)
+        alpha, beta = model.fit_alpha_beta(sizes, noisy, p)
+        assert alpha == pytest.approx(3e-6, rel=0.1) and beta == pytest.approx(2e-10, rel=0.1)
+
+
+def test_fit_refuses_one_rank_and_too_few_points():
+    with pytest.raises(ValueError, match=">= 2 ranks"):
+        model.fit_alpha_beta([1, 2], [1e-6, 2e-6], 1)
+    with pytest.raises(ValueError, match=">= 2 \\(size, time\\) pairs"):
+        model.fit_alpha_beta([1], [1e-6], 2)
+
+
+def test_overlap_fully_hidden():
+    # two equal buckets, each all-reduce 1 s, backward 10 s: ready at 5 and 10, done at 6 and 11
+    step = model.ddp_step([100, 100], 2.0, 10.0, 0.5, lambda n: 1.0)
+    assert step.comm_end == pytest.approx(11.0)
+    assert step.step == pytest.approx(2.0 + 11.0 + 0.5)
+    assert step.exposed == pytest.approx(1.0)  # only the last bucket's all-reduce shows
+    # ten buckets ready at 1, 2, .., 10 s, each reduced in 0.5 s before the next is ready:
+    # all is hidden but the last bucket's own all-reduce
+    step = model.ddp_step([100] * 10, 2.0, 10.0, 0.5, lambda n: 0.5)
+    assert step.comm_end == pytest.approx(10.5) and step.exposed == pytest.approx(0.5)
+    assert step.communication == pytest.approx(5.0)
+    step = model.ddp_step([100, 100], 2.0, 10.0, 0.5, lambda n: 0.0)
+    assert step.step == step.compute and step.efficiency == 1.0
+
+
+def test_overlap_communication_bound():
+    # all-reduce 4 s per bucket, backward 2 s: buckets queue; step ends with the last one
+    step = model.ddp_step([1, 1, 1], 1.0, 3.0, 0.0, lambda n: 4.0)
+    # ready at 1, 2, 3; run 1-5, 5-9, 9-13
+    assert step.comm_end == pytest.approx(13.0)
+    assert step.step == pytest.approx(14.0)
+    assert step.communication == pytest.approx(12.0)
+    assert step.efficiency == pytest.approx(4.0 / 14.0)
+
+
+def test_single_bucket_is_no_overlap():
+    step = model.ddp_step([50], 1.0, 2.0, 0.25, lambda n: 3.0)
+    assert step.step == pytest.approx(1.0 + 2.0 + 3.0 + 0.25)
