@@ -1,8 +1,11 @@
 """The simulated cluster: namespaces up and down, and an MPI job across 2 nodes x 2 ranks over the network."""
 
+import contextlib
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cluster as simcluster  # tests/cluster/cluster.py (pytest puts this directory on sys.path)
@@ -73,3 +76,40 @@ def test_mpi_two_nodes_two_ranks(launch, leftovers_checked):
                      ("2", "node2", "10", "2", "10"), ("3", "node2", "10", "2", "10")], result.output
     # node1's ranks' data went over its link (Note [MPI across namespaces]: UCX would use shared memory)
     assert crossed > 1_000_000, f"only {crossed} bytes reached node1 over its link"
+
+
+def test_run_cleans_up_on_sigterm(leftovers_checked):
+    """`cluster.py run` killed mid-job ends the job and removes its namespaces within seconds."""
+    before = set(simcluster.namespaces())
+    proc = subprocess.Popen([sys.executable, str(Path(simcluster.__file__)), "run", "-n", "2", "--nodes", "2",
+                             "--timeout", "30", "--", "sleep", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while len(set(simcluster.namespaces()) - before) < 2 or len(ranks := _sleeps_in(before)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout and proc.stdout.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+    assert proc.returncode == -signal.SIGTERM
+    assert set(simcluster.namespaces()) - before == set()
+    alive = [pid for pid in ranks if Path(f"/proc/{pid}").exists()
+             and b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert not alive, f"the job's ranks {alive} outlived cluster.py"
+
+
+def _sleeps_in(before):
+    """Pids running `sleep 30` in namespaces that were not there before (the job's ranks)."""
+    found = set()
+    for ns in set(simcluster.namespaces()) - before:
+        pids = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True,
+                              timeout=10).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
+                    found.add(pid)
+    return found
