@@ -11,8 +11,12 @@ from pathlib import Path
 import cluster as simcluster  # tests/cluster/cluster.py (pytest puts this directory on sys.path)
 import pytest
 
+from hpcgrad.comm.mpi import comm_world
+
 _CAN, _WHY = simcluster.can_make_namespaces()
-pytestmark = pytest.mark.skipif(not _CAN, reason=_WHY)
+pytestmark = [pytest.mark.skipif(not _CAN, reason=_WHY),
+              # every rank would build its own cluster and see the others' namespaces come and go
+              pytest.mark.skipif(comm_world().Get_size() > 1, reason="builds its own cluster; runs in the serial suite")]
 
 # Each rank: its node's hostname, the sum of (rank + 1) over ranks, its node's rank count, and a
 # 1 MB all-reduce so that bytes must cross the nodes' links.
