@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .. import backend
 from . import buffers, debug, device_path, progress
+from . import hierarchical as hierarchical_module
 from . import work as work_module
 from .buffers import MessageBuffer, dtype_code, dtype_name, is_floating
 from .flight_recorder import RECORDER
@@ -91,10 +92,13 @@ class ProcessGroup:
     int32) is still undetected without HPCGRAD_DISTRIBUTED_DEBUG=INFO (debug.py).
     """
 
-    def __init__(self, comm, timeout, ranks=None, recorder_id=None, name=None):
+    def __init__(self, comm, timeout, ranks=None, recorder_id=None, name=None,
+                 hierarchical=None):
         """``recorder_id``: this group's id in the flight recorder, registered by the caller on
         every rank when not every rank builds the group (new_group); None registers it here
-        (every rank of the world builds it). Note [Flight recorder]."""
+        (every rank of the world builds it). Note [Flight recorder]. ``hierarchical``: '0',
+        '1' or 'auto', the all-reduce's rule (Note [Hierarchical all-reduce]); None reads env
+        HPCGRAD_HIERARCHICAL_ALLREDUCE (default '0'). Every rank must pass the same."""
         self.comm = comm
         self.timeout = timeout
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
@@ -112,6 +116,14 @@ class ProcessGroup:
         self._comm_thread = None
         self._gid = (RECORDER.register_group(self.ranks, name) if recorder_id is None
                      else recorder_id)
+        # Note [Hierarchical all-reduce]: built (collectively) only when asked for
+        mode = hierarchical_module.mode_from_env() if hierarchical is None else str(hierarchical)
+        if mode not in ("0", "1", "auto"):
+            raise ValueError(f"hierarchical must be '0', '1' or 'auto', got {hierarchical!r}")
+        self._hier = None
+        if mode != "0" and comm != MPI.COMM_NULL:
+            fake = hierarchical_module.fake_nodes()
+            self._hier = hierarchical_module.Hierarchical(comm, mode, fake=fake)
         if timeout:
             watchdog.watch(self)
 
@@ -125,6 +137,9 @@ class ProcessGroup:
         if self._checker is not None:
             self._checker.comm.Free()
             self._checker = None
+        if self._hier is not None:
+            self._hier.free()
+            self._hier = None
         if self._wide != MPI.COMM_NULL and self._wide is not self.comm:
             self._wide.Free()
         if self.comm != MPI.COMM_NULL:
@@ -262,7 +277,8 @@ class ProcessGroup:
         report): the common case in a third of the Python steps (Note [Cost per call]).
         Returns False if it did nothing."""
         if (type(array) is not np.ndarray or op is _AVG or self._checker is not None
-                or self._failed is not None or self._via_thread is not None):
+                or self._failed is not None or self._via_thread is not None
+                or self._hier is not None):
             return False
         comm = self._wide if array.itemsize > 4 else self.comm
         mpi_op = getattr(op, "_mpi_op", None)
@@ -296,6 +312,14 @@ class ProcessGroup:
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
+        if (self._hier is not None and self._via_thread is None
+                and self._hier.use(array.nbytes)):  # Note [Hierarchical all-reduce]
+            chain = self._hier.start(buf.spec, mpi_op, array.itemsize > 4)
+            work = self._work("allreduce", array, [chain], (buf,), finish, result)
+            if blocking:
+                work.wait()
+                return None
+            return work
         if self._via_thread is not None:
             return self._routed("allreduce", array, finish, (buf,), result, blocking,
                                 comm.Iallreduce, _IN_PLACE, buf.spec, mpi_op)
