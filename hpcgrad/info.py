@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import hpcgrad
+from hpcgrad.comm import hierarchical
 from hpcgrad.comm.mpi import (  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
     CUDA_AWARE_ENV,
     MPI,
@@ -37,7 +38,7 @@ _LAUNCHERS = (
 )
 
 # Fields that differ between ranks by nature; the summary prints them per rank.
-_PER_RANK = ("rank", "host", "pid", "node_rank", "gpu_count")
+_PER_RANK = ("rank", "host", "pid", "node", "node_rank", "gpu_count")
 
 
 def detect_launcher(environ=os.environ):
@@ -186,11 +187,9 @@ def _version(dist):
 def collect_info(comm=None):
     """This rank's report as a flat dict. Collective: every rank of comm must call it (shared-memory split)."""
     comm = comm or comm_world()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        ranks_per_node, node_rank = node.Get_size(), node.Get_rank()
-    finally:
-        node.Free()
+    # The nodes the hierarchical all-reduce sees (Note [Hierarchical all-reduce]).
+    fake = hierarchical.fake_nodes()
+    node, nodes, node_rank, ranks_per_node = hierarchical.layout(comm, fake)
     aware, aware_reason = cuda_aware_mpi()
     cupy_desc, gpus = cupy_status()
     numba_version, layer, numba_threads = numba_threading()
@@ -210,13 +209,30 @@ def collect_info(comm=None):
         "mpi_library": MPI.Get_library_version().strip(),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": thread_level(),
+        "nodes": nodes,
+        "nodes_from": ("shared memory (MPI_COMM_TYPE_SHARED)" if fake is None else
+                       f"{hierarchical.FAKE_NODES_ENV}={fake} (rank r on node r * {fake} // size)"),
+        "node": node,
         "ranks_per_node": ranks_per_node,
         "node_rank": node_rank,
+        "hierarchical_allreduce": _hierarchical_rule(),
         "cuda_aware_mpi": aware,
         "cuda_aware_reason": aware_reason,
         "numba_threading_layer": layer,
         "numba_threads": numba_threads,
     }
+
+
+def _hierarchical_rule():
+    """The all-reduce's rule as HPCGRAD_HIERARCHICAL_ALLREDUCE sets it, or its error."""
+    try:
+        mode = hierarchical.mode_from_env()
+        if mode == "auto":
+            return (f"auto (across nodes, from {hierarchical.min_bytes_from_env()} bytes; "
+                    f"{hierarchical.MIN_BYTES_ENV})")
+        return {"0": "off (flat)", "1": "on (every all-reduce)"}[mode]
+    except ValueError as error:
+        return f"invalid: {error}"
 
 
 def gather_info(comm=None, root=0):

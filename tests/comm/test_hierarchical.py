@@ -8,6 +8,7 @@ builds its own groups over a duplicate of the world, so the env it sets is read 
 import numpy as np
 import pytest
 
+from hpcgrad import info
 from hpcgrad.comm import hierarchical
 from hpcgrad.comm.mpi import MPI, comm_world
 from hpcgrad.comm.process_group import ProcessGroup, ReduceOp
@@ -164,3 +165,22 @@ def test_auto_takes_the_hierarchical_path_across_nodes_from_the_threshold(monkey
         np.testing.assert_array_equal(large, np.full(1024, total))
     finally:
         group.free()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_info_shows_nodes_and_ranks_per_node(monkeypatch):
+    """hpcgrad-info's report: the node count, this rank's node and its ranks per node."""
+    world = comm_world()
+    rank, size = world.Get_rank(), world.Get_size()
+    monkeypatch.setenv(hierarchical.FAKE_NODES_ENV, "2")
+    monkeypatch.setenv(hierarchical.MODE_ENV, "auto")
+    reports = world.allgather(info.collect_info(world))
+    nodes = [r * 2 // size for r in range(size)]
+    assert [r["node"] for r in reports] == nodes
+    assert [r["ranks_per_node"] for r in reports] == [nodes.count(n) for n in nodes]
+    assert {r["nodes"] for r in reports} == {len(set(nodes))}
+    assert reports[rank]["hierarchical_allreduce"].startswith("auto (across nodes, from 1048576")
+    text = info.format_report(reports)
+    assert "  nodes " in text and "HPCGRAD_FAKE_NODES=2" in text
+    assert "ranks_per_node" in text  # shared, or per rank where nodes differ
+    assert "  node  " in text.split("per rank:")[1].splitlines()[1]  # each rank's node
