@@ -228,6 +228,16 @@ class ProcessGroup:
         if finish is not None:
             finish()
 
+    def _post(self, name, array, finish, bufs, result, blocking, start, *args):
+        """Post a collective: ``start(*args)`` is its nonblocking MPI call. With ``blocking``
+        wait for it (Note [Blocking calls]) and return None, else return its Work; a group
+        with a communication thread routes it (Note [Device collectives per MPI])."""
+        if self._via_thread is not None:
+            return self._routed(name, array, finish, bufs, result, blocking, start, *args)
+        if blocking:
+            return self._blocking(name, array, finish, start, *args)
+        return self._work(name, array, [start(*args)], bufs, finish, result)
+
     def _routed(self, name, array, finish, bufs, result, blocking, start, *args):
         """A collective on a group that may use its communication thread: there when
         ``_via_thread(array)``, else direct once the thread has drained (Note [Device
@@ -320,14 +330,8 @@ class ProcessGroup:
                 work.wait()
                 return None
             return work
-        if self._via_thread is not None:
-            return self._routed("allreduce", array, finish, (buf,), result, blocking,
-                                comm.Iallreduce, _IN_PLACE, buf.spec, mpi_op)
-        if blocking:
-            return self._blocking("allreduce", array, finish, comm.Iallreduce, _IN_PLACE,
-                                  buf.spec, mpi_op)
-        request = comm.Iallreduce(_IN_PLACE, buf.spec, mpi_op)
-        return self._work("allreduce", array, [request], (buf,), finish, result)
+        return self._post("allreduce", array, finish, (buf,), result, blocking,
+                          comm.Iallreduce, _IN_PLACE, buf.spec, mpi_op)
 
     def ibroadcast(self, array, src, result=None, blocking=False):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
@@ -336,13 +340,8 @@ class ProcessGroup:
         self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, True)
         finish = _finish_buffer(buf)
-        if self._via_thread is not None:
-            return self._routed("broadcast", array, finish, (buf,), result, blocking,
-                                comm.Ibcast, buf.spec, src)
-        if blocking:
-            return self._blocking("broadcast", array, finish, comm.Ibcast, buf.spec, src)
-        request = comm.Ibcast(buf.spec, src)
-        return self._work("broadcast", array, [request], (buf,), finish, result)
+        return self._post("broadcast", array, finish, (buf,), result, blocking,
+                          comm.Ibcast, buf.spec, src)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
@@ -354,14 +353,8 @@ class ProcessGroup:
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
         send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
-        if self._via_thread is not None:
-            return self._routed("reduce", array, finish, (buf,), result, blocking,
-                                comm.Ireduce, send, recv, mpi_op, dst)
-        if blocking:
-            return self._blocking("reduce", array, finish, comm.Ireduce, send, recv,
-                                  mpi_op, dst)
-        request = comm.Ireduce(send, recv, mpi_op, dst)
-        return self._work("reduce", array, [request], (buf,), finish, result)
+        return self._post("reduce", array, finish, (buf,), result, blocking,
+                          comm.Ireduce, send, recv, mpi_op, dst)
 
     def iallgather(self, output, array, result=None, after=None, blocking=False):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
@@ -371,14 +364,8 @@ class ProcessGroup:
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
-        if self._via_thread is not None:
-            return self._routed("allgather", array, finish, (send, recv), result, blocking,
-                                comm.Iallgather, send.spec, recv.spec)
-        if blocking:
-            return self._blocking("allgather", array, finish, comm.Iallgather, send.spec,
-                                  recv.spec)
-        request = comm.Iallgather(send.spec, recv.spec)
-        return self._work("allgather", array, [request], (send, recv), finish, result)
+        return self._post("allgather", array, finish, (send, recv), result, blocking,
+                          comm.Iallgather, send.spec, recv.spec)
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
@@ -392,14 +379,8 @@ class ProcessGroup:
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         finish = _then(_finish_average(recv, self._size) if avg else _finish_buffer(recv),
                        _finish_buffer(send))
-        if self._via_thread is not None:
-            return self._routed("reduce_scatter", array, finish, (send, recv), result, blocking,
-                                comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
-        if blocking:
-            return self._blocking("reduce_scatter", array, finish,
-                                  comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
-        request = comm.Ireduce_scatter_block(send.spec, recv.spec, mpi_op)
-        return self._work("reduce_scatter", array, [request], (send, recv), finish, result)
+        return self._post("reduce_scatter", array, finish, (send, recv), result, blocking,
+                          comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
 
     def ialltoall(self, output, array, result=None, after=None, blocking=False):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
@@ -412,14 +393,8 @@ class ProcessGroup:
         _expect_dtype(output, array, "all_to_all output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
-        if self._via_thread is not None:
-            return self._routed("alltoall", array, finish, (send, recv), result, blocking,
-                                comm.Ialltoall, send.spec, recv.spec)
-        if blocking:
-            return self._blocking("alltoall", array, finish, comm.Ialltoall, send.spec,
-                                  recv.spec)
-        request = comm.Ialltoall(send.spec, recv.spec)
-        return self._work("alltoall", array, [request], (send, recv), finish, result)
+        return self._post("alltoall", array, finish, (send, recv), result, blocking,
+                          comm.Ialltoall, send.spec, recv.spec)
 
     def ibarrier(self, blocking=False):
         """Complete once every rank of the group has started its barrier."""
