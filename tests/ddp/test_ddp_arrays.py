@@ -11,7 +11,6 @@ import pytest
 from arrays import xp_fixture  # noqa: F401  (the xp fixture)
 
 import hpcgrad as hg
-import hpcgrad.distributed as dist
 from hpcgrad import backend, nn
 from hpcgrad.ddp import buckets
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
@@ -26,14 +25,6 @@ TOL = 1e-10
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
-
-@pytest.fixture
-def group():
-    """A fresh communicator per test, with a timeout: a hang fails instead of stalling the run."""
-    dist.init_process_group()
-    g = dist.new_group(timeout=60)
-    yield g
-    dist.destroy_process_group(g)
 
 
 class MLP(nn.Module):

@@ -24,14 +24,6 @@ from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 mpi2 = pytest.mark.mpi(min_size=2)
 
 
-@pytest.fixture
-def group():
-    """A fresh communicator per test, with a timeout: a hang fails instead of waiting."""
-    dist.init_process_group()
-    g = dist.new_group(timeout=60)
-    yield g
-    dist.destroy_process_group(g)
-
 
 # --- DDP's reductions run on a communicator of their own ------------------------------------
 @mpi2

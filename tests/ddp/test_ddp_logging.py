@@ -16,13 +16,6 @@ TIMES = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_
          "avg_backward_compute_comm_overlap_time")
 
 
-@pytest.fixture
-def group():
-    dist.init_process_group()
-    g = dist.new_group(timeout=60)
-    yield g
-    dist.destroy_process_group(g)
-
 
 class Chain(nn.Module):
     """Bias-free float64 layers 4 -> 3 -> 3 -> 2: weights of 96, 72 and 48 bytes whose gradients
