@@ -43,6 +43,16 @@ def world():
     return dist.init_process_group(timeout=GROUP_TIMEOUT)
 
 
+@pytest.fixture
+def group():
+    """A fresh communicator per test, with a timeout: a hang fails the test, and whatever a
+    failed test left pending stays out of the next one."""
+    dist.init_process_group(timeout=GROUP_TIMEOUT)
+    g = dist.new_group(timeout=2 * GROUP_TIMEOUT)  # DDP steps at 3 ranks on 2 cores are slow
+    yield g
+    dist.destroy_process_group(g)
+
+
 _FOUR_RANK_MODULES = ("test_rpc", "test_dist_autograd")
 
 

@@ -25,14 +25,6 @@ FIND_UNUSED_ENABLED = "Since `find_unused_parameters=True` is enabled"
 OUTPUTS_NOT_USED_IN_LOSS = "`forward` function outputs participate in calculating loss"
 
 
-@pytest.fixture
-def group():
-    """A fresh communicator per test, with a timeout: a hang fails the test, and whatever a
-    failed test left pending stays out of the next one (as tests/distributed/test_ddp.py)."""
-    dist.init_process_group(timeout=GROUP_TIMEOUT)
-    g = dist.new_group(timeout=GROUP_TIMEOUT)
-    yield g
-    dist.destroy_process_group(g)
 
 
 # --- arrays and comparisons ------------------------------------------------------------------

@@ -21,7 +21,6 @@ import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 
 import ddp_helpers as h
-from ddp_helpers import group  # noqa: F401  (the fixture)
 
 mpi2 = h.mpi2
 

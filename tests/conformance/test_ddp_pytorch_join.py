@@ -29,7 +29,6 @@ import hpcgrad.nn as nn
 from hpcgrad.distributed import comm_hooks
 
 import ddp_helpers as h
-from ddp_helpers import group  # noqa: F401  (the fixture)
 
 mpi2 = h.mpi2
 

@@ -19,7 +19,6 @@ from hpcgrad.ddp import buckets
 from hpcgrad.ddp.reducer import Reducer
 
 import ddp_helpers as h
-from ddp_helpers import group  # noqa: F401  (the fixture)
 
 # PyTorch's ReducerTest runs at world size 1; these run at any size (the averaging is
 # invisible: no values are compared).

@@ -37,7 +37,6 @@ from hpcgrad.distributed import comm_hooks
 from hpcgrad.utils.checkpoint import checkpoint
 
 import ddp_helpers as h
-from ddp_helpers import group  # noqa: F401  (the fixture)
 
 mpi2 = h.mpi2
 

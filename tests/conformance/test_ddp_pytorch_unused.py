@@ -35,7 +35,6 @@ from hpcgrad.autograd import Function
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_helpers as h
-from ddp_helpers import group  # noqa: F401  (the fixture)
 
 mpi2 = h.mpi2
 

@@ -49,14 +49,6 @@ FIRST_BUCKET_BYTES, BUCKET_CAP_MB = 128, 256 / 2 ** 20
 mpi = pytest.mark.mpi(min_size=1)
 
 
-@pytest.fixture
-def group():
-    """A fresh communicator per test, with a timeout: a hang fails, and whatever a failed test
-    left pending stays out of the next one."""
-    dist.init_process_group()
-    g = dist.new_group(timeout=60)
-    yield g
-    dist.destroy_process_group(g)
 
 
 # --- models, data, training steps ------------------------------------------------------------

@@ -18,12 +18,6 @@ from hpcgrad.timeline import Timeline, merge
 STEPS = 3  # the buckets are rebuilt at the second
 
 
-@pytest.fixture
-def group():
-    dist.init_process_group()
-    g = dist.new_group(timeout=60)
-    yield g
-    dist.destroy_process_group(g)
 
 
 def chain():
