@@ -6,6 +6,7 @@ import ctypes
 import opcode
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -173,12 +174,16 @@ def before_abort(fn):
 def abort_job(lines, status=1):
     """Print ``lines`` to stderr as '[rank N] ...' and end every rank with MPI_Abort(status).
 
+    A first line says where the rank runs, '[rank N] on host H, pid P:': on several nodes the
+    host is where to look (hydra's own messages name a host address and a pid, or a rank).
     For failures that leave MPI unusable or a peer waiting forever; never returns. The
     functions given to ``before_abort`` run first (the flight recorder writes its record).
     """
     comm = MPI.COMM_WORLD
     prefix = f"[rank {comm.Get_rank()}] "
-    text = "".join(prefix + line + "\n" for chunk in lines for line in chunk.rstrip("\n").split("\n"))
+    where = f"on host {socket.gethostname()}, pid {os.getpid()}:"
+    text = "".join(prefix + line + "\n" for chunk in (where, *lines)
+                   for line in chunk.rstrip("\n").split("\n"))
     try:
         sys.stdout.flush()
         sys.stderr.write(text)
