@@ -382,9 +382,16 @@ class Reducer:
             if self.find_unused_parameters:
                 self.local_used_reduced = False
                 self.global_used = self.local_used.copy()  # reduced in place
-                self.local_used_work = self.process_group.iallreduce(self.global_used,
-                                                                     ReduceOp.SUM)
+                self.local_used_work = None
+                if not self._copying:  # else finalize posts it after their all-reduces
+                    self._reduce_used_map()
             self._queue_finalize()
+
+    def _reduce_used_map(self):
+        # After every bucket's all-reduce on every rank: a bucket still waiting for its host
+        # copy (Note [Host staging that overlaps]) is launched later on some ranks than on
+        # others, and this call must not overtake it on the communicator.
+        self.local_used_work = self.process_group.iallreduce(self.global_used, ReduceOp.SUM)
 
     def _mark_dense_ready(self, bucket, k, index, computed):
         p, view = bucket.variables[k], bucket.views_in[k]
@@ -453,6 +460,10 @@ class Reducer:
                                        "an async collective, e.g. all_reduce(..., "
                                        "async_op=True).get_future()")
             elif bucket.expect_sparse:
+                # Its gather must follow the earlier buckets' all-reduces on every rank, and
+                # those may still wait for their host copies: launched first (Note [Sparse
+                # gathers in the group's order] in sparse_reduce.py).
+                self._launch_copied(block=True)
                 bucket.work = SparseAllGather(self.process_group, bucket.sparse_grad)
             else:
                 self._launch_dense(bucket)
@@ -508,6 +519,8 @@ class Reducer:
             self.require_finalize = False
             self.div_factor = None
             self._launch_copied(block=True)
+            if self.find_unused_parameters and self.local_used_work is None:
+                self._reduce_used_map()
             for b, bucket in enumerate(self.buckets):
                 # Waited first, whatever the bucket holds: its span ends where the wait returns.
                 if self.comm_hook is not None:

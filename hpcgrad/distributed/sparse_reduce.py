@@ -3,53 +3,69 @@
 import numpy as np
 
 from .. import backend
-from ..comm.buffers import MessageBuffer
-from ..comm.work import CommTimeoutError, wait_requests
 from ..sparse import SparseCOOTensor
+
+# Note [Sparse gathers in the group's order]
+# A sparse gradient's rows travel through the group's own collectives (ProcessGroup.iallgather),
+# never through MPI calls on its communicator beside them. MPI matches collectives by their order
+# on a communicator, and a group may post its calls later than they are made: on the "thread"
+# road (Note [Device collectives per MPI]) a device array's collective is queued on the group's
+# communication thread, and a call that went straight to MPI next to it would be posted out of
+# turn on one rank. Through the group, the gather is numbered, checked, flight-recorded, staged
+# through host memory or queued on the thread like every bucket all-reduce. (It was an
+# Iallgatherv on ``group.comm``: kept in order only because the row-count exchange before it
+# happened to drain the thread, and it handed device memory to a nonblocking MPI collective,
+# which is what the thread road exists to avoid.) The price of a plain allgather is padding:
+# every rank sends as many rows as the rank with the most, (size * max - sum) rows more than
+# Iallgatherv would; the rows of a rank beyond its count are ignored. The DDP reducer keeps the
+# order too: a bucket whose host copy is under way (Note [Host staging that overlaps]) has its
+# all-reduce launched later, at a time that differs per rank, so a sparse bucket's gather, and
+# the used-parameter map's all-reduce, wait until every earlier bucket's all-reduce is posted.
 
 
 class SparseAllGather:
     """Start gathering every rank's rows of a sparse gradient; ``result()`` is their coalesced sum.
 
-    The row counts differ per rank, so they are exchanged first (a small allgather, waited for
-    within the group's timeout), then indices and values travel with nonblocking Iallgatherv.
+    Every rank of ``process_group`` calls it, in the same order as its other collectives, with
+    its own row-sparse ``grad`` (same dense shape everywhere). The row counts differ per rank,
+    so they are exchanged first (a small allgather, waited for within the group's timeout); then
+    indices and values, padded to the largest count, travel with two nonblocking allgathers
+    (Note [Sparse gathers in the group's order]).
     """
 
     def __init__(self, process_group, grad):
-        comm = process_group.comm
-        self._group, self._timeout = process_group, process_group.timeout
         self._shape = grad.shape
-        counts = np.empty((process_group.size(), 1), dtype=np.int64)
+        size = process_group.size()
+        counts = np.empty((size, 1), dtype=np.int64)
         process_group.iallgather(counts, np.array([grad.indices.shape[0]], np.int64)).wait()
-        nnz = [int(n) for n in counts[:, 0]]
-        row = int(np.prod(grad.shape[1:], dtype=np.int64))
+        self._nnz = [int(n) for n in counts[:, 0]]
+        most = max(self._nnz)
         xp = backend.get_array_module(grad.values)
-        self._indices = xp.empty(sum(nnz), dtype=np.int64)
-        self._values = xp.empty((sum(nnz),) + grad.shape[1:], dtype=grad.values.dtype)
-        sends = [MessageBuffer(xp.ascontiguousarray(grad.indices)),
-                 MessageBuffer(xp.ascontiguousarray(grad.values))]
-        recvs = [MessageBuffer(self._indices, writable=True),
-                 MessageBuffer(self._values, writable=True)]
-        counts = [nnz, [n * row for n in nnz]]
-        self._requests = []
-        for send, recv, count in zip(sends, recvs, counts):
-            displacements = np.concatenate([[0], np.cumsum(count)[:-1]]).tolist()
-            self._requests.append(comm.Iallgatherv(
-                send.spec, [recv.spec[0], (count, displacements), recv.spec[1]]))
-        self._buffers = sends + recvs  # owned until complete
+        rows = grad.shape[1:]
+        mine = self._nnz[process_group.rank()]
+        indices = xp.zeros(most, dtype=np.int64)
+        values = xp.zeros((most,) + rows, dtype=grad.values.dtype)
+        indices[:mine] = grad.indices.reshape(-1)
+        values[:mine] = grad.values
+        self._indices = xp.empty((size, most), dtype=np.int64)
+        self._values = xp.empty((size, most) + rows, dtype=grad.values.dtype)
+        self._works = []
+        if most:  # every rank knows every count: all of them skip, or none
+            self._works = [process_group.iallgather(self._indices, indices),
+                           process_group.iallgather(self._values, values)]
         self._result = None
 
     def wait(self):
+        """Block until the rows have arrived (a timeout fails the group, as any Work's)."""
         if self._result is None:
-            try:
-                wait_requests(self._requests, self._timeout, lambda: "sparse gradient allgather")
-            except CommTimeoutError as error:
-                self._group._fail(error)  # its requests stay posted: Note [A timed-out group]
-                raise
-            for buffer in self._buffers:
-                buffer.finish()
-            self._buffers = ()
-            self._result = SparseCOOTensor(self._indices, self._values, self._shape).coalesce()
+            for work in self._works:
+                work.wait()
+            self._works = ()
+            xp = backend.get_array_module(self._values)
+            keep = [slice(0, n) for n in self._nnz]
+            indices = xp.concatenate([self._indices[r, s] for r, s in enumerate(keep)])
+            values = xp.concatenate([self._values[r, s] for r, s in enumerate(keep)])
+            self._result = SparseCOOTensor(indices, values, self._shape).coalesce()
         return True
 
     def result(self):
