@@ -1,0 +1,144 @@
+"""DDP with the progress thread: a bucket's all-reduce completes while backward computes in Python, on one host and across simulated nodes."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+import hpcgrad.distributed as dist
+from hpcgrad import nn
+from hpcgrad.autograd.function import Function
+from hpcgrad.comm.mpi import comm_world
+from hpcgrad.nn.parallel import DistributedDataParallel as DDP
+
+HERE = Path(__file__).resolve().parent
+IN, HIDDEN, OUT = 512, 512, 512  # 1 MB weights, no biases: a bucket each, the last first
+SPIN_LIMIT = 20.0  # seconds backward may compute while it waits for the first bucket
+
+
+class Spin(Function):
+    """Identity whose backward computes in Python (holding the GIL between the interpreter's
+    switches, never calling MPI) until the first bucket's all-reduce has completed or
+    SPIN_LIMIT has passed; it records which, and how long it spun."""
+
+    @staticmethod
+    def forward(ctx, x, probe):
+        ctx.probe = probe
+        return x.data.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        probe = ctx.probe
+        work = probe["reducer"].buckets[0].work  # launched by the hook before this runs
+        start = time.monotonic()
+        acc = 0
+        while not work._completed and time.monotonic() - start < SPIN_LIMIT:
+            for i in range(2000):  # pure Python: the GIL is taken back only at switches
+                acc += i * i
+        probe["completed_in_backward"] = work._completed
+        probe["spun"] = time.monotonic() - start
+        return hg.Tensor(g.data.copy()), None
+
+
+class Net(nn.Module):
+    def __init__(self, probe):
+        super().__init__()
+        self.first, self.last = nn.Linear(IN, HIDDEN, bias=False), nn.Linear(HIDDEN, OUT, bias=False)
+        self.probe = probe
+
+    def forward(self, x):
+        return self.last(Spin.apply(self.first(x), self.probe))
+
+
+def _batch(rank):
+    rng = np.random.default_rng(100 + rank)
+    return rng.standard_normal((4, IN)).astype(np.float32)
+
+
+def check_bucket_completes_during_backward(group):
+    """One DDP step with the progress thread on: the last layer's bucket (launched first) must
+    complete while Spin's backward computes, and the averaged gradients must be those of the
+    whole batch computed on one process."""
+    probe = {}
+    hg.manual_seed(0)
+    model = Net(probe)
+    reference = [p.data.copy() for p in model.parameters()]
+    ddp = DDP(model, process_group=group, bucket_cap_mb=0.5)
+    probe["reducer"] = ddp.reducer
+    assert [b.variables[0] for b in ddp.reducer.buckets] == [model.last.weight,
+                                                            model.first.weight]
+    rank, size = group.rank(), group.size()
+    dist.start_progress_thread(interval=2e-4)
+    try:
+        ddp(hg.tensor(_batch(rank))).sum().backward()
+    finally:
+        dist.stop_progress_thread()
+    assert probe["completed_in_backward"], (
+        f"rank {rank}: the first bucket's all-reduce did not complete within {SPIN_LIMIT} s of "
+        "backward computing in Python (the progress thread did not progress it)")
+    # Reference: the same model, on the whole batch, in this process alone.
+    local = Net({})
+    for p, value in zip(local.parameters(), reference):
+        p.data[...] = value
+    with _no_spin():
+        for r in range(size):
+            local(hg.tensor(_batch(r))).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), local.parameters()):
+        np.testing.assert_allclose(p.grad.data, q.grad.data / size, rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+    return probe["spun"]
+
+
+class _no_spin:
+    """Spin's backward without a DDP bucket to wait for: returns at once."""
+
+    def __enter__(self):
+        self.saved = Spin.backward
+        Spin.backward = staticmethod(lambda ctx, g: (hg.Tensor(g.data.copy()), None))
+
+    def __exit__(self, *exc):
+        Spin.backward = self.saved
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bucket_completes_during_backward(group):
+    check_bucket_completes_during_backward(group)
+
+
+_CLUSTER = HERE.parent / "cluster"
+
+
+def _cluster_or_skip():
+    if comm_world().Get_size() > 1:
+        pytest.skip("builds its own cluster; runs in the serial suite")
+    sys.path.insert(0, str(_CLUSTER))
+    import cluster as simcluster
+    can, why = simcluster.can_make_namespaces()
+    if not can:
+        pytest.skip(why)
+    return simcluster
+
+
+@pytest.mark.timeout(150)
+def test_bucket_completes_during_backward_across_nodes():
+    """2 nodes x 1 rank on a 1gbit link, over ofi/tcp: the all-reduce crosses the network
+    while backward computes in Python, progressed by the thread alone."""
+    simcluster = _cluster_or_skip()
+    import subprocess
+    with simcluster.Cluster(2, rate="1gbit") as cluster:
+        env = {**os.environ, **cluster.mpi_env(), "MPIEXEC_TIMEOUT": "100"}
+        proc = subprocess.run(cluster.mpiexec_argv(2, [sys.executable, __file__]), env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("completed during backward") == 2, proc.stdout
+
+
+if __name__ == "__main__":  # a rank of the cluster test's job
+    dist.init_process_group(timeout=60)
+    spun = check_bucket_completes_during_backward(dist.new_group(timeout=60))
+    print(f"rank {dist.get_rank()}: completed during backward after {spun * 1e3:.1f} ms",
+          flush=True)
