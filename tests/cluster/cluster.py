@@ -16,11 +16,13 @@ Note [MPI across namespaces]
 ----------------------------
 What works with the ``mpich`` wheel (MPICH 5.0, hydra, ch4 built with ucx and ofi):
 
-- ``mpiexec -launcher ssh -launcher-exec tests/cluster/launcher.sh -hosts 10.213.S.1:2,10.213.S.2:2``
-  Hosts are given as addresses (nothing resolves node names in the root namespace); hydra execs
-  ``launcher.sh [-x] ADDRESS CMD...`` per proxy, and the launcher maps the address to its node
-  through the cluster's ``hosts`` file (``$HPCGRAD_CLUSTER_HOSTS``) and runs CMD inside that
-  namespace under a fresh UTS namespace whose hostname is ``node<i>``.
+- ``mpiexec -launcher ssh -launcher-exec tests/cluster/launcher.sh -hosts node1:2,node2:2``
+  Nothing resolves node names in the root namespace, and hydra needs it not to: it takes an
+  unknown name for a remote host and execs ``launcher.sh [-x] node<i> CMD...`` per proxy; the
+  launcher maps the name (or an address) to its node through the cluster's ``hosts`` file
+  (``$HPCGRAD_CLUSTER_HOSTS``) and runs CMD inside that namespace under a fresh UTS namespace
+  whose hostname is ``node<i>``. Names rather than addresses, so that hydra's own messages
+  name the node like on a real cluster ("BAD TERMINATION ... PID p RUNNING AT node2").
 - ``-iface hgc<id>br``: the proxies connect back to mpiexec's control port; from inside a node only
   the bridge's address reaches the root namespace (its loopback is the node's own).
 - The ranks' environment (see ``mpi_env``): see that function for the netmod settings and why.
@@ -182,7 +184,7 @@ class Cluster:
 
     # --- MPI -----------------------------------------------------------------------------------
     def hosts_arg(self, ranks_per_node):
-        return ",".join(f"{self.address(i)}:{ranks_per_node}" for i in range(1, self.nodes + 1))
+        return ",".join(f"{self.hostname(i)}:{ranks_per_node}" for i in range(1, self.nodes + 1))
 
     def mpi_env(self):
         """Environment for mpiexec and its ranks across the nodes (Note [MPI across namespaces])."""

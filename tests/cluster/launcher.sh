@@ -1,6 +1,6 @@
 #!/bin/sh
 # Hydra's `-launcher ssh -launcher-exec` stand-in: run a command inside a simulated node's namespace.
-# Hydra calls it as `launcher.sh [-x] HOST CMD...`, HOST being a node's address; the cluster's hosts
+# Hydra calls it as `launcher.sh [-x] HOST CMD...`, HOST being a node's name or address; the cluster's hosts
 # file ($HPCGRAD_CLUSTER_HOSTS: "address hostname netns" per line, written by cluster.py) names
 # the node's namespace and hostname. CMD runs in that network namespace under a fresh UTS
 # namespace whose hostname is the node's (see Note [MPI across namespaces] in cluster.py).
