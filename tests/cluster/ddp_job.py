@@ -20,8 +20,7 @@ import numpy as np
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
-from hpcgrad import nn
-from hpcgrad import optim
+from hpcgrad import nn, optim
 from hpcgrad.nn.parallel import DistributedDataParallel
 
 IN, HID, OUT = 64, 512, 16  # ~300k float64 parameters: 2.4 MB of gradients per step
