@@ -1,5 +1,6 @@
 """Topology-aware all-reduce: reduce within the node, all-reduce among node leaders, broadcast within the node."""
 
+import itertools
 import os
 import threading
 
@@ -8,7 +9,8 @@ from mpi4py import MPI
 MODE_ENV = "HPCGRAD_HIERARCHICAL_ALLREDUCE"
 MIN_BYTES_ENV = "HPCGRAD_HIERARCHICAL_MIN_BYTES"
 FAKE_NODES_ENV = "HPCGRAD_FAKE_NODES"
-DEFAULT_MIN_BYTES = 1 << 20
+FAKE_PLACEMENT_ENV = "HPCGRAD_FAKE_PLACEMENT"
+DEFAULT_MIN_BYTES = 4 << 20  # Note [When hierarchical all-reduce pays]
 _MODES = ("0", "1", "auto")
 _IN_PLACE = MPI.IN_PLACE
 
@@ -18,8 +20,9 @@ def mode_from_env(environ=os.environ):
     raw = environ.get(MODE_ENV, "0").strip().lower()
     if raw not in _MODES:
         raise ValueError(f"{MODE_ENV} must be 0 (flat all-reduce), 1 (hierarchical always) or "
-                         f"auto (hierarchical when the group spans nodes and the message is >= "
-                         f"{MIN_BYTES_ENV} bytes), got {raw!r}")
+                         f"auto (hierarchical when the group spans nodes that are not consecutive "
+                         f"blocks of ranks and the message is >= {MIN_BYTES_ENV} bytes), got "
+                         f"{raw!r}")
     return raw
 
 
@@ -49,15 +52,27 @@ def fake_nodes(environ=os.environ):
     return value
 
 
+def fake_placement(environ=os.environ):
+    """HPCGRAD_FAKE_PLACEMENT: 'block' (the default) or 'cyclic', how fake nodes hold ranks."""
+    raw = environ.get(FAKE_PLACEMENT_ENV, "block").strip().lower()
+    if raw not in ("block", "cyclic"):
+        raise ValueError(f"{FAKE_PLACEMENT_ENV} must be block (rank r on fake node r * k // size) "
+                         f"or cyclic (rank r on node r % k), got {raw!r}")
+    return raw
+
+
 def split_nodes(comm, fake=None):
     """A communicator of the ranks of ``comm`` on this rank's node. Collective over ``comm``.
 
     Nodes are shared-memory domains (MPI_COMM_TYPE_SHARED); with ``fake`` = k nodes (tests on
-    one host, env HPCGRAD_FAKE_NODES) rank r is on node r * k // size instead.
+    one host, env HPCGRAD_FAKE_NODES) rank r is on node r * k // size instead, or on node
+    r % k with HPCGRAD_FAKE_PLACEMENT=cyclic.
     """
     if fake is None:
         return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     rank = comm.Get_rank()
+    if fake_placement() == "cyclic":
+        return comm.Split(rank % fake, rank)
     return comm.Split(rank * fake // comm.Get_size(), rank)
 
 
@@ -72,6 +87,15 @@ def layout(comm, fake=None):
         node.Free()
     leaders = sorted(set(comm.allgather(leader)))
     return leaders.index(leader), len(leaders), local_rank, local_size
+
+
+def blocked(comm, node_index, local_size):
+    """Whether every node's ranks are consecutive ranks of ``comm`` and all nodes have as many
+    (the placement MPICH's flat all-reduce suits: Note [When hierarchical all-reduce pays]).
+    Collective over ``comm``; ``node_index``, ``local_size`` are this rank's (``layout``)."""
+    where = comm.allgather((node_index, local_size))
+    runs = 1 + sum(a[0] != b[0] for a, b in itertools.pairwise(where))
+    return runs == len({node for node, _ in where}) and len({size for _, size in where}) == 1
 
 
 class Hierarchical:
@@ -92,12 +116,32 @@ class Hierarchical:
     on 2 then 1 would post call 2's broadcast against call 1's (or, on one node communicator,
     call 2's reduce against call 1's broadcast) and mix their data. Wide elements (8 and 16
     bytes) get their own three (Note [Wide elements on their own communicator]).
+
+    Note [When hierarchical all-reduce pays]
+    Measured on simulated nodes (benchmarks/cluster_allreduce.py: network namespaces, each
+    node's link shaped to 1 Gbit/s, MPICH 5.0 ofi/tcp between nodes, shared memory within;
+    figures in docs/scaling.md). With the usual placement, each node's ranks a consecutive
+    block, MPICH's flat all-reduce already sends each byte across the network only once: its
+    reduce-scatter halves distances from 1 up, so the large early steps stay within the node
+    and only the last log2(nodes) steps, of n/ranks-per-node bytes at most, cross (the model's
+    ``flat_allreduce``). Hierarchical then adds the in-node reduce and broadcast (MPICH's
+    Ireduce is the slow stage) to the same network traffic, and lost at every size from 1 to
+    64 MB: 0.56-0.87x of flat on 2 nodes x 2 ranks, 0.58-0.76x on 4 x 2 and 2 x 4. With
+    ranks dealt out cyclically (rank r on node r % nodes: Slurm's --distribution=cyclic, a
+    hostfile of one slot per host) the early, large steps cross the network and every rank of
+    a node sends its share through the node's link: there hierarchical won from 4 MB (1.1x)
+    to 1.4-1.6x at 16-64 MB, and lost at 1 MB (0.7x). So ``auto`` takes the hierarchical
+    path when the group spans nodes, its nodes are not consecutive equal blocks of ranks, and
+    the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB). ``1`` still
+    forces it (another MPI's flat algorithm may not be topology-aware: a ring crosses nodes
+    2(p-1) times per call).
     """
 
     def __init__(self, comm, mode, min_bytes=None, fake=None):
         self.mode = mode
         self.min_bytes = min_bytes_from_env() if min_bytes is None else min_bytes
         self.node_index, self.nodes, self.local_rank, self.local_size = layout(comm, fake)
+        self.blocked = blocked(comm, self.node_index, self.local_size)
         node = split_nodes(comm, fake)
         leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
         self._comms = (_Stages(node, leaders), _Stages(node.Dup(), _dup(leaders)))
@@ -105,10 +149,11 @@ class Hierarchical:
         self._comms[1].after = self._comms[1].node.Dup()
         self._pending = []  # calls whose stages are not all posted, in call order
         self._lock = threading.Lock()
-        # The rule (Note [Hierarchical all-reduce]): with 'auto', only across nodes and only
-        # from min_bytes on; hierarchical on one node is the flat call plus two stages.
+        # The rule (Note [When hierarchical all-reduce pays]): with 'auto', only across nodes
+        # whose ranks are not consecutive blocks, and only from min_bytes on; on one node it is
+        # the flat call plus two stages.
         self._always = mode == "1"
-        self._auto = mode == "auto" and self.nodes > 1
+        self._auto = mode == "auto" and self.nodes > 1 and not self.blocked
 
     def use(self, nbytes):
         """Whether an all-reduce of ``nbytes`` takes the hierarchical path."""
