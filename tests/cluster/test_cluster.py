@@ -37,15 +37,13 @@ def _rx_bytes(link):
     return int(Path(f"/sys/class/net/{link}/statistics/rx_bytes").read_text())
 
 
-@pytest.fixture
-def leftovers_checked():
-    """Fails the test if it leaves any of this project's namespaces behind."""
-    before = set(simcluster.namespaces())
-    yield
-    assert set(simcluster.namespaces()) - before == set(), "the cluster left namespaces behind"
+def assert_gone(names):
+    """None of ``names`` (this test's namespaces) exists: others' clusters may come and go meanwhile."""
+    left = set(simcluster.namespaces()) & set(names)
+    assert not left, f"the cluster left namespaces {left} behind"
 
 
-def test_up_down(leftovers_checked):
+def test_up_down():
     with simcluster.Cluster(2, rate="1gbit") as cl:
         names = set(simcluster.namespaces())
         assert {cl.netns(1), cl.netns(2)} <= names
@@ -63,16 +61,18 @@ def test_up_down(leftovers_checked):
                              text=True, timeout=20).stdout
         assert "tbf" in tbf and "1Gbit" in tbf
         directory = cl.directory
+    assert_gone([cl.netns(1), cl.netns(2)])
     assert not directory.exists()
     assert not Path(f"/sys/class/net/{cl.bridge}").exists()
 
 
-def test_mpi_two_nodes_two_ranks(launch, leftovers_checked):
+def test_mpi_two_nodes_two_ranks(launch):
     with simcluster.Cluster(2) as cl:
         before = _rx_bytes(f"hgc{cl.id}n1")
         result = launch(cl.mpiexec_argv(4, [sys.executable, "-c", _JOB]),
                         env={**cl.mpi_env(), "MPIEXEC_TIMEOUT": "20"}, timeout=25)
         crossed = _rx_bytes(f"hgc{cl.id}n1") - before
+    assert_gone([cl.netns(1), cl.netns(2)])
     assert not result.failed, result.output
     lines = sorted(re.findall(r"rank (\d) host (\S+) sum (\d+) local (\d) big (\d+)", result.stdout))
     # ranks 0, 1 on node1 and 2, 3 on node2 (hydra fills hosts in order); 1+2+3+4 = 10
@@ -82,7 +82,7 @@ def test_mpi_two_nodes_two_ranks(launch, leftovers_checked):
     assert crossed > 1_000_000, f"only {crossed} bytes reached node1 over its link"
 
 
-def test_run_cleans_up_on_sigterm(leftovers_checked):
+def test_run_cleans_up_on_sigterm():
     """`cluster.py run` killed mid-job ends the job and removes its namespaces within seconds."""
     before = set(simcluster.namespaces())
     proc = subprocess.Popen([sys.executable, str(Path(simcluster.__file__)), "run", "-n", "2", "--nodes", "2",
@@ -90,7 +90,7 @@ def test_run_cleans_up_on_sigterm(leftovers_checked):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 15
-        while len(set(simcluster.namespaces()) - before) < 2 or len(ranks := _sleeps_in(before)) < 2:
+        while len(ranks := _sleeps_in(before)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout and proc.stdout.read()
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
@@ -100,20 +100,21 @@ def test_run_cleans_up_on_sigterm(leftovers_checked):
             proc.kill()
             proc.wait(timeout=5)
     assert proc.returncode == -signal.SIGTERM
-    assert set(simcluster.namespaces()) - before == set()
+    assert_gone(ranks.values())  # the job's nodes: those its ranks ran in
     alive = [pid for pid in ranks if Path(f"/proc/{pid}").exists()
              and b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert not alive, f"the job's ranks {alive} outlived cluster.py"
 
 
 def _sleeps_in(before):
-    """Pids running `sleep 30` in namespaces that were not there before (the job's ranks)."""
-    found = set()
+    """{pid: namespace} of processes running `sleep 30` in namespaces that were not there before
+    (the job's ranks)."""
+    found = {}
     for ns in set(simcluster.namespaces()) - before:
         pids = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True,
                               timeout=10).stdout.split()
         for pid in pids:
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
-                    found.add(pid)
+                    found[pid] = ns
     return found
