@@ -228,6 +228,7 @@ def process_state(pid):
 def test_sigkilled_rank_ends_the_job_on_all_nodes(launch, cl, tmp_path):
     result, pid, ended = fail_one_rank(launch, cl, tmp_path, rank=2, kill=True)
     assert result.failed and not result.timed_out, result.output
+    print(f"the job ended {ended:.2f} s after rank 2 was killed")  # pytest -rP shows it
     assert ended < ENDED_WITHIN, f"the job ran {ended:.1f} s after rank 2 was killed"
     # hydra names the killed process by pid and host; the job's own first line maps the pid to rank 2
     assert re.search(rf"BAD TERMINATION.*\n=\s+PID {pid} RUNNING AT node2\n=\s+EXIT CODE: 9", result.output), \
@@ -239,6 +240,7 @@ def test_exception_on_one_rank_ends_the_job_on_all_nodes(launch, cl, tmp_path):
     # rank 3, on node2: hydra's "Abort(1) on node 3 (rank 3 ...)" counts ranks, not our nodes
     result, pid, ended = fail_one_rank(launch, cl, tmp_path, rank=3, extra=["--raise-at", "3:2"])
     assert result.failed and not result.timed_out, result.output
+    print(f"the job ended {ended:.2f} s after rank 3's last step before it raised")
     assert ended < ENDED_WITHIN, f"the job ran {ended:.1f} s after rank 3 raised"
     # the abort hook names the rank and its host (hpcgrad.comm.mpi.abort_job)
     assert f"[rank 3] on host node2, pid {pid}:\n[rank 3] uncaught exception -> MPI_Abort" in result.stderr, \
