@@ -41,11 +41,10 @@ def cl():
     assert not left, f"the cluster left namespaces {left} behind"
 
 
-def on_cluster(launch, cl, argv, **kwargs):
+def on_cluster(launch, cl, argv):
     """Run argv on 2 nodes x 2 ranks (mpiexec through the cluster's launcher), bounded."""
     return launch(cl.mpiexec_argv(RANKS, [sys.executable, *map(str, argv)]),
-                  env={**cl.mpi_env(), "MPIEXEC_TIMEOUT": str(JOB_TIMEOUT)}, timeout=JOB_TIMEOUT + 10,
-                  **kwargs)
+                  env={**cl.mpi_env(), "MPIEXEC_TIMEOUT": str(JOB_TIMEOUT)}, timeout=JOB_TIMEOUT + 10)
 
 
 def ranks_and_hosts(stdout):
