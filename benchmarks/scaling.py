@@ -1,23 +1,39 @@
-"""Predicted DDP step time and parallel efficiency for 8 to 4,096 ranks, from the alpha-beta model.
+"""The alpha-beta scaling model: validated against simulated-cluster runs, then DDP step time and efficiency predicted for 8 to 4,096 ranks.
 
-The model is hpcgrad/distributed/model.py (Note [The scaling model]): ring, recursive-doubling
-and hierarchical all-reduce, and a DDP step whose buckets are reduced, in order, while backward
-runs. Weak scaling: each rank keeps its batch, so efficiency = one-rank step / p-rank step.
+The model is hpcgrad/distributed/model.py (Note [The scaling model]): flat all-reduce step by
+step over shared node links (MPICH's Rabenseifner, a ring), the hierarchical all-reduce, and a
+DDP step whose buckets are reduced, in order, while backward runs. Weak scaling: each rank keeps
+its batch, so efficiency = one-rank step / p-rank step.
 
-    python benchmarks/scaling.py                         # table, stated fabrics
-    python benchmarks/scaling.py --plot scaling.png      # + efficiency vs ranks (matplotlib)
+    python benchmarks/scaling.py                         # projection table, stated fabrics
+    python benchmarks/scaling.py --plot docs/scaling.png # + efficiency vs ranks (matplotlib)
+    python benchmarks/scaling.py --validate block.json cyclic.json --unshaped unshaped.json
+        # fit on simulated-cluster runs (benchmarks/cluster_allreduce.py --json), then model
+        # vs measurement for every other layout and size, with the error per row
     python benchmarks/scaling.py --fit-json comm.json    # alpha, beta from benchmarks/comm.py --json
     mpiexec -n 2 python benchmarks/scaling.py --fit      # measure Allreduce here, fit, predict
 
-Stated inputs (change them with the options):
+Validation (``--validate``): four fits, each on one layout, predict all the others:
+  * in-node fabric: 1 node x 2 ranks, flat (MPICH's shared-memory all-reduce);
+  * the hierarchical stages' fabric: 1 node x 2 ranks, hierarchical (MPICH's Ireduce + Ibcast:
+    the in-node part of every hierarchical call);
+  * inter-node link: 2 nodes x 1 rank, flat (one TCP stream through a shaped link);
+  * the TCP stack's CPU cost per byte: 2 nodes x 1 rank on unshaped links (``--unshaped``):
+    the part of the link's beta that stretches when ranks outnumber cores (``contended``).
+Sizes >= 1 MB only: below, ``tc tbf``'s 256 KB burst lets a message through unshaped, and
+latency on an oversubscribed machine is the scheduler's time slice, not the network's.
+
+Projection inputs (change them with the options):
   * gradients, float32: the MLP 784-1024-1024-10 and the CNN of benchmarks/training.py
-    (1,863,690 and 9,098 parameters) and a ResNet-50-sized 25.5 M;
+    (1,863,690 and 9,098 parameters), a ResNet-50-sized 25.5 M and a ResNet-101-sized 44.5 M;
   * compute per step on one rank: MLP 33.6 ms and CNN 12.8 ms (benchmarks/training.py, hpcgrad,
-    one thread, batch 256 and 64, on this machine), ResNet-50 100 ms (a GPU at batch 32: an
-    assumption, not a measurement); split forward 30%, backward 60%, optimizer 10%;
-  * fabrics: 100 Gbit/s InfiniBand between nodes (alpha 1.5 us), 10 Gbit/s Ethernet (alpha
-    25 us); within a node shared memory (alpha 0.5 us, 200 Gbit/s); gamma (the sum) 10 GB/s;
-    8 ranks per node; DDP buckets of 1 MB then 25 MB.
+    one thread, batch 256 and 64, on this machine); ResNet-50 100 ms (a GPU at batch 32) and
+    ResNet-101 490 ms (a P100 at batch 64, Horovod's setting): assumptions, not measurements;
+    split forward 30%, backward 60%, optimizer 10%;
+  * fabrics between nodes: InfiniBand 100 Gbit/s (alpha 1.5 us), 25 Gbit/s Ethernet (RoCE,
+    alpha 5 us), 10 Gbit/s Ethernet (TCP, alpha 25 us); within a node 8 ranks on a 200
+    Gbit/s, 0.5 us fabric; gamma (the sum) 10 GB/s; DDP buckets of 1 MB then 25 MB;
+  * hpcgrad's own cost: +5 us per all-reduce call (benchmarks/comm.py --overhead: 1.9-7.6 us).
 """
 
 import argparse
@@ -32,50 +48,64 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hpcgrad.distributed import model
 
 FLOAT = 4
+MB = 1 << 20
 GRADIENTS = {  # name: (parameters, compute seconds per step on one rank)
     "MLP": (784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10, 33.6e-3),
     "CNN": (1 * 8 * 9 + 8 + 8 * 16 * 9 + 16 + 16 * 7 * 7 * 10 + 10, 12.8e-3),
     "ResNet-50": (25_500_000, 100e-3),
+    "ResNet-101": (44_500_000, 490e-3),
 }
 SPLIT = (0.3, 0.6, 0.1)  # forward, backward, optimizer shares of the compute
 RANKS = [2 ** k for k in range(3, 13)]  # 8 .. 4096
+HPCGRAD_CALL = 5e-6  # seconds hpcgrad adds per all-reduce call
 
 
 def fabrics(gamma):
     return [model.Fabric.from_bandwidth("IB 100 Gbit/s", 1.5, 100, gamma),
+            model.Fabric.from_bandwidth("Ethernet 25 Gbit/s", 5, 25, gamma),
             model.Fabric.from_bandwidth("Ethernet 10 Gbit/s", 25, 10, gamma)]
 
 
 def algorithms(inter, intra, per_node, overhead):
-    """name -> allreduce(nbytes, p) seconds; ``overhead`` is added per call (Python's share)."""
+    """name -> allreduce(nbytes, p) seconds, block placement, ``overhead`` added per call."""
+    def split(p):
+        return max(1, p // per_node), min(p, per_node)
+
+    def flat(algorithm):
+        def run(n, p):
+            nodes, r = split(p)
+            return model.flat_allreduce(n, nodes, r, intra, inter, algorithm) + overhead
+        return run
+
     def hier(n, p):
-        nodes, r = max(1, p // per_node), min(p, per_node)
-        return model.hierarchical_allreduce(n, nodes, r, intra, inter)
-    def link(p):  # a flat ring or tree within one node never touches the network
-        return intra if p <= per_node else inter
-    return {"ring": lambda n, p: model.ring_allreduce(n, p, link(p)) + overhead,
-            "tree": lambda n, p: model.tree_allreduce(n, p, link(p)) + overhead,
-            "hier": lambda n, p: hier(n, p) + overhead}
+        nodes, r = split(p)
+        return model.hierarchical_allreduce(n, nodes, r, intra, inter, "rabenseifner") + overhead
+    return {"mpich": flat("rabenseifner"), "ring": flat("ring"), "hier": hier}
 
 
-def predict(params, compute, allreduce, p):
+def predict(params, compute, allreduce, p, overlap=True):
     f, b, o = (share * compute for share in SPLIT)
-    return model.ddp_step(model.buckets(params * FLOAT), f, b, o, lambda n: allreduce(n, p))
+    sizes = model.buckets(params * FLOAT)
+    if overlap:
+        return model.ddp_step(sizes, f, b, o, lambda n: allreduce(n, p))
+    # no overlap: every bucket's all-reduce after backward (MPI not progressed during it)
+    return model.ddp_step([sum(sizes)], f, b, o, lambda n: sum(allreduce(s, p) for s in sizes))
 
 
-def table(inter, intra, per_node, overhead, ranks):
+def table(inter, intra, per_node, overhead, ranks, gradients=("MLP", "CNN", "ResNet-50")):
     """Rows of (gradient, ranks, {algorithm: Step}) and the printed lines."""
     algos = algorithms(inter, intra, per_node, overhead)
     rows, lines = [], []
     head = f"{'gradient':>10} {'MB':>7} {'ranks':>6}" + "".join(
         f" {name + ' ms':>10} {name + ' eff':>9}" for name in algos)
     lines += [(f"{inter.name} (alpha {inter.alpha * 1e6:.2f} us, {1 / inter.beta / 1e9:.2f} GB/s), "
-              f"in-node {intra.name} (alpha {intra.alpha * 1e6:.2f} us, "
-              f"{1 / intra.beta / 1e9:.2f} GB/s), gamma "
-              f"{1 / inter.gamma / 1e9 if inter.gamma else float('inf'):.1f} GB/s, "
-              f"{per_node} ranks/node, +{overhead * 1e6:.1f} us per all-reduce"), head,
+               f"in-node {intra.name} (alpha {intra.alpha * 1e6:.2f} us, "
+               f"{1 / intra.beta / 1e9:.2f} GB/s), gamma "
+               f"{1 / inter.gamma / 1e9 if inter.gamma else float('inf'):.1f} GB/s, "
+               f"{per_node} ranks/node, +{overhead * 1e6:.1f} us per all-reduce"), head,
               "-" * len(head)]
-    for name, (params, compute) in GRADIENTS.items():
+    for name in gradients:
+        params, compute = GRADIENTS[name]
         for p in ranks:
             steps = {a: predict(params, compute, run, p) for a, run in algos.items()}
             rows.append((name, p, steps))
@@ -84,6 +114,137 @@ def table(inter, intra, per_node, overhead, ranks):
     return rows, lines
 
 
+def anchors(gamma, per_node_overhead):
+    """Lines comparing the model with published scaling figures, with and without hpcgrad's
+    own costs (its per-call Python share, and no overlap when nothing progresses MPI)."""
+    intra = model.Fabric.from_bandwidth("NVLink-class", 0.5, 200, gamma)
+    cases = [  # (who, gradient, ranks, ranks/node, fabric, published)
+        ("Horovod (Sergeev & Del Balso 2018)", "ResNet-101", 512, 4,
+         model.Fabric.from_bandwidth("RoCE 25 Gbit/s", 5, 25, gamma), "90%"),
+        ("PyTorch DDP (Li et al. 2020)", "ResNet-50", 256, 8,
+         model.Fabric.from_bandwidth("IB 100 Gbit/s", 1.5, 100, gamma), "near-linear"),
+    ]
+    lines = [(f"{'published':>36} {'gradient':>10} {'ranks':>6} {'fabric':>16} {'said':>12} "
+             f"{'model':>7} {'+hpcgrad':>9} {'no overlap':>11}")]
+    for who, grad, p, per_node, inter, said in cases:
+        params, compute = GRADIENTS[grad]
+        algos = algorithms(inter, intra, per_node, 0.0)
+        ours = algorithms(inter, intra, per_node, per_node_overhead)
+        base = predict(params, compute, algos["ring"], p).efficiency
+        plus = predict(params, compute, ours["mpich"], p).efficiency
+        serial = predict(params, compute, ours["mpich"], p, overlap=False).efficiency
+        lines.append(f"{who:>36} {grad:>10} {p:6d} {inter.name:>16} {said:>12} "
+                     f"{base * 100:6.1f}% {plus * 100:8.1f}% {serial * 100:10.1f}%")
+    return lines
+
+
+# --- validation against the simulated cluster ---------------------------------------------------
+def load_runs(paths):
+    """{(nodes, ranks per node, placement): {bytes: {impl: seconds}}} from cluster_allreduce.py
+    JSON files (the later file wins a layout measured twice)."""
+    runs = {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for result in data["results"]:
+            nodes = result["nodes"]
+            key = (nodes, result["ranks"] // nodes, result.get("placement", "block"))
+            runs[key] = {row["bytes"]: row["seconds"] for row in result["rows"]}
+    return runs
+
+
+def _fit(rows, impl, lo=MB):
+    sizes = sorted(n for n in rows if n >= lo)
+    return model.fit_alpha_beta(sizes, [rows[n][impl] for n in sizes], 2)
+
+
+def fit_cluster(runs, unshaped=None, cores=2):
+    """The fits of the module docstring: (intra, stages, inter, tcp cpu beta or None, slice)."""
+    one = runs[1, 2, "block"]
+    alpha, beta = _fit(one, "flat")
+    intra = model.Fabric("shared memory (fit, 1x2 flat)", alpha, beta)
+    alpha, beta = _fit(one, "hier")  # reduce + broadcast on 2 ranks: 2 alpha + 2 n beta
+    stages = model.Fabric("MPICH Ireduce/Ibcast (fit, 1x2 hier)", alpha, beta / 2)
+    alpha, beta = _fit(runs[2, 1, "block"], "flat")
+    inter = model.Fabric("shaped link (fit, 2x1 flat)", alpha, beta)
+    cpu = _fit(unshaped[2, 1, "block"], "flat")[1] if unshaped else None
+    fits = (intra, stages, inter, cpu, 0.0)
+    # the time slice: linear in the model, least squares by relative error over 1x4's rows
+    rows = runs.get((1, 4, "block"), {})
+    t0, t1, got = [], [], []
+    for nbytes in (n for n in rows if n >= MB):
+        for impl, i in (("flat", 0), ("hier", 1)):
+            t0.append(model_cluster(nbytes, 1, 4, "block", fits, cores, 0.0)[i])
+            t1.append(model_cluster(nbytes, 1, 4, "block", (*fits[:4], 1.0), cores, 0.0)[i])
+            got.append(rows[nbytes][impl])
+    if not got:
+        return fits
+    t0, slope, got = np.array(t0), np.array(t1) - np.array(t0), np.array(got)
+    slice_s = float(np.sum(slope / got * (got - t0) / got) / np.sum((slope / got) ** 2))
+    return (*fits[:4], max(0.0, slice_s))
+
+
+def model_cluster(nbytes, nodes, per_node, placement, fits, cores, overhead):
+    """(flat, hierarchical) seconds on the simulated cluster: ranks on ``cores`` cores."""
+    intra, stages, inter, cpu, slice_s = fits
+    p = nodes * per_node
+    intra_c = model.contended(intra, p, cores, time_slice=slice_s)
+    stages_c = model.contended(stages, p, cores, time_slice=slice_s)
+    inter_c = model.contended(inter, p, cores, cpu_beta=cpu or 0.0, time_slice=slice_s)
+    flat = model.flat_allreduce(nbytes, nodes, per_node, intra_c, inter_c, placement=placement)
+    among = model.flat_allreduce(nbytes, nodes, 1, inter_c, inter_c)  # leaders: MPICH's too
+    hier = (model._reduce_in_node(nbytes, per_node, stages_c) + among
+            + model._broadcast_in_node(nbytes, per_node, stages_c))
+    return flat + overhead, hier + 3 * overhead
+
+
+def validate(runs, fits, cores, overhead):
+    """Printed lines: the fits, then model vs measured per layout and size, and a summary."""
+    intra, stages, inter, cpu, slice_s = fits
+    lines = ["fits (sizes >= 1 MB):"]
+    for fab in (intra, stages, inter):
+        lines.append(f"  {fab.name}: alpha {fab.alpha * 1e6:.1f} us, beta {fab.beta * 1e9:.3f} "
+                     f"ns/B ({1 / fab.beta / 1e9:.3f} GB/s)")
+    if cpu is not None:
+        lines.append(f"  TCP CPU cost (fit, 2x1 unshaped): {cpu * 1e9:.3f} ns/B "
+                     f"({1 / cpu / 1e9:.3f} GB/s)")
+    lines.append(f"  scheduler time slice (fit, 1x4 flat and hier): {slice_s * 1e3:.2f} ms")
+    lines.append(f"  {cores} cores; +{overhead * 1e6:.0f} us per call and per hierarchical stage")
+    head = (f"{'layout':>8} {'place':>6} {'ranks':>5} {'size':>6} {'flat ms':>9} {'model':>8} "
+            f"{'err':>7} {'hier ms':>9} {'model':>8} {'err':>7}")
+    lines += ["", head, "-" * len(head)]
+    errors = []
+    fitted = {(1, 2, "block"), (2, 1, "block"), (1, 4, "block")}
+    for key in sorted(runs, key=lambda k: (k[0] * k[1], k[0], k[2])):
+        nodes, per_node, placement = key
+        for nbytes in sorted(n for n in runs[key] if n >= MB):
+            got = runs[key][nbytes]
+            flat, hier = model_cluster(nbytes, nodes, per_node, placement, fits, cores, overhead)
+            ef = (flat - got["flat"]) / got["flat"]
+            eh = (hier - got["hier"]) / got["hier"]
+            tag = " (fit)" if key in fitted else ""
+            if not tag:
+                errors.append((key, nbytes, ef, eh))
+            lines.append(f"{nodes:>4}x{per_node:<3} {placement:>6} {nodes * per_node:5d} "
+                         f"{nbytes // MB:4d}MB {got['flat'] * 1e3:9.1f} {flat * 1e3:8.1f} "
+                         f"{ef * 100:6.1f}% {got['hier'] * 1e3:9.1f} {hier * 1e3:8.1f} "
+                         f"{eh * 100:6.1f}%{tag}")
+    if errors:
+        every = np.abs([e for _, _, ef, eh in errors for e in (ef, eh)])
+        lines += ["", (f"predicted rows: {len(errors)} layouts x sizes, {every.size} figures: "
+                      f"median |error| {np.median(every) * 100:.1f}%, "
+                      f"{np.mean(every <= 0.15) * 100:.0f}% within 15%, max "
+                      f"{every.max() * 100:.0f}%")]
+        for label, pick in (("4 MB and above", lambda k, n: n >= 4 * MB),
+                            ("ranks <= cores", lambda k, n: k[0] * k[1] <= cores)):
+            sub = np.abs([e for k, n, ef, eh in errors if pick(k, n) for e in (ef, eh)])
+            if sub.size:
+                lines.append(f"  {label}: median |error| {np.median(sub) * 100:.1f}%, "
+                             f"{np.mean(sub <= 0.15) * 100:.0f}% within 15% ({sub.size} figures)")
+    return lines
+
+
+# --- fit on this machine (no cluster) -----------------------------------------------------------
 def fit_from_json(path):
     """(alpha, beta, ranks) from benchmarks/comm.py --json output (its raw Allreduce column)."""
     with open(path) as f:
@@ -117,30 +278,44 @@ def measure_and_fit(repeats=11):
     return alpha, beta, p, rows, comm.Get_rank()
 
 
-def plot(rows, path, title):
+def plot(all_rows, path, per_node):
+    """Efficiency vs ranks: one panel per fabric, a line per gradient and algorithm."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in GRADIENTS:
-        mine = [(p, steps) for g, p, steps in rows if g == name]
-        for algo, style in zip(mine[0][1], ("-", "--", ":")):
-            ax.plot([p for p, _ in mine], [s[algo].efficiency * 100 for _, s in mine],
-                    style, marker="o", markersize=3, label=f"{name} {algo}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("ranks")
-    ax.set_ylabel("parallel efficiency (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, ncol=3)
+    fig, axes = plt.subplots(1, len(all_rows), figsize=(5 * len(all_rows), 4.5), sharey=True)
+    colors = dict(zip(GRADIENTS, ("C0", "C1", "C2", "C3")))
+    for ax, (fabric, rows) in zip(np.atleast_1d(axes), all_rows):
+        names = dict.fromkeys(g for g, _, _ in rows)
+        for name in names:
+            mine = [(p, steps) for g, p, steps in rows if g == name]
+            for algo, style in zip(mine[0][1], ("-", "--", ":")):
+                ax.plot([p for p, _ in mine], [s[algo].efficiency * 100 for _, s in mine],
+                        style, color=colors[name], marker="o", markersize=3,
+                        label=f"{name} {algo}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_title(f"{fabric.name}, {per_node} ranks/node", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(0, 105)
+    first = np.atleast_1d(axes)[0]
+    first.set_ylabel("parallel efficiency, weak scaling (%)")
+    first.legend(fontsize=7, ncol=1)
+    fig.suptitle("DDP step efficiency predicted by the alpha-beta model "
+                 "(benchmarks/scaling.py)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--validate", nargs="+", metavar="JSON", help="model vs measurement on "
+                   "simulated-cluster runs (benchmarks/cluster_allreduce.py --json)")
+    p.add_argument("--unshaped", metavar="JSON", help="a 2x1 run on unshaped links: the TCP "
+                   "stack's CPU cost per byte")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the "
+                   "simulated cluster's ranks share (default: this machine's)")
     p.add_argument("--fit", action="store_true", help="under mpiexec: measure comm.Allreduce "
                    "and fit alpha, beta (printed, and used as the in-node fabric)")
     p.add_argument("--fit-json", metavar="FILE", help="fit alpha, beta from benchmarks/comm.py "
@@ -148,10 +323,17 @@ def main(argv=None):
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--gamma-gbs", type=float, default=10.0, help="reduction speed, GB/s "
                    "(0: free)")
-    p.add_argument("--overhead-us", type=float, default=0.0, help="added to every all-reduce "
-                   "(e.g. hpcgrad's per-call Python cost from benchmarks/comm.py --overhead)")
-    p.add_argument("--plot", metavar="PATH", help="efficiency vs ranks, first fabric (PNG)")
+    p.add_argument("--overhead-us", type=float, default=HPCGRAD_CALL * 1e6, help="added to "
+                   "every all-reduce (hpcgrad's per-call Python cost; default 5)")
+    p.add_argument("--plot", metavar="PATH", help="efficiency vs ranks per fabric (PNG)")
     args = p.parse_args(argv)
+    overhead = args.overhead_us * 1e-6
+    if args.validate:
+        runs = load_runs(args.validate)
+        unshaped = load_runs([args.unshaped]) if args.unshaped else None
+        fits = fit_cluster(runs, unshaped, args.cores)
+        print("\n".join(validate(runs, fits, args.cores, overhead)))
+        return
     gamma = 1 / (args.gamma_gbs * 1e9) if args.gamma_gbs > 0 else 0.0
     intra = model.Fabric.from_bandwidth("shared memory", 0.5, 200, gamma)
     if args.fit or args.fit_json:
@@ -175,14 +357,15 @@ def main(argv=None):
         print()
     all_rows = []
     for fabric in fabrics(gamma):
-        rows, lines = table(fabric, intra, args.ranks_per_node, args.overhead_us * 1e-6, RANKS)
+        rows, lines = table(fabric, intra, args.ranks_per_node, overhead, RANKS)
         all_rows.append((fabric, rows))
         print("\n".join(lines))
         print()
+    print("published anchors (model: ring, no hpcgrad cost; +hpcgrad: MPICH's algorithm and "
+          f"+{args.overhead_us:.0f} us per call; no overlap: all-reduce after backward)")
+    print("\n".join(anchors(gamma, overhead)))
     if args.plot:
-        fabric, rows = all_rows[0]
-        plot(rows, args.plot, f"DDP weak scaling, {fabric.name}, {args.ranks_per_node} ranks/node "
-                              "(model)")
+        plot(all_rows, args.plot, args.ranks_per_node)
         print(f"plot: {args.plot}")
 
 

@@ -7,9 +7,35 @@ Note [The scaling model]
 
         ring                 2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma
         recursive doubling   ceil(log2 p) (alpha + n beta + n gamma)
-        hierarchical         reduce within each node of r ranks, ring among the p/r node
-                             leaders, broadcast within the node; intra- and inter-node
+        Rabenseifner         2 log2(p) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma
+                             (reduce-scatter by recursive halving, all-gather by recursive
+                             doubling: MPICH's choice for large messages)
+        hierarchical         reduce within each node of r ranks, all-reduce among the p/r
+                             node leaders, broadcast within the node; intra- and inter-node
                              links have their own alpha and beta
+
+    Across nodes a flat algorithm is only as fast as its busiest link, and all ranks of a node
+    share the node's link (``flat_allreduce``): a step whose partners sit on other nodes costs
+    ``inter.alpha + k m inter.beta``, k being how many of a node's ranks send their m bytes
+    off the node at once. Which steps cross depends on the placement. MPICH's Rabenseifner
+    pairs ranks at distance 1, 2, 4, ... with messages n/2, n/4, ...: with block placement
+    (a node's ranks consecutive) the large steps stay in the node and a node's link carries
+    2 (N-1)/N n in all, what the hierarchical all-reduce sends; with cyclic placement the
+    large steps cross and the link carries r times that. A ring with block placement crosses
+    once per node boundary per step, but pays 2 (p-1) inter-node latencies.
+
+    Validated against benchmarks/cluster_allreduce.py on simulated nodes (docs/scaling.md;
+    ``benchmarks/scaling.py --validate``). The first fit (one alpha, one beta, 4 KB-64 MB)
+    missed by up to 47%; what the model lacked: (a) the ``tc tbf`` burst lets the first
+    256 KB of a message through unshaped, so beta is fitted from 1 MB up; (b) ranks beyond
+    the cores (4 and 8 ranks on this 2-core machine) stretch every CPU-bound cost, and on a
+    network link only the TCP stack's share (``contended``, ``Fabric.cpu_beta``); (c) a
+    message whose peer is descheduled waits for the scheduler's time slice (``contended``'s
+    ``time_slice``); (d) MPICH's in-node Ireduce is 2-5x slower per byte than its
+    all-reduce, so the hierarchical stages get their own fitted fabric; (e) hpcgrad adds a
+    few microseconds per call and per hierarchical stage. Still missing: one shared-memory
+    beta cannot hold both the cached (<= 16 MB) and the DRAM-bound (64 MB) copy, and the
+    other processes on the machine take cores the model thinks are ours.
 
     A DDP step (weak scaling: the batch per rank is fixed) is forward, then backward during
     which buckets become ready at a rate proportional to their size; a bucket's all-reduce
@@ -36,12 +62,15 @@ BUCKET_BYTES = 25 * MB       # bucket_cap_mb's default
 @dataclass(frozen=True)
 class Fabric:
     """One link's cost: ``alpha`` seconds per message, ``beta`` seconds per byte moved,
-    ``gamma`` seconds per byte reduced (the sum's arithmetic)."""
+    ``gamma`` seconds per byte reduced (the sum's arithmetic); ``cpu_beta`` seconds of CPU
+    per byte a rank spends meanwhile (a TCP stack's copies), which overlaps the wire's
+    ``beta``: a step takes the longer of the two (``contended`` stretches it)."""
 
     name: str
     alpha: float
     beta: float
     gamma: float = 0.0
+    cpu_beta: float = 0.0
 
     @classmethod
     def from_bandwidth(cls, name, latency_us, gbit_per_s, gamma=0.0):
@@ -76,6 +105,101 @@ def tree_allreduce(nbytes, p, fabric):
     return steps * (fabric.alpha + nbytes * (fabric.beta + fabric.gamma))
 
 
+def rabenseifner_allreduce(nbytes, p, fabric):
+    """Seconds for reduce-scatter (recursive halving) + all-gather (recursive doubling) on one
+    fabric; for p not a power of two, MPICH first folds the extra ranks into partners (one
+    exchange of the whole buffer) and sends them the result at the end (another)."""
+    _check(nbytes, p)
+    if p == 1:
+        return 0.0
+    pof2 = 1 << (int(p).bit_length() - 1)
+    share = (pof2 - 1) / pof2 * nbytes
+    t = 2 * math.log2(pof2) * fabric.alpha + 2 * share * fabric.beta + share * fabric.gamma
+    if pof2 != p:
+        t += 2 * (fabric.alpha + nbytes * fabric.beta) + nbytes * fabric.gamma
+    return t
+
+
+ALGORITHMS = ("rabenseifner", "ring", "tree")
+PLACEMENTS = ("block", "cyclic")
+
+
+def node_of_ranks(nodes, per_node, placement="block"):
+    """Each rank's node: block (ranks 0..r-1 on node 0, ...) or cyclic (rank i on node i % N)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    ranks = np.arange(nodes * per_node)
+    return ranks // per_node if placement == "block" else ranks % nodes
+
+
+def _exchange(node, partner, m, reduce, intra, inter):
+    """One step in which rank i exchanges m bytes with ``partner[i]``: on the intra fabric if
+    no pair crosses nodes, else gated by the busiest node link (its ranks that send across)."""
+    active = partner >= 0
+    cross = active & (node != node[np.where(active, partner, 0)])
+    if not cross.any():
+        return intra.alpha + m * (intra.beta + (intra.gamma if reduce else 0.0))
+    load = np.bincount(node[cross]).max()
+    wire = max(load * m * inter.beta, m * inter.cpu_beta)
+    return inter.alpha + wire + (m * inter.gamma if reduce else 0.0)
+
+
+def flat_allreduce(nbytes, nodes, per_node, intra, inter, algorithm="rabenseifner",
+                   placement="block"):
+    """Seconds for one flat all-reduce over ``nodes`` x ``per_node`` ranks, step by step: a
+    step on one node costs the ``intra`` fabric's price, one that crosses nodes the ``inter``
+    fabric's times the ranks sharing the busiest node link (Note [The scaling model]).
+    ``algorithm``: 'rabenseifner' (MPICH for large messages), 'ring', 'tree' (recursive
+    doubling: small messages); ``placement``: 'block' or 'cyclic' (``node_of_ranks``)."""
+    _check(nbytes, nodes)
+    _check(nbytes, per_node)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    node = node_of_ranks(nodes, per_node, placement)
+    p = node.size
+    if p == 1:
+        return 0.0
+    ranks = np.arange(p)
+    if algorithm == "ring":
+        m = nbytes / p
+        step = _exchange(node, (ranks + 1) % p, m, False, intra, inter)
+        gamma = (inter if nodes > 1 else intra).gamma
+        return 2 * (p - 1) * step + (p - 1) * m * gamma
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    t = 0.0
+    if rem:  # the first 2 rem ranks pair up (0-1, 2-3, ...); the odd one of each pair goes on
+        fold = np.where(ranks < 2 * rem, ranks ^ 1, -1)
+        t += (_exchange(node, fold, nbytes, True, intra, inter)
+              + _exchange(node, fold, nbytes, False, intra, inter))
+    real = np.concatenate([2 * np.arange(rem) + 1, np.arange(2 * rem, p)]).astype(int)
+    sub = node[real]  # the pof2 ranks that go on, by their new rank
+    new = np.arange(pof2)
+    for k in range(pof2.bit_length() - 1):
+        partner = new ^ (1 << k)
+        if algorithm == "tree":
+            t += _exchange(sub, partner, nbytes, True, intra, inter)
+        else:
+            m = nbytes / (2 << k)
+            t += (_exchange(sub, partner, m, True, intra, inter)
+                  + _exchange(sub, partner, m, False, intra, inter))
+    return t
+
+
+def contended(fabric, ranks, cores, cpu_beta=None, time_slice=0.0):
+    """``fabric`` as ``ranks`` ranks on ``cores`` cores see it (this 2-core VM running 4 or 8
+    ranks): every CPU-bound cost waits for a core, stretched by f = ranks/cores. With
+    ``cpu_beta`` (a shaped network link) only that CPU share stretches, and the wire's
+    ``beta`` stays; else (shared memory) all of ``beta`` is CPU. Each message also waits, on
+    average, ``time_slice`` (1 - 1/f): the chance its peer is descheduled times the
+    scheduler's slice. A node with a core per rank changes nothing."""
+    f = max(1.0, ranks / cores)
+    alpha = fabric.alpha * f + time_slice * (1 - 1 / f)
+    if cpu_beta is None:
+        return Fabric(fabric.name, alpha, fabric.beta * f, fabric.gamma * f)
+    return Fabric(fabric.name, alpha, fabric.beta, fabric.gamma * f, cpu_beta * f)
+
+
 def _reduce_in_node(nbytes, r, fabric):
     """Reduce to one rank of ``r``: the cheaper of a binomial tree (small messages) and
     reduce-scatter + gather (large ones), as MPI libraries choose by size."""
@@ -98,14 +222,17 @@ def _broadcast_in_node(nbytes, r, fabric):
     return min(binomial, scatter_allgather)
 
 
-def hierarchical_allreduce(nbytes, nodes, ranks_per_node, intra, inter):
-    """Seconds for reduce within each node (``intra`` links), ring all-reduce among the
-    ``nodes`` leaders (``inter``), broadcast within each node (Horovod's hierarchical
-    all-reduce, with MPI only)."""
+def hierarchical_allreduce(nbytes, nodes, ranks_per_node, intra, inter, leaders="ring"):
+    """Seconds for reduce within each node (``intra`` links), all-reduce among the ``nodes``
+    leaders (``inter``; ``leaders``: 'ring' or 'rabenseifner', MPICH's for large messages),
+    broadcast within each node (Horovod's hierarchical all-reduce, with MPI only)."""
     _check(nbytes, nodes)
     _check(nbytes, ranks_per_node)
+    among = {"ring": ring_allreduce, "rabenseifner": rabenseifner_allreduce}.get(leaders)
+    if among is None:
+        raise ValueError(f"leaders must be 'ring' or 'rabenseifner', got {leaders!r}")
     return (_reduce_in_node(nbytes, ranks_per_node, intra)
-            + ring_allreduce(nbytes, nodes, inter)
+            + among(nbytes, nodes, inter)
             + _broadcast_in_node(nbytes, ranks_per_node, intra))
 
 

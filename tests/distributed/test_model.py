@@ -126,3 +126,96 @@ def test_overlap_communication_bound():
 def test_single_bucket_is_no_overlap():
     step = model.ddp_step([50], 1.0, 2.0, 0.25, lambda n: 3.0)
     assert step.step == pytest.approx(1.0 + 2.0 + 3.0 + 0.25)
+
+
+# --- Rabenseifner, flat all-reduce over shared node links, contention ------------------------
+INTRA = model.Fabric("intra", 1e-6, 0.1e-9, 0.05e-9)
+INTER = model.Fabric("inter", 10e-6, 1e-9, 0.05e-9)
+
+
+def test_rabenseifner_hand_computed():
+    # p = 4: 2 log2 4 alpha + 2 (3/4) n beta + (3/4) n gamma
+    want = 4 * A + 1.5 * N * B + 0.75 * N * G
+    assert model.rabenseifner_allreduce(N, 4, FAB) == pytest.approx(want, rel=1e-12)
+    # p = 3: rank 0 folds into rank 1 (whole buffer there and back), then p = 2
+    want = 2 * A + N * B + 0.5 * N * G + 2 * (A + N * B) + N * G
+    assert model.rabenseifner_allreduce(N, 3, FAB) == pytest.approx(want, rel=1e-12)
+    assert model.rabenseifner_allreduce(N, 1, FAB) == 0
+
+
+def test_flat_on_one_fabric_is_the_textbook_cost():
+    for p in (2, 4, 8, 6):
+        assert model.flat_allreduce(N, 1, p, FAB, INTER) == pytest.approx(
+            model.rabenseifner_allreduce(N, p, FAB), rel=1e-12)
+        assert model.flat_allreduce(N, p, 1, INTRA, FAB) == pytest.approx(
+            model.rabenseifner_allreduce(N, p, FAB), rel=1e-12)
+    assert model.flat_allreduce(N, 1, 8, FAB, INTER, "ring") == pytest.approx(
+        model.ring_allreduce(N, 8, FAB), rel=1e-12)
+    assert model.flat_allreduce(N, 1, 8, FAB, INTER, "tree") == pytest.approx(
+        model.tree_allreduce(N, 8, FAB), rel=1e-12)
+
+
+def test_flat_two_nodes_of_two_block_and_cyclic_by_hand():
+    ai, bi, gi = INTRA.alpha, INTRA.beta, INTRA.gamma
+    ae, be, ge = INTER.alpha, INTER.beta, INTER.gamma
+    # block (nodes 0 0 1 1): distance 1 in the node with n/2, distance 2 across with n/4,
+    # both ranks of a node sending theirs through its link; all-gather mirrors it (no sum)
+    step_in, step_out = ai + N / 2 * bi, ae + 2 * (N / 4) * be
+    want = (step_in + N / 2 * gi) + (step_out + N / 4 * ge) + step_out + step_in
+    assert model.flat_allreduce(N, 2, 2, INTRA, INTER) == pytest.approx(want, rel=1e-12)
+    # cyclic (nodes 0 1 0 1): the n/2 steps cross, the n/4 ones stay in the node
+    step_out, step_in = ae + 2 * (N / 2) * be, ai + N / 4 * bi
+    want = (step_out + N / 2 * ge) + (step_in + N / 4 * gi) + step_in + step_out
+    assert model.flat_allreduce(N, 2, 2, INTRA, INTER, placement="cyclic") == pytest.approx(
+        want, rel=1e-12)
+    # ring, block: one rank per node receives from the other node each step
+    want = 2 * 3 * (ae + N / 4 * be) + 3 * N / 4 * ge
+    assert model.flat_allreduce(N, 2, 2, INTRA, INTER, "ring") == pytest.approx(want, rel=1e-12)
+    # recursive doubling, block: whole buffer in the node, then both ranks' across
+    want = ai + N * (bi + gi) + ae + 2 * N * be + N * ge
+    assert model.flat_allreduce(N, 2, 2, INTRA, INTER, "tree") == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (4, 2), (2, 8), (8, 4)])
+def test_block_crosses_the_network_as_much_as_the_hierarchical_leaders_cyclic_r_times(
+        nodes, per_node):
+    """Note [When hierarchical all-reduce pays]: with free in-node steps and no latency, flat
+    Rabenseifner with block placement puts 2 (N-1)/N n bytes on each node link (as the
+    leaders' all-reduce does); with cyclic placement r times that."""
+    free = model.Fabric("free", 0.0, 0.0)
+    wire = model.Fabric("wire", 0.0, 1e-9)
+    leaders = 2 * (nodes - 1) / nodes * N * 1e-9
+    assert model.flat_allreduce(N, nodes, per_node, free, wire) == pytest.approx(leaders)
+    assert model.hierarchical_allreduce(N, nodes, per_node, free, wire, "rabenseifner") == \
+        pytest.approx(leaders)
+    assert model.flat_allreduce(N, nodes, per_node, free, wire, placement="cyclic") == \
+        pytest.approx(per_node * leaders)
+
+
+def test_flat_refuses_unknown_algorithm_and_placement():
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        model.flat_allreduce(N, 2, 2, INTRA, INTER, "butterfly")
+    with pytest.raises(ValueError, match="placement must be one of"):
+        model.flat_allreduce(N, 2, 2, INTRA, INTER, placement="random")
+    with pytest.raises(ValueError, match="leaders must be"):
+        model.hierarchical_allreduce(N, 2, 2, INTRA, INTER, leaders="tree")
+
+
+def test_cpu_beta_overlaps_the_wire():
+    # the slower of the wire (load m beta) and the CPU (m cpu_beta) sets a crossing step
+    slow_cpu = model.Fabric("link", 0.0, 1e-9, 0.0, cpu_beta=3e-9)
+    free = model.Fabric("free", 0.0, 0.0)
+    # 2 nodes x 1 rank: two steps of n/2, load 1: wire n/2 * 1e-9, CPU n/2 * 3e-9 each
+    assert model.flat_allreduce(N, 2, 1, free, slow_cpu) == pytest.approx(2 * N / 2 * 3e-9)
+    fast_cpu = model.Fabric("link", 0.0, 1e-9, 0.0, cpu_beta=0.5e-9)
+    assert model.flat_allreduce(N, 2, 1, free, fast_cpu) == pytest.approx(2 * N / 2 * 1e-9)
+
+
+def test_contended_hand_computed():
+    fab = model.Fabric("x", 2e-6, 1e-9, 0.5e-9)
+    assert model.contended(fab, 2, 2) == fab  # a core per rank: nothing changes
+    shm = model.contended(fab, 8, 2, time_slice=1e-3)  # f = 4
+    assert (shm.alpha, shm.beta, shm.gamma) == pytest.approx((4 * 2e-6 + 0.75e-3, 4e-9, 2e-9))
+    link = model.contended(fab, 4, 2, cpu_beta=0.2e-9)  # f = 2: only the CPU share stretches
+    assert (link.alpha, link.beta, link.gamma, link.cpu_beta) == pytest.approx(
+        (4e-6, 1e-9, 1e-9, 0.4e-9))
