@@ -148,6 +148,8 @@ def worker(args):
     import hpcgrad.distributed as dist
     from hpcgrad.comm.mpi import MPI
 
+    if args.nice:
+        os.nice(args.nice)  # negative (root only): the ranks before the machine's other load
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     dist.init_process_group(timeout=600)
@@ -157,7 +159,6 @@ def worker(args):
     hier_modes = ["0", "1"] if per_node > 1 and not args.no_hier else ["0"]
     progress_modes = [p for p in ("off", "on") if p in args.progress]
     results = []
-    deadline = time.monotonic() + args.budget
     for name in args.models:
         cases = {(p, h): Case(name, h, world) for h in hier_modes for p in progress_modes}
         bucket_bytes = None
@@ -172,7 +173,7 @@ def worker(args):
         times = {(key, what): [] for key in cases for what in ("compute", "comm", "step")}
         before = {key: case.ddp._get_ddp_logging_data() for key, case in cases.items()}
         order = [(key, what) for key in cases for what in ("compute", "comm", "step")]
-        reps = 0
+        reps, deadline = 0, time.monotonic() + args.budget / len(args.models)
         for rep in range(args.repeats):
             shift = rep % len(order)
             for key, what in order[shift:] + order[:shift]:
@@ -193,6 +194,7 @@ def worker(args):
                    "bucket_bytes": bucket_bytes}
             for what in ("compute", "comm", "step"):
                 row[what] = statistics.median(times[key, what])
+                row[what + "_min"] = min(times[key, what])
                 row[what + "_runs"] = times[key, what]
             row["logged"] = _logged_ms(before[key], after, world)
             row["timeline"] = _timeline(case.marks, world)
@@ -257,12 +259,13 @@ def run_layout(nodes, per_node, args):
                "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                "--budget", str(args.budget), "--models", *args.models,
                "--progress", *args.progress, "--bucket-cap-mb", str(args.bucket_cap_mb),
-               "--interval", str(args.interval or 0)] + (["--no-hier"] if args.no_hier else [])
+               "--interval", str(args.interval or 0), "--nice", str(args.nice)]
+        cmd += ["--no-hier"] if args.no_hier else []
         with Cluster(nodes, rate=args.rate) as cluster:
             timeout = int(args.budget * 2 + 120)
             env = {**os.environ, **cluster.mpi_env(), "MPIEXEC_TIMEOUT": str(timeout)}
-            for name in ("HPCGRAD_HIERARCHICAL_ALLREDUCE", "HPCGRAD_PROGRESS_THREAD"):
-                env.pop(name, None)  # the worker switches both itself
+            # The worker switches both itself (DDP would start the thread across nodes)
+            env.update(HPCGRAD_HIERARCHICAL_ALLREDUCE="0", HPCGRAD_PROGRESS_THREAD="0")
             proc = subprocess.run(cluster.mpiexec_argv(nodes * per_node, cmd), env=env, check=False,
                                   timeout=timeout + 10, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -295,8 +298,10 @@ def bound(row):
 def print_table(result, rate, nodes):
     p, per_node = result["ranks"], result["ranks_per_node"]
     note = f"oversubscribed: {p} ranks on 2 cores" if p > 2 else "a core per rank"
+    nice = f", ranks at nice {result['nice']}" if result["nice"] else ""
     print(f"{nodes} nodes x {per_node} rank(s), link {rate or 'unshaped'} per node ({note}); "
-          f"medians of {result['rows'][0]['repeats']}, slowest rank, ms")
+          f"medians of {result['rows'][0]['repeats']}, slowest rank, ms (load average "
+          f"{result['load']:.1f}{nice})")
     head = (f"{'model':9} {'progress':>8} {'hier':>4} {'compute':>8} {'comm':>7} {'step':>7} "
             f"{'step/max':>8} {'overlap':>7} | {'launches':>12} {'bwd end':>7} "
             f"{'done':>12} {'bound':>6} {'step/bound':>10}")
@@ -347,6 +352,8 @@ def main(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--interval", type=float, default=0, help="progress thread interval, us "
                    "(default: the thread's own)")
+    p.add_argument("--nice", type=int, default=0, help="niceness increment of the ranks; "
+                   "negative (as root) puts them ahead of other load on a shared machine")
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budget", type=float, default=100.0, help="seconds of timed repetitions "
@@ -362,7 +369,8 @@ def main(argv=None):
     results = []
     for nodes, per_node in args.layouts:
         result = run_layout(nodes, per_node, args)
-        result.update(rate=args.rate, nodes=nodes)
+        result.update(rate=args.rate, nodes=nodes, nice=args.nice,
+                      load=os.getloadavg()[0])
         results.append(result)
         print_table(result, args.rate, nodes)
         sys.stdout.flush()

@@ -118,12 +118,27 @@ def progress_thread():
     return _thread
 
 
+def env_mode():
+    """HPCGRAD_PROGRESS_THREAD as '0' (never), '1' (from init_process_group on) or 'auto'
+    (unset: DDP starts it when its group spans nodes; Note [Progress across nodes])."""
+    value = os.environ.get(PROGRESS_ENV, "auto").strip().lower() or "auto"
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"{PROGRESS_ENV} must be 0 or 1, got {value!r} (or auto, the default: "
+                         "started by DistributedDataParallel when its group spans nodes); 1 "
+                         "starts a thread that drives pending communication (see Note "
+                         "[Communication progress])")
+    return value
+
+
 def start_from_env():
     """HPCGRAD_PROGRESS_THREAD=1 starts the thread (init_process_group calls this)."""
-    value = os.environ.get(PROGRESS_ENV, "0").strip()
-    if value not in ("0", "1", ""):
-        raise ValueError(f"{PROGRESS_ENV} must be 0 or 1, got {value!r}; 1 starts a thread that "
-                         "drives pending communication (see Note [Communication progress])")
-    if value == "1":
+    if env_mode() == "1":
         start_progress_thread()
 
+
+def start_for_nodes(nodes):
+    """DDP over a group spanning ``nodes`` nodes: start the thread unless the environment
+    says 0 (Note [Progress across nodes]). Returns the running thread or None."""
+    if nodes > 1 and env_mode() != "0":
+        return start_progress_thread()
+    return _thread

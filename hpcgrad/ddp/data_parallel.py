@@ -16,6 +16,7 @@ from .. import backend
 from .. import distributed as dist
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..comm import progress
 from ..comm.process_group import ProcessGroup
 from ..comm.work import wait_requests
 from ..distributed import api as dist_api
@@ -307,7 +308,12 @@ class DistributedDataParallel(Module):
                         for n, b in self.module.named_buffers()]
         group = self._private_group()
         everyone = [None] * group.size()
-        dist.all_gather_object(everyone, entries, group=group)  # timed, checked
+        # Each rank's node rides along (no extra collective): Note [Progress across nodes]
+        dist.all_gather_object(everyone, (entries, MPI.Get_processor_name()),
+                               group=group)  # timed, checked
+        self.nodes = len({node for _, node in everyone})
+        progress.start_for_nodes(self.nodes)
+        everyone = [theirs for theirs, _ in everyone]
         reference, ranks = everyone[0], group.ranks
         for rank, theirs in zip(ranks, everyone):
             problem = _first_difference(theirs, reference, ranks[0])

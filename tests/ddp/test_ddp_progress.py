@@ -59,10 +59,11 @@ def _batch(rank):
     return rng.standard_normal((4, IN)).astype(np.float32)
 
 
-def check_bucket_completes_during_backward(group):
+def check_bucket_completes_during_backward(group, start_thread=True):
     """One DDP step with the progress thread on: the last layer's bucket (launched first) must
     complete while Spin's backward computes, and the averaged gradients must be those of the
-    whole batch computed on one process."""
+    whole batch computed on one process. ``start_thread=False``: DDP must have started the
+    thread itself (a group spanning nodes, Note [Progress across nodes])."""
     probe = {}
     hg.manual_seed(0)
     model = Net(probe)
@@ -72,7 +73,11 @@ def check_bucket_completes_during_backward(group):
     assert [b.variables[0] for b in ddp.reducer.buckets] == [model.last.weight,
                                                             model.first.weight]
     rank, size = group.rank(), group.size()
-    dist.start_progress_thread(interval=2e-4)
+    if start_thread:
+        dist.start_progress_thread(interval=2e-4)
+    else:
+        assert ddp.nodes > 1 and dist.progress_thread() is not None, (
+            f"DDP over {ddp.nodes} node(s) did not start the progress thread")
     try:
         ddp(hg.tensor(_batch(rank))).sum().backward()
     finally:
@@ -109,6 +114,26 @@ def test_bucket_completes_during_backward(group):
     check_bucket_completes_during_backward(group)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_one_node_leaves_the_thread_off(group, monkeypatch):
+    """On one host DDP starts no thread (every core computes; Note [Communication
+    progress]); HPCGRAD_PROGRESS_THREAD=0 keeps it off across nodes too."""
+    from hpcgrad.comm import progress
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
+    dist.stop_progress_thread()
+    ddp = DDP(nn.Linear(4, 4), process_group=group)
+    assert ddp.nodes == 1
+    assert dist.progress_thread() is None
+    assert progress.start_for_nodes(2) is not None  # what DDP does across nodes
+    dist.stop_progress_thread()
+    monkeypatch.setenv(progress.PROGRESS_ENV, "0")
+    assert progress.start_for_nodes(2) is None
+    monkeypatch.setenv(progress.PROGRESS_ENV, "sometimes")
+    with pytest.raises(ValueError, match="HPCGRAD_PROGRESS_THREAD must be 0 or 1, got "
+                                         "'sometimes' \\(or auto"):
+        progress.start_for_nodes(2)
+
+
 _CLUSTER = HERE.parent / "cluster"
 
 
@@ -125,12 +150,14 @@ def _cluster_or_skip():
 
 @pytest.mark.timeout(150)
 def test_bucket_completes_during_backward_across_nodes():
-    """2 nodes x 1 rank on a 1gbit link, over ofi/tcp: the all-reduce crosses the network
-    while backward computes in Python, progressed by the thread alone."""
+    """2 nodes x 1 rank on a 1gbit link, over ofi/tcp: DDP starts the progress thread itself
+    (HPCGRAD_PROGRESS_THREAD unset), and the all-reduce crosses the network while backward
+    computes in Python, progressed by the thread alone."""
     simcluster = _cluster_or_skip()
     import subprocess
     with simcluster.Cluster(2, rate="1gbit") as cluster:
         env = {**os.environ, **cluster.mpi_env(), "MPIEXEC_TIMEOUT": "100"}
+        env.pop("HPCGRAD_PROGRESS_THREAD", None)
         proc = subprocess.run(cluster.mpiexec_argv(2, [sys.executable, __file__]), env=env,
                               capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -139,6 +166,6 @@ def test_bucket_completes_during_backward_across_nodes():
 
 if __name__ == "__main__":  # a rank of the cluster test's job
     dist.init_process_group(timeout=60)
-    spun = check_bucket_completes_during_backward(dist.new_group(timeout=60))
+    spun = check_bucket_completes_during_backward(dist.new_group(timeout=60), start_thread=False)
     print(f"rank {dist.get_rank()}: completed during backward after {spun * 1e3:.1f} ms",
           flush=True)
