@@ -103,7 +103,7 @@ def worker(args):
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"ranks": world.Get_size(), "nodes": h.nodes, "layout": layout,
-                       "rows": rows}, f)
+                       "rows": rows, "load": os.getloadavg()}, f)
 
 
 # --- driver: builds each cluster and runs the worker across it ----------------------------------
@@ -134,6 +134,33 @@ def run_layout(nodes, per_node, rate, sizes, repeats, warmup, budget, placement=
             return json.load(f)
 
 
+def run_ddp(nodes, per_node, rate, repeats, placement="block"):
+    """benchmarks/ddp.py (hpcgrad only) across the nodes: its JSON (step, compute-only step,
+    all-reduce of the gradient's bytes: (median, min) seconds; bytes; buckets)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+    from cluster import Cluster
+
+    cmd = [sys.executable, os.path.join(HERE, "ddp.py"), "--no-torch", "--json",
+           "--repeats", str(repeats)]
+    with Cluster(nodes, rate=rate) as cluster:
+        env = {**os.environ, **cluster.mpi_env(), "MPIEXEC_TIMEOUT": "240"}
+        for name in ("HPCGRAD_HIERARCHICAL_ALLREDUCE", "HPCGRAD_PROGRESS_THREAD"):
+            env.pop(name, None)
+        if placement == "block":
+            argv = cluster.mpiexec_argv(nodes * per_node, cmd)
+        else:
+            argv = cluster.mpiexec_argv(nodes, cmd)
+            argv[argv.index("-n") + 1] = str(nodes * per_node)
+        proc = subprocess.run(argv, check=False, env=env, timeout=250, capture_output=True,
+                              text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ddp {nodes}x{per_node}: mpiexec exited {proc.returncode}:\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])["hpcgrad"]
+    return {"nodes": nodes, "ranks": nodes * per_node, "placement": placement, "rate": rate,
+            "ddp": figures}
+
+
 def human(nbytes):
     return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
 
@@ -145,8 +172,10 @@ def busbw(nbytes, seconds, p):
 def print_table(result, rate):
     p, nodes = result["ranks"], result["nodes"]
     note = f"oversubscribed: {p} ranks on 2 cores" if p > 2 else "2 cores"
+    load = result.get("load")
     print(f"{nodes} node(s) x {p // nodes} ranks ({result['placement']} placement), link "
-          f"{rate or 'unshaped'} per node ({note})")
+          f"{rate or 'unshaped'} per node ({note}"
+          + (f"; load average {load[0]:.1f} at the end)" if load else ")"))
     head = (f"{'size':>7} {'flat ms':>9} {'hier ms':>9} {'raw ms':>9} {'flat GB/s':>10} "
             f"{'hier GB/s':>10} {'hier/flat':>10}")
     print(head)
@@ -180,12 +209,14 @@ def main(argv=None):
                    "cyclic: rank r on node r %% N")
     p.add_argument("--sizes", nargs="+", type=int, default=TABLE_SIZES, help="bytes")
     p.add_argument("--fit-sizes", action="store_true", help="add 4, 64, 256 KB (the latency "
-                   "side, for benchmarks/scaling.py --cluster-json)")
+                   "side; benchmarks/scaling.py --validate fits from 1 MB up)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--budget", type=float, default=60.0, help="seconds of timed repetitions "
                    "per layout; fewer repeats when it runs out (the JSON says how many)")
     p.add_argument("--json", metavar="FILE", help="write every layout's results here")
+    p.add_argument("--ddp", action="store_true", help="instead: benchmarks/ddp.py's MLP step "
+                   "(hpcgrad DDP, 784-1024-1024-10, batch 256 per rank) on each layout")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -195,7 +226,17 @@ def main(argv=None):
     rate = None if args.rate == "none" else args.rate
     sizes = sorted(set(args.sizes) | (set(FIT_SIZES) if args.fit_sizes else set()))
     results = []
-    for nodes, per_node in args.layouts:
+    if args.ddp:
+        for nodes, per_node in args.layouts:
+            result = run_ddp(nodes, per_node, rate, args.repeats, args.placement)
+            results.append(result)
+            f = result["ddp"]
+            print(f"DDP MLP, {nodes} node(s) x {per_node} ranks ({args.placement}), "
+                  f"{rate or 'unshaped'}: step {f['step'][0] * 1e3:.1f} ms, compute only "
+                  f"{f['compute'][0] * 1e3:.1f} ms, all-reduce {f['bytes'] / MB:.2f} MB "
+                  f"{f['comm'][0] * 1e3:.1f} ms, {f['buckets']} buckets")
+            sys.stdout.flush()
+    for nodes, per_node in [] if args.ddp else args.layouts:
         result = run_layout(nodes, per_node, rate, sizes, args.repeats, args.warmup, args.budget,
                             args.placement)
         result["rate"], result["placement"] = rate, args.placement
@@ -205,7 +246,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rate": rate, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "results": results}, f, indent=1)
+                       "load": os.getloadavg(), "ddp" if args.ddp else "results": results},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -244,6 +244,43 @@ def validate(runs, fits, cores, overhead):
     return lines
 
 
+def load_ddp(paths):
+    """benchmarks/cluster_allreduce.py --ddp entries from JSON files."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out += json.load(f).get("ddp", [])
+    return out
+
+
+def validate_ddp(entries, fits, cores, overhead):
+    """Printed lines: benchmarks/ddp.py's MLP step on the simulated cluster against the model
+    fed with the measured compute-only step and the modelled flat all-reduce per bucket."""
+    head = (f"{'layout':>8} {'compute':>8} {'allreduce':>10} {'model':>7} {'err':>7} "
+            f"{'step':>7} {'model':>7} {'err':>7} {'no-overlap model':>17}")
+    lines = [("DDP step, MLP 784-1024-1024-10, batch 256 per rank (ms; compute = measured "
+             "compute-only step, split 30/60/10)"), head, "-" * len(head)]
+    for e in entries:
+        nodes, p = e["nodes"], e["ranks"]
+        per_node, f = p // nodes, e["ddp"]
+        compute = f["compute"][0]
+
+        def allreduce(n, nodes=nodes, per_node=per_node, placement=e["placement"]):
+            return model_cluster(n, nodes, per_node, placement, fits, cores, overhead)[0]
+        whole = allreduce(f["bytes"])
+        sizes = model.buckets(f["bytes"])
+        fw, bw, op = (share * compute for share in SPLIT)
+        step = model.ddp_step(sizes, fw, bw, op, allreduce).step
+        serial_comm = sum(allreduce(b) for b in sizes)
+        serial = model.ddp_step([f["bytes"]], fw, bw, op, lambda n, t=serial_comm: t).step
+        got_comm, got_step = f["comm"][0], f["step"][0]
+        lines.append(f"{nodes:>4}x{per_node:<3} {compute * 1e3:8.1f} {got_comm * 1e3:10.1f} "
+                     f"{whole * 1e3:7.1f} {(whole - got_comm) / got_comm * 100:6.1f}% "
+                     f"{got_step * 1e3:7.1f} {step * 1e3:7.1f} "
+                     f"{(step - got_step) / got_step * 100:6.1f}% {serial * 1e3:17.1f}")
+    return lines
+
+
 # --- fit on this machine (no cluster) -----------------------------------------------------------
 def fit_from_json(path):
     """(alpha, beta, ranks) from benchmarks/comm.py --json output (its raw Allreduce column)."""
@@ -312,6 +349,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--validate", nargs="+", metavar="JSON", help="model vs measurement on "
                    "simulated-cluster runs (benchmarks/cluster_allreduce.py --json)")
+    p.add_argument("--ddp", nargs="+", metavar="JSON", help="with --validate: DDP steps "
+                   "measured on the cluster (benchmarks/cluster_allreduce.py --ddp --json)")
     p.add_argument("--unshaped", metavar="JSON", help="a 2x1 run on unshaped links: the TCP "
                    "stack's CPU cost per byte")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the "
@@ -333,6 +372,9 @@ def main(argv=None):
         unshaped = load_runs([args.unshaped]) if args.unshaped else None
         fits = fit_cluster(runs, unshaped, args.cores)
         print("\n".join(validate(runs, fits, args.cores, overhead)))
+        if args.ddp:
+            print()
+            print("\n".join(validate_ddp(load_ddp(args.ddp), fits, args.cores, overhead)))
         return
     gamma = 1 / (args.gamma_gbs * 1e9) if args.gamma_gbs > 0 else 0.0
     intra = model.Fabric.from_bandwidth("shared memory", 0.5, 200, gamma)
