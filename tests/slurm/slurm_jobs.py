@@ -18,14 +18,31 @@ NODE_NETNS = "hpcgrad-slurm{}"
 NODE_LINK = "hgslurm{}"  # the host end of node i's veth pair
 
 
+def _controller_up():
+    # `scontrol ping`, not sinfo: with the controller's address gone (slurm-ci.sh down removed the
+    # bridge) sinfo retries for ~9 s, at every collection of every pytest run in tests/run.sh.
+    if shutil.which("scontrol") is None or shutil.which("sbatch") is None:
+        return False
+    try:
+        ping = subprocess.run(["scontrol", "ping"], check=False, capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return False
+    return ping.returncode == 0 and "is UP" in ping.stdout
+
+
+_UP = _controller_up()  # once per pytest process: both test modules import this one
+
+
 def slurm_running():
-    return shutil.which("sbatch") is not None and subprocess.run(["sinfo"], check=False, capture_output=True).returncode == 0
+    return _UP
 
 
 def usable_nodes(partition):
     """Names of the partition's nodes that can run a job now (none if the partition does not exist)."""
+    if not _UP:
+        return []
     shown = subprocess.run(["sinfo", "-h", "-N", "-p", partition, "-t", "idle,mixed,allocated,completing",
-                            "-o", "%N"], check=False, capture_output=True, text=True)
+                            "-o", "%N"], check=False, capture_output=True, text=True, timeout=30)
     return sorted(set(shown.stdout.split())) if shown.returncode == 0 else []
 
 
