@@ -104,8 +104,10 @@ class Hierarchical:
     Note [Hierarchical all-reduce]
     Horovod's hierarchical all-reduce with MPI alone: reduce to the node's leader (its rank 0
     on the node), all-reduce among the leaders (one rank per node on the network), broadcast
-    from the leader within the node. Across nodes only 1/ranks-per-node of the flat traffic
-    crosses the network; within a node the reduction goes through shared memory. Built, with
+    from the leader within the node. Only the leaders' traffic crosses the network, less than
+    a flat algorithm blind to nodes sends (MPICH's, with consecutive ranks per node, sends no
+    more: Note [When hierarchical all-reduce pays]); within a node the reduction goes through
+    shared memory. Built, with
     its communicators, only when HPCGRAD_HIERARCHICAL_ALLREDUCE is 1 or auto (or the group is
     given ``hierarchical=``): the flat path then pays one attribute test per call.
     The three stages run on three communicators (a node one for the reduce, its duplicate for
@@ -125,14 +127,15 @@ class Hierarchical:
     reduce-scatter halves distances from 1 up, so the large early steps stay within the node
     and only the last log2(nodes) steps, of n/ranks-per-node bytes at most, cross (the model's
     ``flat_allreduce``). Hierarchical then adds the in-node reduce and broadcast (MPICH's
-    Ireduce is the slow stage) to the same network traffic, and lost at every size from 1 to
-    64 MB: 0.56-0.87x of flat on 2 nodes x 2 ranks, 0.58-0.76x on 4 x 2 and 2 x 4. With
-    ranks dealt out cyclically (rank r on node r % nodes: Slurm's --distribution=cyclic, a
-    hostfile of one slot per host) the early, large steps cross the network and every rank of
-    a node sends its share through the node's link: there hierarchical won from 4 MB (1.1x)
-    to 1.4-1.6x at 16-64 MB, and lost at 1 MB (0.7x). So ``auto`` takes the hierarchical
-    path when the group spans nodes, its nodes are not consecutive equal blocks of ranks, and
-    the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB). ``1`` still
+    Ireduce is the slow stage) to the same network traffic, and lost or tied at every size
+    from 1 to 64 MB in two runs: 0.62-0.99x of flat's speed on 2 nodes x 2 ranks, 0.63-1.00x
+    on 4 x 2, 0.58-0.82x on 2 x 4. With ranks dealt out cyclically (rank r on node r % N:
+    Slurm's --distribution=cyclic, a hostfile of one slot per host) the large early steps
+    cross the network and every rank of a node sends its share through the node's link:
+    there hierarchical was faster from 4 MB in every run (1.03-1.38x at 4-64 MB on 2 x 2 and
+    4 x 2), and a coin flip at 1 MB (0.67-1.73x over three runs). So ``auto`` takes the
+    hierarchical path when the group spans nodes, its nodes are not consecutive equal blocks
+    of ranks, and the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB). ``1`` still
     forces it (another MPI's flat algorithm may not be topology-aware: a ring crosses nodes
     2(p-1) times per call).
     """
