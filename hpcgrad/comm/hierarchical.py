@@ -135,9 +135,9 @@ class Hierarchical:
     there hierarchical was faster from 4 MB in every run (1.03-1.38x at 4-64 MB on 2 x 2 and
     4 x 2), and a coin flip at 1 MB (0.67-1.73x over three runs). So ``auto`` takes the
     hierarchical path when the group spans nodes, its nodes are not consecutive equal blocks
-    of ranks, and the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB). ``1`` still
-    forces it (another MPI's flat algorithm may not be topology-aware: a ring crosses nodes
-    2(p-1) times per call).
+    of ranks, and the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB).
+    ``1`` still forces it (another MPI's flat algorithm may not suit the nodes: a ring pays
+    2(p-1) inter-node latencies per call where the leaders' pays 2(nodes-1)).
     """
 
     def __init__(self, comm, mode, min_bytes=None, fake=None):
