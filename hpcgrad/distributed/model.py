@@ -31,7 +31,7 @@ Note [The scaling model]
     the cores (4 and 8 ranks on this 2-core machine) stretch every CPU-bound cost, and on a
     network link only the TCP stack's share (``contended``, ``Fabric.cpu_beta``); (c) a
     message whose peer is descheduled waits for the scheduler's time slice (``contended``'s
-    ``time_slice``); (d) MPICH's in-node Ireduce is 2-5x slower per byte than its
+    ``time_slice``); (d) MPICH's in-node Ireduce is 2-2.5x slower per byte than its
     all-reduce, so the hierarchical stages get their own fitted fabric; (e) hpcgrad adds a
     few microseconds per call and per hierarchical stage. Still missing: one shared-memory
     beta cannot hold both the cached (<= 16 MB) and the DRAM-bound (64 MB) copy, and the
