@@ -171,6 +171,7 @@ def worker(args):
             bucket_bytes = [int(a.nbytes) for a in case.arrays]
         _progress("off")
         times = {(key, what): [] for key in cases for what in ("compute", "comm", "step")}
+        thread_stats = {}
         before = {key: case.ddp._get_ddp_logging_data() for key, case in cases.items()}
         order = [(key, what) for key in cases for what in ("compute", "comm", "step")]
         reps, deadline = 0, time.monotonic() + args.budget / len(args.models)
@@ -183,6 +184,8 @@ def worker(args):
                 t0 = time.perf_counter()
                 getattr(case, "traced_step" if what == "step" else what)()
                 elapsed = time.perf_counter() - t0
+                if key[0] == "on":
+                    thread_stats.setdefault((key, what), []).append(progress_stats())
                 _progress("off")
                 times[key, what].append(world.allreduce(elapsed, op=MPI.MAX))
             reps += 1
@@ -198,6 +201,10 @@ def worker(args):
                 row[what + "_runs"] = times[key, what]
             row["logged"] = _logged_ms(before[key], after, world)
             row["timeline"] = _timeline(case.marks, world)
+            row["thread"] = {what: {k: world.allreduce(statistics.median(
+                s[k] for s in thread_stats[key, what]), op=MPI.MAX)
+                for k in ("polls", "cpu", "late")}
+                for what in ("compute", "comm", "step") if (key, what) in thread_stats}
             results.append(row)
         for case in cases.values():
             case.ddp.reducer.remove_hooks()
@@ -221,6 +228,11 @@ def _timeline(marks, world):
     n = len(marks[0]["launch"])
     return {"launch": med[:n], "done": med[n:2 * n], "finalize": med[2 * n],
             "written": med[2 * n + 1], "end": med[2 * n + 2], "bytes": marks[0]["bytes"]}
+
+
+def progress_stats():
+    from hpcgrad.comm import progress
+    return progress.progress_thread().stats()
 
 
 def _progress(mode):
@@ -315,6 +327,12 @@ def print_table(result, rate, nodes):
               f"{row['compute'] * 1e3:8.1f} {row['comm'] * 1e3:7.1f} {row['step'] * 1e3:7.1f} "
               f"{ratio(row):7.2f}x {overlap(row):7.0%} | {launches:>12} {tl['finalize']:7.0f} "
               f"{done:>12} {bound(row) * 1e3:6.1f} {row['step'] / bound(row):9.2f}x")
+    for row in result["rows"]:
+        for what, st in row.get("thread", {}).items():
+            if what != "compute":
+                print(f"  progress thread, {row['model']} hier {row['hierarchical']} {what}: "
+                      f"{st['polls']:.0f} polls, {st['cpu'] * 1e3:.1f} ms CPU, sleeps "
+                      f"{st['late'] * 1e3:.1f} ms late in all (per step, slowest rank)")
     sizes = {row["model"]: row["bucket_bytes"] for row in result["rows"]}
     print("buckets in launch order: " + "; ".join(
         f"{m} {', '.join(f'{b / 1e6:.2f}' for b in s)} MB" for m, s in sizes.items()))

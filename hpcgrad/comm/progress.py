@@ -60,6 +60,7 @@ class ProgressThread:
         self._pending = []
         self._cond = threading.Condition()
         self._stopping = False
+        self.polls, self.cpu, self.late = 0, 0.0, 0.0  # see stats()
         self._thread = threading.Thread(target=self._run, name="hpcgrad-progress", daemon=True)
         self._thread.start()
 
@@ -73,7 +74,14 @@ class ProgressThread:
         with self._cond:
             return [w for w in self._pending if not w._completed]
 
+    def stats(self):
+        """Since start: polls (rounds of tests), the thread's CPU seconds while work was
+        pending, and the seconds its sleeps overran ``interval`` in all (waiting for a core
+        or the GIL): what the thread costs the rank, and how starved it was."""
+        return {"polls": self.polls, "cpu": self.cpu, "late": self.late}
+
     def _run(self):
+        clock, cpu_clock = time.perf_counter, time.thread_time
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -81,11 +89,16 @@ class ProgressThread:
                 if self._stopping:
                     return
                 works = list(self._pending)
+            cpu = cpu_clock()
             for work in works:
                 work.is_completed()
             with self._cond:
                 self._pending = [w for w in self._pending if not w._completed]
+            self.polls += 1
+            self.cpu += cpu_clock() - cpu
+            before = clock()
             time.sleep(self.interval)
+            self.late += max(0.0, clock() - before - self.interval)
 
     def stop(self):
         with self._cond:
@@ -136,9 +149,23 @@ def start_from_env():
         start_progress_thread()
 
 
-def start_for_nodes(nodes):
-    """DDP over a group spanning ``nodes`` nodes: start the thread unless the environment
-    says 0 (Note [Progress across nodes]). Returns the running thread or None."""
-    if nodes > 1 and env_mode() != "0":
+def machine_id():
+    """What tells this machine apart: the kernel's boot id (simulated nodes, network
+    namespaces of one machine, share it and its cores), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
+def start_for_nodes(nodes, ranks_here=1, cores=None):
+    """DDP over a group spanning ``nodes`` nodes, ``ranks_here`` of its ranks on this machine
+    with ``cores`` cores (None: os.cpu_count()): start the thread unless the environment says
+    0, or the machine has more ranks than cores (Note [Progress across nodes]). Returns the
+    running thread or None."""
+    cores = cores or os.cpu_count() or 1
+    if nodes > 1 and ranks_here <= cores and env_mode() != "0":
         return start_progress_thread()
     return _thread

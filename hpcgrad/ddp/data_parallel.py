@@ -309,11 +309,12 @@ class DistributedDataParallel(Module):
         group = self._private_group()
         everyone = [None] * group.size()
         # Each rank's node rides along (no extra collective): Note [Progress across nodes]
-        dist.all_gather_object(everyone, (entries, MPI.Get_processor_name()),
+        here = progress.machine_id()
+        dist.all_gather_object(everyone, (entries, MPI.Get_processor_name(), here),
                                group=group)  # timed, checked
-        self.nodes = len({node for _, node in everyone})
-        progress.start_for_nodes(self.nodes)
-        everyone = [theirs for theirs, _ in everyone]
+        self.nodes = len({node for _, node, _ in everyone})
+        progress.start_for_nodes(self.nodes, sum(m == here for _, _, m in everyone))
+        everyone = [theirs for theirs, _, _ in everyone]
         reference, ranks = everyone[0], group.ranks
         for rank, theirs in zip(ranks, everyone):
             problem = _first_difference(theirs, reference, ranks[0])

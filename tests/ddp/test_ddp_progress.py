@@ -126,6 +126,7 @@ def test_one_node_leaves_the_thread_off(group, monkeypatch):
     assert dist.progress_thread() is None
     assert progress.start_for_nodes(2) is not None  # what DDP does across nodes
     dist.stop_progress_thread()
+    assert progress.start_for_nodes(2, ranks_here=3, cores=2) is None  # oversubscribed
     monkeypatch.setenv(progress.PROGRESS_ENV, "0")
     assert progress.start_for_nodes(2) is None
     monkeypatch.setenv(progress.PROGRESS_ENV, "sometimes")
