@@ -4,8 +4,13 @@ As root, this script builds each cluster (``tests/cluster/cluster.py``: node i i
 namespace with its own hostname; a ``tc tbf`` on each node's link shapes the traffic into it),
 runs itself under mpiexec across the nodes (``--worker``), tears the cluster down, and prints:
 
-    python benchmarks/cluster_allreduce.py                          # 2 and 4 nodes, 2 ranks each, 1gbit
+    python benchmarks/cluster_allreduce.py            # 2 and 4 nodes, 2 ranks each, 1gbit (~2 min)
     python benchmarks/cluster_allreduce.py --layouts 1x2 2x1 2x2 4x2 --rate 1gbit --json out.json
+    python benchmarks/cluster_allreduce.py --placement cyclic     # rank r on node r % N
+    python benchmarks/cluster_allreduce.py --ddp --layouts 2x2     # benchmarks/ddp.py's MLP step
+
+Each layout takes ~30 s of timed repetitions (``--budget``) plus start-up; figures, the JSON and
+what they led to: docs/scaling.md. "speed-up" is flat ms / hier ms (> 1: hierarchical faster).
 
 A layout NxR is N nodes of R ranks. Every rank reduces one float32 buffer (zeros) in place through
 hpcgrad's ProcessGroup ``iallreduce(..., blocking=True)``, with ``hierarchical='0'`` ("flat": one
@@ -177,7 +182,7 @@ def print_table(result, rate):
           f"{rate or 'unshaped'} per node ({note}"
           + (f"; load average {load[0]:.1f} at the end)" if load else ")"))
     head = (f"{'size':>7} {'flat ms':>9} {'hier ms':>9} {'raw ms':>9} {'flat GB/s':>10} "
-            f"{'hier GB/s':>10} {'hier/flat':>10}")
+            f"{'hier GB/s':>10} {'speed-up':>10}")
     print(head)
     print("-" * len(head))
     for row in result["rows"]:
@@ -212,7 +217,7 @@ def main(argv=None):
                    "side; benchmarks/scaling.py --validate fits from 1 MB up)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of timed repetitions "
+    p.add_argument("--budget", type=float, default=30.0, help="seconds of timed repetitions "
                    "per layout; fewer repeats when it runs out (the JSON says how many)")
     p.add_argument("--json", metavar="FILE", help="write every layout's results here")
     p.add_argument("--ddp", action="store_true", help="instead: benchmarks/ddp.py's MLP step "
