@@ -194,9 +194,8 @@ def model_cluster(nbytes, nodes, per_node, placement, fits, cores, overhead):
     stages_c = model.contended(stages, p, cores, time_slice=slice_s)
     inter_c = model.contended(inter, p, cores, cpu_beta=cpu or 0.0, time_slice=slice_s)
     flat = model.flat_allreduce(nbytes, nodes, per_node, intra_c, inter_c, placement=placement)
-    among = model.flat_allreduce(nbytes, nodes, 1, inter_c, inter_c)  # leaders: MPICH's too
-    hier = (model._reduce_in_node(nbytes, per_node, stages_c) + among
-            + model._broadcast_in_node(nbytes, per_node, stages_c))
+    # in the node, MPICH's Ireduce and Ibcast (their own fit); among leaders, MPICH's all-reduce
+    hier = model.hierarchical_allreduce(nbytes, nodes, per_node, stages_c, inter_c, "rabenseifner")
     return flat + overhead, hier + 3 * overhead
 
 
