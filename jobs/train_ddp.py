@@ -107,14 +107,23 @@ def evaluate(model, loader):
 
 def header(args, world, train, test):
     """The run's set-up in a few lines (rank 0 prints it)."""
-    hosts = sorted(set(dist_hosts()))
+    places = dist_hosts()
+    hosts = sorted({host for host, _ in places})
     return (f"hpcgrad DDP job: {world} ranks on {len(hosts)} node(s); model {args.model}; "
             f"global batch {args.batch_size * world} ({args.batch_size} per rank); lr {args.lr}; "
             f"momentum {args.momentum}; epochs {args.epochs}\n"
             f"data: {len(train)} train / {len(test)} test samples; MPI: "
             f"{' '.join(MPI.Get_library_version().splitlines()[0].split())}; CUDA-aware: {cuda_aware_mpi()[0]}; "
             f"checkpoints and metrics.jsonl in {args.checkpoint_dir}\n"
+            f"ranks: {rank_places(places)}\n"
             f"arguments: {' '.join(f'{k}={v}' for k, v in sorted(vars(args).items()))}")
+
+
+def rank_places(places, most=64):
+    """'0 node1 pid 11, 1 node1 pid 12, ...': a launcher that reports a dead process by host and
+    pid only (MPICH's hydra on SIGKILL) is traced back to its rank with this line."""
+    shown = ", ".join(f"{rank} {host} pid {pid}" for rank, (host, pid) in enumerate(places[:most]))
+    return shown + (f", ... ({len(places) - most} more)" if len(places) > most else "")
 
 
 def check_setup(args, world, train):
@@ -142,7 +151,7 @@ def ddp_summary(model):
 
 def dist_hosts():
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, os.uname().nodename)
+    dist.all_gather_object(everyone, (os.uname().nodename, os.getpid()))
     return everyone
 
 
