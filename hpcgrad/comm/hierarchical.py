@@ -132,7 +132,7 @@ class Hierarchical:
     on 4 x 2, 0.58-0.82x on 2 x 4. With ranks dealt out cyclically (rank r on node r % N:
     Slurm's --distribution=cyclic, a hostfile of one slot per host) the large early steps
     cross the network and every rank of a node sends its share through the node's link:
-    there hierarchical was faster from 4 MB in every run (1.03-1.38x at 4-64 MB on 2 x 2 and
+    there hierarchical was faster from 4 MB in every run (1.03-1.57x at 4-64 MB on 2 x 2 and
     4 x 2), and a coin flip at 1 MB (0.67-1.73x over three runs). So ``auto`` takes the
     hierarchical path when the group spans nodes, its nodes are not consecutive equal blocks
     of ranks, and the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB).
