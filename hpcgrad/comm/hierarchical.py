@@ -107,9 +107,9 @@ class Hierarchical:
     from the leader within the node. Only the leaders' traffic crosses the network, less than
     a flat algorithm blind to nodes sends (MPICH's, with consecutive ranks per node, sends no
     more: Note [When hierarchical all-reduce pays]); within a node the reduction goes through
-    shared memory. Built, with
-    its communicators, only when HPCGRAD_HIERARCHICAL_ALLREDUCE is 1 or auto (or the group is
-    given ``hierarchical=``): the flat path then pays one attribute test per call.
+    shared memory. Built, with its communicators, only when HPCGRAD_HIERARCHICAL_ALLREDUCE is
+    1 or auto (or the group is given ``hierarchical=``): the flat path then pays one attribute
+    test per call.
     The three stages run on three communicators (a node one for the reduce, its duplicate for
     the broadcast, the leaders'), and a call posts its stage s only once every earlier call of
     the group has posted its own stage s (``advance``, under a lock): MPI matches collectives
