@@ -191,7 +191,7 @@ def model_cluster(nbytes, nodes, per_node, placement, fits, cores, overhead):
     intra, stages, inter, cpu, slice_s = fits
     p = nodes * per_node
     intra_c = model.contended(intra, p, cores, time_slice=slice_s)
-    stages_c = model.contended(stages, p, cores, time_slice=slice_s)
+    stages_c = model.contended(stages, p * model.tree_busy(per_node), cores, time_slice=slice_s)
     inter_c = model.contended(inter, p, cores, cpu_beta=cpu or 0.0, time_slice=slice_s)
     flat = model.flat_allreduce(nbytes, nodes, per_node, intra_c, inter_c, placement=placement)
     # in the node, MPICH's Ireduce and Ibcast (their own fit); among leaders, MPICH's all-reduce

@@ -32,7 +32,8 @@ Note [The scaling model]
     network link only the TCP stack's share (``contended``, ``Fabric.cpu_beta``); (c) a
     message whose peer is descheduled waits for the scheduler's time slice (``contended``'s
     ``time_slice``); (d) MPICH's in-node Ireduce is 2-2.5x slower per byte than its
-    all-reduce, so the hierarchical stages get their own fitted fabric; (e) hpcgrad adds a
+    all-reduce, so the hierarchical stages get their own fitted fabric, contended only by the
+    ranks a tree step keeps busy (``tree_busy``); (e) hpcgrad adds a
     few microseconds per call and per hierarchical stage. Still missing: one shared-memory
     beta cannot hold both the cached (<= 16 MB) and the DRAM-bound (64 MB) copy, and the
     other processes on the machine take cores the model thinks are ours.
@@ -198,6 +199,14 @@ def contended(fabric, ranks, cores, cpu_beta=None, time_slice=0.0):
     if cpu_beta is None:
         return Fabric(fabric.name, alpha, fabric.beta * f, fabric.gamma * f)
     return Fabric(fabric.name, alpha, fabric.beta, fabric.gamma * f, cpu_beta * f)
+
+
+def tree_busy(per_node):
+    """The mean share of a node's ranks at work during a binomial reduce or broadcast over
+    ``per_node`` ranks: all of them in its first step, half in the next, a quarter, ...; the
+    others wait (yielding their core). What ``contended`` should count for these stages."""
+    steps = math.ceil(math.log2(per_node)) if per_node > 1 else 1
+    return sum(0.5 ** k for k in range(steps)) / steps
 
 
 def _reduce_in_node(nbytes, r, fabric):

@@ -219,3 +219,9 @@ def test_contended_hand_computed():
     link = model.contended(fab, 4, 2, cpu_beta=0.2e-9)  # f = 2: only the CPU share stretches
     assert (link.alpha, link.beta, link.gamma, link.cpu_beta) == pytest.approx(
         (4e-6, 1e-9, 1e-9, 0.4e-9))
+
+
+@pytest.mark.parametrize("per_node, want", [(1, 1.0), (2, 1.0), (4, (1 + 0.5) / 2),
+                                            (8, (1 + 0.5 + 0.25) / 3), (3, (1 + 0.5) / 2)])
+def test_tree_busy_hand_computed(per_node, want):
+    assert model.tree_busy(per_node) == pytest.approx(want)
