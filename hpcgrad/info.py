@@ -228,8 +228,8 @@ def _hierarchical_rule():
     try:
         mode = hierarchical.mode_from_env()
         if mode == "auto":
-            return (f"auto (across nodes, from {hierarchical.min_bytes_from_env()} bytes; "
-                    f"{hierarchical.MIN_BYTES_ENV})")
+            return (f"auto (across nodes, from {hierarchical.min_bytes_from_env()} bytes, where "
+                    f"nodes are not consecutive blocks of ranks; {hierarchical.MIN_BYTES_ENV})")
         return {"0": "off (flat)", "1": "on (every all-reduce)"}[mode]
     except ValueError as error:
         return f"invalid: {error}"

@@ -26,7 +26,7 @@ def test_mode_defaults_to_off_and_rejects_other_words():
 
 
 def test_min_bytes_and_fake_nodes_are_checked():
-    assert hierarchical.min_bytes_from_env({}) == 1 << 20
+    assert hierarchical.min_bytes_from_env({}) == 4 << 20
     assert hierarchical.min_bytes_from_env({hierarchical.MIN_BYTES_ENV: "4096"}) == 4096
     with pytest.raises(ValueError, match="HPCGRAD_HIERARCHICAL_MIN_BYTES must be"):
         hierarchical.min_bytes_from_env({hierarchical.MIN_BYTES_ENV: "1MB"})
@@ -150,9 +150,10 @@ def test_pending_calls_waited_in_any_order(monkeypatch, fake):
 def test_auto_takes_the_hierarchical_path_across_nodes_from_the_threshold(monkeypatch, fake):
     world = comm_world()
     rank, size = world.Get_rank(), world.Get_size()
+    monkeypatch.setenv(hierarchical.FAKE_PLACEMENT_ENV, "cyclic")  # block placement stays flat
     group = make_group(monkeypatch, fake, "auto", by_env=True, min_bytes=4096)
     try:
-        spans = group._hier.nodes > 1
+        spans = group._hier.nodes > 1 and not group._hier.blocked
         assert group._hier.use(4096) is spans and group._hier.use(4095) is False
         calls = counting(group)
         small, large = np.full(10, rank + 1.0), np.full(1024, rank + 1.0)  # 80 B, 8 KB
@@ -179,7 +180,7 @@ def test_info_shows_nodes_and_ranks_per_node(monkeypatch):
     assert [r["node"] for r in reports] == nodes
     assert [r["ranks_per_node"] for r in reports] == [nodes.count(n) for n in nodes]
     assert {r["nodes"] for r in reports} == {len(set(nodes))}
-    assert reports[rank]["hierarchical_allreduce"].startswith("auto (across nodes, from 1048576")
+    assert reports[rank]["hierarchical_allreduce"].startswith("auto (across nodes, from 4194304")
     text = info.format_report(reports)
     assert "  nodes " in text and "HPCGRAD_FAKE_NODES=2" in text
     assert "ranks_per_node" in text  # shared, or per rank where nodes differ
