@@ -10,8 +10,9 @@ into it; MPICH moves inter-node data over ofi/tcp), runs itself under mpiexec ac
 
 A layout NxR is N nodes of R ranks. Per model and configuration (progress thread off/on,
 and with R > 1 the hierarchical all-reduce off/on), the worker times, as the slowest rank's
-time, medians of ``--repeats`` (the configurations and quantities take turns in every
-repetition, so the machine's load falls on all alike):
+time, medians of at least ``--repeats`` (rounded up to whole turns: the configurations and
+quantities take turns in every repetition, each in every position equally often, so the
+machine's load and any drift within a repetition fall on all alike):
 
   compute  a DDP step (forward, cross-entropy, zero_grad, backward, SGD step) under no_sync():
            the same work without any communication
@@ -36,6 +37,7 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUM
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -174,10 +176,17 @@ def worker(args):
         thread_stats = {}
         before = {key: case.ddp._get_ddp_logging_data() for key, case in cases.items()}
         order = [(key, what) for key in cases for what in ("compute", "comm", "step")]
+        # Whole turns, so every quantity goes first as often (a step ran 60 ms slower in the
+        # last position of four than in the first, whatever ran)
+        turns = -(-args.repeats // len(order)) * len(order)
         reps, deadline = 0, time.monotonic() + args.budget / len(args.models)
-        for rep in range(args.repeats):
-            shift = rep % len(order)
-            for key, what in order[shift:] + order[:shift]:
+        for rep in range(turns):
+            # Each quantity goes first equally often; the rest in an order drawn per repetition
+            # (the same on every rank), so no quantity always follows the same one.
+            k = rep % len(order)
+            first, rest = order[k], order[:k] + order[k + 1:]
+            random.Random(rep).shuffle(rest)
+            for key, what in [first, *rest]:
                 case = cases[key]
                 _progress(key[0])
                 world.Barrier()
@@ -189,7 +198,8 @@ def worker(args):
                 _progress("off")
                 times[key, what].append(world.allreduce(elapsed, op=MPI.MAX))
             reps += 1
-            if world.bcast(time.monotonic() > deadline if rank == 0 else None, root=0):
+            late = time.monotonic() > deadline and reps % len(order) == 0
+            if world.bcast(late if rank == 0 else None, root=0):
                 break  # every rank stops at the same repetition: rank 0's clock decides
         for key, case in cases.items():
             after = case.ddp._get_ddp_logging_data()
@@ -375,7 +385,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budget", type=float, default=100.0, help="seconds of timed repetitions "
-                   "per layout; fewer repeats when it runs out (the table says how many)")
+                   "per layout, shared by the models: past it a model stops at the end of a "
+                   "whole turn (the table says how many repetitions ran)")
     p.add_argument("--json", metavar="FILE", help="write every layout's results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
