@@ -33,33 +33,33 @@ The thread is opt-in on one node: ``start_progress_thread()`` or HPCGRAD_PROGRES
 (read by init_process_group); while it runs, every operation on at least _MIN_BYTES started
 through a ProcessGroup (the DDP reducer's buckets included) is watched. Between nodes, where
 the network does the copying, the cores are free for compute and this is the case the thread
-is for: DistributedDataParallel starts it there (Note [Progress across nodes]).
+is for: DistributedDataParallel starts it there (Note [Progress across nodes]
+``python benchmarks/ddp_cluster.py --nice -20`` runs DDP on the simulated cluster (tests/cluster:
+nodes are network namespaces, a ``tc tbf`` of 1gbit on each node's link, MPICH over ofi/tcp
+between them) and times, per step, each bucket all-reduce's launch and completion. 2 nodes x 1
+rank (a core per rank), medians of 18, slowest rank, ms; ratio = step / max(compute, comm); the
+figures are the quietest of 4 runs on this shared 2-core machine, the ratios' range in brackets:
 
-Note [Progress across nodes]
-``python benchmarks/ddp_cluster.py`` runs DDP on the simulated cluster (tests/cluster: nodes
-are network namespaces, a ``tc tbf`` of 1gbit on each node's link, MPICH over ofi/tcp between
-them) and times, per step, the bucket all-reduces' launches and completions. 2 nodes x 1 rank
-(a core per rank; ranks at nice -20 ahead of the shared machine's other load; medians of 18,
-slowest rank; ratio = step / max(compute, comm)):
+                               compute  comm  step off  step on  ratio off         ratio on
+    CNN conv16-32-fc512 (3.2 MB)  41.7  26.8    54.4     47.1    1.31 [1.25-1.49]  1.15 [1.12-1.34]
+    MLP 784-1024-1024-10 (7.5 MB) 35.5  71.1    96.8     93.6    1.36 [1.36-1.55]  1.40 [1.40-1.59]
+    CNN conv8-16 (37 KB)          13.2   0.1    13.9     13.7    1.05              1.03
 
-                           compute  comm   step off  step on   ratio off  ratio on
-    CNN conv16-32, fc512     45.1   27.0     57.0      48.5      1.27x     1.07x
-    MLP 784-1024-1024-10     94.4   66.9    139.6     170.6      1.48x     1.79x
-
-Without the thread, the CNN's 3.2 MB bucket, launched 18 ms into the step, completes in
-finalize's wait (56 ms); with it, during backward (46 ms), and the step meets 1.15 x
-max(compute, comm). The thread's own cost is small: 80 polls, 2.8 ms of CPU per step. The
-MLP cannot meet it whatever drives MPI: its gradients are ready only in the last fifth of the
-step (fc2's 4 MB at 63 ms of 83, fc1's 3 MB at the end of backward), so the step is at least
-first launch + the all-reduce's time on the link (the benchmark's "bound", which the step
-meets within 5% with the thread on and off); its on/off difference is within the run-to-run
-spread of this shared machine. With more ranks than cores (2 nodes x 2 ranks on these 2
-cores) the thread's wake-ups wait for a core and the GIL (its sleeps ran 67-158 ms late per
-step) and it made every step slower (CNN 200 -> 303 ms, MLP 230 -> 390). Hence the rule:
-DDP starts the thread when its group spans nodes (host names differ) and no machine it runs
-on has more of its ranks than cores (ranks on one machine share its kernel's boot id: the
-simulated nodes do); HPCGRAD_PROGRESS_THREAD=0 never starts it, 1 starts it at
-init_process_group everywhere. ``ProgressThread.stats()`` says what it cost.
+Without the thread, the CNN's 3.2 MB bucket, launched 16-18 ms into the step, completes in
+finalize's wait (53 ms); with it, during backward (45 ms), and the step meets 1.15 x
+max(compute, comm) (in the run at 1.34 compute took 31 ms, as long as comm: the bucket's
+launch 14 ms in plus comm put the step's bound at 1.31). The thread costs 84 polls and 2.8 ms of CPU per step (mostly MPI's own
+copying and summing, done during backward instead of after it), and backward ran 7 ms longer.
+The MLP cannot meet the target whatever drives MPI: its gradients are ready only at the end
+(fc2's 4 MB 28 ms into a 36 ms step, fc1's 3 MB at the end of backward), so a step takes at
+least first launch + the all-reduce's time on the link (the benchmark's "bound", met within 3%
+with the thread on and off). With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
+the thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
+backward ran up to twice as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
+-> 193 ms. Hence DDP's rule: it starts the thread when its group spans nodes (host names
+differ) and no machine has more of its ranks than cores (ranks on one machine share the
+kernel's boot id, as the simulated nodes do); HPCGRAD_PROGRESS_THREAD=0 never starts it, 1
+starts it at init_process_group everywhere. ``ProgressThread.stats()`` says what it costs.
 
 The thread tests a Work with ``Work.is_completed()``, which never blocks and never tests a
 request another thread is already waiting on (MPI forbids that; see Work). Whatever completes

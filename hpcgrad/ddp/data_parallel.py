@@ -205,7 +205,9 @@ class DistributedDataParallel(Module):
 
     Every rank builds the same model and calls forward/backward in step; gradients are
     reduced in buckets of ``bucket_cap_mb`` while backward still runs. Parameters and buffers
-    start from rank 0's values. See README "Data parallel" for the options.
+    start from rank 0's values. See README "Data parallel" for the options. A group spanning
+    nodes starts the progress thread, so the all-reduces cross the network while backward
+    computes (Note [Progress across nodes] in comm/progress.py; ``self.nodes`` counts them).
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
