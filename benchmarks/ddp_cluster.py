@@ -5,14 +5,15 @@ network namespace with its own hostname; a ``tc tbf`` on each node's link shapes
 into it; MPICH moves inter-node data over ofi/tcp), runs itself under mpiexec across the nodes
 (``--worker``), tears the cluster down and prints a table per layout:
 
-    python benchmarks/ddp_cluster.py                                   # 2x1 and 2x2, 1gbit
-    python benchmarks/ddp_cluster.py --layouts 2x1 --rate 500mbit --json out.json
+    python benchmarks/ddp_cluster.py --nice -20                  # 2x1 and 2x2 at 1gbit, ~2 min
+    python benchmarks/ddp_cluster.py --layouts 2x1 --rate 500mbit --models mlp --json out.json
 
 A layout NxR is N nodes of R ranks. Per model and configuration (progress thread off/on,
 and with R > 1 the hierarchical all-reduce off/on), the worker times, as the slowest rank's
-time, medians of at least ``--repeats`` (rounded up to whole turns: the configurations and
-quantities take turns in every repetition, each in every position equally often, so the
-machine's load and any drift within a repetition fall on all alike):
+time, medians of at least ``--repeats`` repetitions (rounded up to whole turns: in each the
+configurations' quantities all run once, a different one first each time and the rest in a
+shuffled order, the same on every rank, so the machine's load and any drift within a
+repetition fall on all alike):
 
   compute  a DDP step (forward, cross-entropy, zero_grad, backward, SGD step) under no_sync():
            the same work without any communication
@@ -23,11 +24,19 @@ machine's load and any drift within a repetition fall on all alike):
   overlap  = (compute + comm - step) / min(compute, comm): the share of the shorter hidden
            (1: all of it; 0: none, step = compute + comm). benchmarks/ddp.py divides by comm.
 
-Beside them, from DistributedDataParallel._get_ddp_logging_data over the timed steps: backward
-compute, "comm" (first bucket launched to last wait's return) and their overlap, in ms.
+Beside them, from the steps themselves: when each bucket's all-reduce was launched and
+completed (by the progress thread, or by finalize's wait), when backward's last gradient came
+(finalize starts), and the "bound": the step had each all-reduce run alone on the link from its
+launch (at the comm-alone rate), followed by the step's own tail (the optimizer step); a step
+cannot beat it whatever drives MPI, since a bucket cannot leave before its gradients exist.
+With the thread on, ``ProgressThread.stats()`` per step: polls, the thread's CPU time and how
+late its sleeps ran (waiting for a core or the GIL). The JSON (``--json``) has every run's
+times, the minima, the timelines and DDP's own logging data (_get_ddp_logging_data).
 
 The machine has 2 cores: 2x1 gives each rank a core of its own; 2x2 is oversubscribed (4 ranks
-on 2 cores), which its table's header says.
+on 2 cores), which its table's header says. On a shared machine ``--nice -20`` (root) puts the
+ranks ahead of other load (the header gives the load average). See Note [Progress across
+nodes] in hpcgrad/comm/progress.py for what the figures showed.
 """
 
 import os
