@@ -27,8 +27,9 @@ repetition fall on all alike):
 Beside them, from the steps themselves: when each bucket's all-reduce was launched and
 completed (by the progress thread, or by finalize's wait), when backward's last gradient came
 (finalize starts), and the "bound": the step had each all-reduce run alone on the link from its
-launch (at the comm-alone rate), followed by the step's own tail (the optimizer step); a step
-cannot beat it whatever drives MPI, since a bucket cannot leave before its gradients exist.
+launch (at the comm-alone rate), followed by the step's own tail (the optimizer step): what
+no way of driving MPI can beat (but for the noise of the comm-alone rate), since a bucket
+cannot leave before its gradients exist.
 With the thread on, ``ProgressThread.stats()`` per step: polls, the thread's CPU time and how
 late its sleeps ran (waiting for a core or the GIL). The JSON (``--json``) has every run's
 times, the minima, the timelines and DDP's own logging data (_get_ddp_logging_data).
