@@ -52,8 +52,11 @@ launch 14 ms in plus comm put the step's bound at 1.31). The thread costs 84 pol
 copying and summing, done during backward instead of after it), and backward ran 7 ms longer.
 The MLP cannot meet the target whatever drives MPI: its gradients are ready only at the end
 (fc2's 4 MB 28 ms into a 36 ms step, fc1's 3 MB at the end of backward), so a step takes at
-least first launch + the all-reduce's time on the link (the benchmark's "bound", met within 3%
-with the thread on and off). With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
+least first launch + the all-reduce's time on the link (the benchmark's "bound": 1.41-1.47 x
+max(compute, comm); the steps took 0.97-1.08 x it, thread on or off). At 500mbit, where the
+all-reduce is 4x compute, the MLP's ratio is 1.12-1.14 either way; the CNN's 1.24 either way,
+its bound (launch + comm) being 1.27. A test every 0.5 or 1 ms instead of 200 us gave the same
+figures within the noise: the thread's cost is the transfer's own CPU work. With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
 the thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
 backward ran up to twice as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
 -> 193 ms. Hence DDP's rule: it starts the thread when its group spans nodes (host names
