@@ -56,7 +56,8 @@ least first launch + the all-reduce's time on the link (the benchmark's "bound":
 max(compute, comm); the steps took 0.97-1.08 x it, thread on or off). At 500mbit, where the
 all-reduce is 4x compute, the MLP's ratio is 1.12-1.14 either way; the CNN's 1.24 either way,
 its bound (launch + comm) being 1.27. A test every 0.5 or 1 ms instead of 200 us gave the same
-figures within the noise: the thread's cost is the transfer's own CPU work. With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
+figures within the noise: what backward loses is not the polling's frequency (the transfer's
+own copying and summing, now done while backward runs, is the likelier part). With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
 the thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
 backward ran up to twice as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
 -> 193 ms. Hence DDP's rule: it starts the thread when its group spans nodes (host names
