@@ -1,4 +1,4 @@
-"""A thread that drives pending nonblocking operations while the caller computes (opt-in; DDP's default across nodes).
+"""A thread that drives pending nonblocking operations while the caller computes (DDP: across nodes).
 
 Note [Communication progress]
 MPICH moves a nonblocking collective forward only while some thread of the rank is inside an MPI
@@ -33,7 +33,9 @@ The thread is opt-in on one node: ``start_progress_thread()`` or HPCGRAD_PROGRES
 (read by init_process_group); while it runs, every operation on at least _MIN_BYTES started
 through a ProcessGroup (the DDP reducer's buckets included) is watched. Between nodes, where
 the network does the copying, the cores are free for compute and this is the case the thread
-is for: DistributedDataParallel starts it there (Note [Progress across nodes]
+is for: DistributedDataParallel starts it there (Note [Progress across nodes]).
+
+Note [Progress across nodes]
 ``python benchmarks/ddp_cluster.py --nice -20`` runs DDP on the simulated cluster (tests/cluster:
 nodes are network namespaces, a ``tc tbf`` of 1gbit on each node's link, MPICH over ofi/tcp
 between them) and times, per step, each bucket all-reduce's launch and completion. 2 nodes x 1
@@ -47,18 +49,17 @@ figures are the quietest of 4 runs on this shared 2-core machine, the ratios' ra
 
 Without the thread, the CNN's 3.2 MB bucket, launched 16-18 ms into the step, completes in
 finalize's wait (53 ms); with it, during backward (45 ms), and the step meets 1.15 x
-max(compute, comm) (in the run at 1.34 compute took 31 ms, as long as comm: the bucket's
-launch 14 ms in plus comm put the step's bound at 1.31). The thread costs 84 polls and 2.8 ms of CPU per step (mostly MPI's own
-copying and summing, done during backward instead of after it), and backward ran 7 ms longer.
-The MLP cannot meet the target whatever drives MPI: its gradients are ready only at the end
-(fc2's 4 MB 28 ms into a 36 ms step, fc1's 3 MB at the end of backward), so a step takes at
-least first launch + the all-reduce's time on the link (the benchmark's "bound": 1.41-1.47 x
-max(compute, comm); the steps took 0.97-1.08 x it, thread on or off). At 500mbit, where the
-all-reduce is 4x compute, the MLP's ratio is 1.12-1.14 either way; the CNN's 1.24 either way,
-its bound (launch + comm) being 1.27. A test every 0.5 or 1 ms instead of 200 us gave the same
-figures within the noise: what backward loses is not the polling's frequency (the transfer's
-own copying and summing, now done while backward runs, is the likelier part). With more ranks than cores (2 nodes x 2 ranks on these 2 cores)
-the thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
+max(compute, comm) (the run at 1.34 had compute as short as comm, 31 ms: the bucket's launch,
+14 ms in, plus comm put the step's bound at 1.31). The thread used 84 polls and 2.8 ms of CPU
+per step (nearly all inside MPI's Test calls, which move and sum the data), and backward ran
+7 ms longer. A test every 0.5 or 1 ms instead of 200 us gave the same figures within the
+noise. The MLP cannot meet the target whatever drives MPI: its gradients are ready only at the
+end (fc2's 4 MB 28 ms into a 36 ms step, fc1's 3 MB at the end of backward), so a step takes
+at least first launch + the all-reduce's time on the link (the benchmark's "bound": 1.41-1.47
+x max(compute, comm); the steps took 0.97-1.08 x it, thread on or off). At 500mbit, where the
+all-reduce is 4x compute, the MLP's ratio is 1.12-1.14 either way, the CNN's 1.24 (its bound,
+launch + comm, 1.27). With more ranks than cores (2 nodes x 2 ranks on these 2 cores) the
+thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
 backward ran up to twice as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
 -> 193 ms. Hence DDP's rule: it starts the thread when its group spans nodes (host names
 differ) and no machine has more of its ranks than cores (ranks on one machine share the
