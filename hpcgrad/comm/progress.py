@@ -60,7 +60,7 @@ x max(compute, comm); the steps took 0.97-1.08 x it, thread on or off). At 500mb
 all-reduce is 4x compute, the MLP's ratio is 1.12-1.14 either way, the CNN's 1.24 (its bound,
 launch + comm, 1.27). With more ranks than cores (2 nodes x 2 ranks on these 2 cores) the
 thread's wake-ups wait for a core and the GIL (its sleeps ran 35-40 ms late per step) and
-backward ran up to twice as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
+backward ran up to 2.2 times as long while an all-reduce was pending: CNN 111 -> 163 ms, MLP 145
 -> 193 ms. Hence DDP's rule: it starts the thread when its group spans nodes (host names
 differ) and no machine has more of its ranks than cores (ranks on one machine share the
 kernel's boot id, as the simulated nodes do); HPCGRAD_PROGRESS_THREAD=0 never starts it, 1
