@@ -76,7 +76,8 @@ def init_process_group(backend="mpi", timeout=None, **unused):
     rank 0 prints which ranks are missing and the job ends (MPI_Abort; Note [Bounded
     start-up] in comm/mpi.py), as PyTorch's rendezvous times out.
     HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread (Note [Communication progress]
-    in comm/progress.py). Rendezvous arguments of PyTorch
+    in comm/progress.py); unset (auto), DistributedDataParallel starts it when its group spans
+    nodes (Note [Progress across nodes]); 0 never. Rendezvous arguments of PyTorch
     (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
     placed the ranks.
     """
