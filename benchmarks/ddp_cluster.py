@@ -102,15 +102,24 @@ class Case:
         optimizer = hg.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
 
         def step():
+            t0 = time.perf_counter()
             loss = F.cross_entropy(self.ddp(x), y)
+            t1 = time.perf_counter()
             optimizer.zero_grad()
+            t2 = time.perf_counter()
             loss.backward()
+            t3 = time.perf_counter()
             optimizer.step()
+            # forward (with the loss), zero_grad, backward, optimizer step: the scaling
+            # model's inputs (benchmarks/scaling.py --ddp-cluster)
+            self.parts = (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         self.step = step
+        self.marks, self.splits = [], []
 
     def compute(self):
         with self.ddp.no_sync():
             self.step()
+        self.splits.append(self.parts)
 
     def traced_step(self):
         """A DDP step that records, from its start: each bucket's launch and completion (the
@@ -141,6 +150,7 @@ class Case:
         finally:
             del group.iallreduce, reducer.finalize_backward
         marks["end"] = time.perf_counter() - t0
+        marks["forward"] = self.parts[0] + self.parts[1]  # backward starts here
         self.marks.append(marks)
 
     def comm(self):
@@ -152,7 +162,7 @@ class Case:
     def prepare_comm(self):
         """After the buckets are rebuilt (the first synced steps): arrays like them."""
         self.arrays = [np.zeros_like(b.contents) for b in self.ddp.reducer.buckets]
-        self.marks = []
+        self.marks, self.splits = [], []
 
 
 def worker(args):
@@ -221,6 +231,7 @@ def worker(args):
                 row[what + "_runs"] = times[key, what]
             row["logged"] = _logged_ms(before[key], after, world)
             row["timeline"] = _timeline(case.marks, world)
+            row["split"] = _split(case.splits, world)
             row["thread"] = {what: {k: world.allreduce(statistics.median(
                 s[k] for s in thread_stats[key, what]), op=MPI.MAX)
                 for k in ("polls", "cpu", "late")}
@@ -240,14 +251,27 @@ def _timeline(marks, world):
     """Medians over the timed steps of the slowest rank's bucket launches and completions,
     finalize's start and end, and the step's end (ms from the step's start)."""
     from hpcgrad.comm.mpi import MPI
-    rows = np.array([m["launch"] + m["done"] + [m["finalize"], m["written"], m["end"]]
+    rows = np.array([m["launch"] + m["done"] + [m["finalize"], m["written"], m["end"],
+                                                 m["forward"]]
                      for m in marks], dtype=np.float64) * 1e3
     slowest = np.empty_like(rows)
     world.Allreduce(rows, slowest, op=MPI.MAX)
     med = np.median(slowest, axis=0).tolist()
     n = len(marks[0]["launch"])
     return {"launch": med[:n], "done": med[n:2 * n], "finalize": med[2 * n],
-            "written": med[2 * n + 1], "end": med[2 * n + 2], "bytes": marks[0]["bytes"]}
+            "written": med[2 * n + 1], "end": med[2 * n + 2], "forward": med[2 * n + 3],
+            "bytes": marks[0]["bytes"]}
+
+
+def _split(splits, world):
+    """Medians over the compute-only steps of the slowest rank's forward (with the loss),
+    zero_grad, backward and optimizer step, seconds."""
+    from hpcgrad.comm.mpi import MPI
+    rows = np.array(splits, dtype=np.float64)
+    slowest = np.empty_like(rows)
+    world.Allreduce(rows, slowest, op=MPI.MAX)
+    med = np.median(slowest, axis=0).tolist()
+    return dict(zip(("forward", "zero_grad", "backward", "optimizer"), med))
 
 
 def progress_stats():

@@ -46,6 +46,11 @@ Note [The scaling model]
 
         step = forward + max(backward, end of the last all-reduce) + optimizer
 
+    Checked against DDP on the simulated cluster (docs/scaling.md, "DDP step: model vs
+    measurement"), two things changed: the buckets' ready times are an input (a layer's
+    backward cost is not proportional to its gradient's bytes), and without a progress thread
+    the all-reduces start only when backward ends (``ddp_step``'s ``progress``).
+
     Parallel efficiency is the one-rank step over the p-rank step. Everything here is
     arithmetic on floats: no MPI, so a laptop can run the predictions.
 """
@@ -286,18 +291,30 @@ class Step:
         return self.compute / self.step if self.step > 0 else 1.0
 
 
-def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce):
+def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce, ready=None,
+             progress=True):
     """The step time of DDP with bucketed overlap (Note [The scaling model]).
 
     ``bucket_bytes``: sizes in ready order; ``allreduce(nbytes)``: seconds for one bucket.
-    Bucket i is ready once backward has produced the gradients of buckets 0..i, at a rate
-    proportional to their bytes.
+    ``ready``: when each bucket's gradients are all there, seconds from backward's start
+    (measured: benchmarks/ddp_cluster.py's launch times); by default backward produces them
+    at a rate proportional to their bytes, bucket i ready once buckets 0..i are. A layer's
+    gradient cost is not proportional to its bytes (the MLP's first 4 MB bucket is ready only
+    70% into backward), hence the option. ``progress=False``: nothing advances an all-reduce
+    outside MPI calls (no progress thread), so all of them run after backward, in finalize's
+    wait (Note [Progress across nodes]).
     """
     if min(forward, backward, optimizer) < 0:
         raise ValueError(f"compute times must be >= 0 s, got forward={forward}, "
                          f"backward={backward}, optimizer={optimizer}")
     total = float(sum(bucket_bytes))
-    ready = np.cumsum(bucket_bytes) / total * backward if total > 0 else []
+    if ready is None:
+        ready = np.cumsum(bucket_bytes) / total * backward if total > 0 else []
+    elif len(ready) != len(bucket_bytes) or min(ready, default=0.0) < 0:
+        raise ValueError(f"ready needs one time >= 0 s per bucket ({len(bucket_bytes)}), got "
+                         f"{list(ready)}")
+    if not progress:
+        ready = [backward] * len(bucket_bytes)
     end = communication = 0.0
     for size, at in zip(bucket_bytes, ready):
         cost = allreduce(size)

@@ -225,3 +225,27 @@ def test_contended_hand_computed():
                                             (8, (1 + 0.5 + 0.25) / 3), (3, (1 + 0.5) / 2)])
 def test_tree_busy_hand_computed(per_node, want):
     assert model.tree_busy(per_node) == pytest.approx(want)
+
+
+def test_measured_ready_times():
+    # buckets of 3 and 1 bytes: by bytes ready at 7.5 and 10 s of a 10 s backward; measured at
+    # 8 and 10 s instead; each all-reduce 3 s: 8-11, 11-14
+    step = model.ddp_step([3, 1], 1.0, 10.0, 0.5, lambda n: 3.0, ready=[8.0, 10.0])
+    assert step.comm_end == pytest.approx(14.0) and step.step == pytest.approx(15.5)
+    by_bytes = model.ddp_step([3, 1], 1.0, 10.0, 0.5, lambda n: 3.0)  # 7.5-10.5, 10.5-13.5
+    assert by_bytes.comm_end == pytest.approx(13.5)
+    # a bucket ready before the previous all-reduce ends waits for it
+    step = model.ddp_step([1, 1], 0.0, 4.0, 0.0, lambda n: 2.0, ready=[1.0, 2.0])  # 1-3, 3-5
+    assert step.comm_end == pytest.approx(5.0) and step.exposed == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one time >= 0 s per bucket \\(2\\)"):
+        model.ddp_step([1, 1], 0.0, 4.0, 0.0, lambda n: 2.0, ready=[1.0])
+
+
+def test_no_progress_runs_every_all_reduce_after_backward():
+    # without a progress thread the all-reduces (2 + 1 s) start at backward's end (10 s),
+    # whenever their buckets were ready: step = 1 + 10 + 3 + 0.5
+    for ready in (None, [2.0, 5.0]):
+        step = model.ddp_step([2, 1], 1.0, 10.0, 0.5, lambda n: float(n), ready=ready,
+                              progress=False)
+        assert step.comm_end == pytest.approx(13.0) and step.step == pytest.approx(14.5)
+        assert step.exposed == pytest.approx(3.0)
