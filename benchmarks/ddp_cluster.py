@@ -19,6 +19,9 @@ repetition fall on all alike):
            the same work without any communication
   comm     the all-reduce of the same buckets alone (each bucket's array, in DDP's bucket
            order, started back to back on DDP's own group, then waited for)
+  pause    the same all-reduces launched, then a sleep of --pause-ms without MPI calls, then
+           waited for: comm - (pause - sleep) is the part that went on without anyone
+           inside MPI (no thread: what the socket buffers take at launch)
   step     the DDP step
   ratio    = step / max(compute, comm): 1 when the shorter is hidden entirely behind the longer
   overlap  = (compute + comm - step) / min(compute, comm): the share of the shorter hidden
@@ -30,7 +33,9 @@ completed (by the progress thread, or by finalize's wait), when backward's last 
 launch (at the comm-alone rate), followed by the step's own tail (the optimizer step): what
 no way of driving MPI can beat (but for the noise of the comm-alone rate), since a bucket
 cannot leave before its gradients exist.
-With the thread on, ``ProgressThread.stats()`` per step: polls, the thread's CPU time and how
+Each row also has "split": forward (with the loss), zero_grad, backward and optimizer step
+of the compute-only steps, the scaling model's inputs (``benchmarks/scaling.py
+--ddp-cluster``). With the thread on, ``ProgressThread.stats()`` per step: polls, the thread's CPU time and how
 late its sleeps ran (waiting for a core or the GIL). The JSON (``--json``) has every run's
 times, the minima, the timelines and DDP's own logging data (_get_ddp_logging_data).
 
@@ -159,6 +164,16 @@ class Case:
         for work in works:
             work.wait()
 
+    def pause(self):
+        """The buckets' all-reduces launched, ``--pause-ms`` without MPI calls (a sleep), then
+        waited for: what goes on without anyone inside MPI (with the thread off, the socket
+        buffers' worth) shows as comm - (this - pause)."""
+        group = self.ddp.reducer.process_group
+        works = [group.iallreduce(array) for array in self.arrays]
+        time.sleep(ARGS.pause_ms * 1e-3)
+        for work in works:
+            work.wait()
+
     def prepare_comm(self):
         """After the buckets are rebuilt (the first synced steps): arrays like them."""
         self.arrays = [np.zeros_like(b.contents) for b in self.ddp.reducer.buckets]
@@ -192,10 +207,10 @@ def worker(args):
             case.prepare_comm()
             bucket_bytes = [int(a.nbytes) for a in case.arrays]
         _progress("off")
-        times = {(key, what): [] for key in cases for what in ("compute", "comm", "step")}
+        times = {(key, what): [] for key in cases for what in WHATS}
         thread_stats = {}
         before = {key: case.ddp._get_ddp_logging_data() for key, case in cases.items()}
-        order = [(key, what) for key in cases for what in ("compute", "comm", "step")]
+        order = [(key, what) for key in cases for what in WHATS]
         # Whole turns, so every quantity goes first as often (a step ran 60 ms slower in the
         # last position of four than in the first, whatever ran)
         turns = -(-args.repeats // len(order)) * len(order)
@@ -225,7 +240,7 @@ def worker(args):
             after = case.ddp._get_ddp_logging_data()
             row = {"model": name, "progress": key[0], "hierarchical": key[1], "repeats": reps,
                    "bucket_bytes": bucket_bytes}
-            for what in ("compute", "comm", "step"):
+            for what in WHATS:
                 row[what] = statistics.median(times[key, what])
                 row[what + "_min"] = min(times[key, what])
                 row[what + "_runs"] = times[key, what]
@@ -235,7 +250,7 @@ def worker(args):
             row["thread"] = {what: {k: world.allreduce(statistics.median(
                 s[k] for s in thread_stats[key, what]), op=MPI.MAX)
                 for k in ("polls", "cpu", "late")}
-                for what in ("compute", "comm", "step") if (key, what) in thread_stats}
+                for what in WHATS if (key, what) in thread_stats}
             results.append(row)
         for case in cases.values():
             case.ddp.reducer.remove_hooks()
@@ -315,7 +330,8 @@ def run_layout(nodes, per_node, args):
                "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                "--budget", str(args.budget), "--models", *args.models,
                "--progress", *args.progress, "--bucket-cap-mb", str(args.bucket_cap_mb),
-               "--interval", str(args.interval or 0), "--nice", str(args.nice)]
+               "--interval", str(args.interval or 0), "--nice", str(args.nice),
+               "--pause-ms", str(args.pause_ms)]
         cmd += ["--no-hier"] if args.no_hier else []
         with Cluster(nodes, rate=args.rate) as cluster:
             timeout = int(args.budget * 2 + 120)
@@ -339,6 +355,11 @@ def overlap(row):
     return (row["compute"] + row["comm"] - row["step"]) / min(row["compute"], row["comm"])
 
 
+def ahead(row):
+    """Seconds of the all-reduces that went on during the pause without MPI calls."""
+    return row["comm"] - (row["pause"] - ARGS.pause_ms * 1e-3)
+
+
 def bound(row):
     """The step's lower bound given when its buckets were launched: the all-reduces one after
     the other on the link from their launch, each at the comm-alone rate, then what follows
@@ -359,7 +380,7 @@ def print_table(result, rate, nodes):
           f"medians of {result['rows'][0]['repeats']}, slowest rank, ms (load average "
           f"{result['load']:.1f}{nice})")
     head = (f"{'model':9} {'progress':>8} {'hier':>4} {'compute':>8} {'comm':>7} {'step':>7} "
-            f"{'step/max':>8} {'overlap':>7} | {'launches':>12} {'bwd end':>7} "
+            f"{'step/max':>8} {'overlap':>7} {'ahead':>5} | {'launches':>12} {'bwd end':>7} "
             f"{'done':>12} {'bound':>6} {'step/bound':>10}")
     print(head)
     print("-" * len(head))
@@ -369,7 +390,7 @@ def print_table(result, rate, nodes):
         done = ",".join(f"{t:.0f}" for t in tl["done"])
         print(f"{row['model']:9} {row['progress']:>8} {row['hierarchical']:>4} "
               f"{row['compute'] * 1e3:8.1f} {row['comm'] * 1e3:7.1f} {row['step'] * 1e3:7.1f} "
-              f"{ratio(row):7.2f}x {overlap(row):7.0%} | {launches:>12} {tl['finalize']:7.0f} "
+              f"{ratio(row):7.2f}x {overlap(row):7.0%} {ahead(row) * 1e3:5.1f} | {launches:>12} {tl['finalize']:7.0f} "
               f"{done:>12} {bound(row) * 1e3:6.1f} {row['step'] / bound(row):9.2f}x")
     for row in result["rows"]:
         for what, st in row.get("thread", {}).items():
@@ -380,6 +401,8 @@ def print_table(result, rate, nodes):
     sizes = {row["model"]: row["bucket_bytes"] for row in result["rows"]}
     print("buckets in launch order: " + "; ".join(
         f"{m} {', '.join(f'{b / 1e6:.2f}' for b in s)} MB" for m, s in sizes.items()))
+    print("ahead: ms of the all-reduces done during a sleep without MPI calls (comm - (pause "
+          "- sleep))")
     print("launches, done: each bucket's all-reduce launched and completed, bwd end: backward's "
           "last gradient (finalize starts), ms into the step; bound: the step if each all-reduce "
           "ran alone on the link from its launch")
@@ -396,6 +419,7 @@ def parse_layout(text):
 
 
 ARGS = None
+WHATS = ("compute", "comm", "pause", "step")
 
 
 def main(argv=None):
@@ -416,6 +440,8 @@ def main(argv=None):
                    "(default: the thread's own)")
     p.add_argument("--nice", type=int, default=0, help="niceness increment of the ranks; "
                    "negative (as root) puts them ahead of other load on a shared machine")
+    p.add_argument("--pause-ms", type=float, default=40.0, help="the sleep of the 'pause' "
+                   "quantity (default 40)")
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budget", type=float, default=100.0, help="seconds of timed repetitions "
@@ -432,7 +458,7 @@ def main(argv=None):
     results = []
     for nodes, per_node in args.layouts:
         result = run_layout(nodes, per_node, args)
-        result.update(rate=args.rate, nodes=nodes, nice=args.nice,
+        result.update(rate=args.rate, nodes=nodes, nice=args.nice, pause_ms=args.pause_ms,
                       load=os.getloadavg()[0])
         results.append(result)
         print_table(result, args.rate, nodes)

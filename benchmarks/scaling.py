@@ -314,6 +314,83 @@ def validate_ddp(entries, fits, cores, overhead):
     return lines
 
 
+def fit_bucket_cost(rows):
+    """(alpha, beta) of one bucket's all-reduce, ``alpha + n beta``, from the comm-alone
+    medians of benchmarks/ddp_cluster.py rows (each row: its buckets reduced back to back,
+    so comm = k alpha + (sum of n) beta); least squares on relative error."""
+    design = np.array([[len(r["bucket_bytes"]), sum(r["bucket_bytes"])] for r in rows], float)
+    got = np.array([r["comm"] for r in rows])
+    w = 1.0 / got
+    (alpha, beta), *_ = np.linalg.lstsq(design * w[:, None], got * w, rcond=None)
+    return max(float(alpha), 0.0), max(float(beta), 0.0)
+
+
+def predict_ddp_cluster(row, alpha, beta, pause):
+    """The model's step for one benchmarks/ddp_cluster.py row, from that run's measured inputs:
+    forward (+ zero_grad), backward and optimizer of its compute-only steps; each bucket
+    ``alpha + n beta``; the progress thread as measured. Three models, each adding one input:
+    the buckets ready at a rate proportional to their bytes (and without the thread, every
+    all-reduce after backward); ready as launched in the row's DDP steps (their fraction of
+    the step's backward, applied to the compute-only backward); and, without the thread, the
+    all-reduces' share that went on during ``pause`` seconds without MPI calls (comm -
+    (pause quantity - pause)) sent from launch on."""
+    sp, tl = row["split"], row["timeline"]
+    fw, bw, op = sp["forward"] + sp["zero_grad"], sp["backward"], sp["optimizer"]
+    sizes = row["bucket_bytes"]
+    step_bw = tl["finalize"] - tl["forward"]
+    ready = [min(max((t - tl["forward"]) / step_bw, 0.0), 1.0) * bw for t in tl["launch"]]
+    on = row["progress"] == "on"
+    ahead = 0.0 if on else max(0.0, row["comm"] - (row["pause"] - pause))
+
+    def cost(n):
+        return alpha + n * beta
+    return (model.ddp_step(sizes, fw, bw, op, cost, progress=on).step,
+            model.ddp_step(sizes, fw, bw, op, cost, ready=ready, progress=on).step,
+            model.ddp_step(sizes, fw, bw, op, cost, ready=ready, progress=on,
+                           ahead=ahead).step)
+
+
+def validate_ddp_cluster(paths):
+    """Printed lines: model vs measured DDP step for every benchmarks/ddp_cluster.py --json
+    result (flat all-reduce rows only), and a summary of the errors."""
+    head = (f"{'layout':>6} {'rate':>8} {'model':9} {'thread':>6} {'compute':>8} {'comm':>6} "
+            f"{'ahead':>5} {'step':>6} | {'by bytes':>8} {'err':>6} {'ready':>6} {'err':>6} "
+            f"{'+ahead':>6} {'err':>6}")
+    lines, errors = [head, "-" * len(head)], {}
+    for path in paths:
+        with open(path) as f:
+            run = json.load(f)
+        for result in run["results"]:
+            rows = [r for r in result["rows"] if r["hierarchical"] == "0"]
+            alpha, beta = fit_bucket_cost(rows)
+            pause = result.get("pause_ms", 40.0) * 1e-3
+            layout = f"{result['nodes']}x{result['ranks_per_node']}"
+            lines.append(f"# {path} ({run['date']}), {layout} at {result['rate']}, load "
+                         f"{result['load']:.1f}, medians of {rows[0]['repeats']}: bucket "
+                         f"all-reduce {alpha * 1e3:.2f} ms + {beta * 1e9:.2f} ns/B (fitted on "
+                         f"the comm-alone medians)")
+            for r in rows:
+                got = r["step"]
+                preds = predict_ddp_cluster(r, alpha, beta, pause)
+                errs = [(m - got) / got for m in preds]
+                errors.setdefault((layout, r["progress"]), []).append(errs)
+                cells = " ".join(f"{m * 1e3:{w}.1f} {e:6.1%}" for m, e, w in
+                                 zip(preds, errs, (8, 6, 6)))
+                lines.append(f"{layout:>6} {result['rate']:>8} {r['model']:9} "
+                             f"{r['progress']:>6} {r['compute'] * 1e3:8.1f} "
+                             f"{r['comm'] * 1e3:6.1f} "
+                             f"{(r['comm'] - r['pause'] + pause) * 1e3:5.1f} "
+                             f"{got * 1e3:6.1f} | {cells}")
+    lines.append("errors (model - measured) / measured, median |error| and max |error| of the "
+                 "rows: by bytes; measured ready times; + ahead")
+    for (layout, thread), errs in sorted(errors.items()):
+        a = np.abs(np.array(errs))
+        lines.append(f"  {layout} thread {thread:3}: " + "; ".join(
+            f"{np.median(a[:, k]):.1%}, {a[:, k].max():.1%}" for k in range(3))
+            + f" ({len(errs)} rows)")
+    return lines
+
+
 # --- fit on this machine (no cluster) -----------------------------------------------------------
 def fit_from_json(path):
     """(alpha, beta, ranks) from benchmarks/comm.py --json output (its raw Allreduce column)."""
@@ -398,8 +475,13 @@ def main(argv=None):
     p.add_argument("--overhead-us", type=float, default=HPCGRAD_CALL * 1e6, help="added to "
                    "every all-reduce (hpcgrad's per-call Python cost; default 5)")
     p.add_argument("--plot", metavar="PATH", help="efficiency vs ranks per fabric (PNG)")
+    p.add_argument("--ddp-cluster", nargs="+", metavar="JSON", help="model vs measured DDP "
+                   "step on benchmarks/ddp_cluster.py --json runs, inputs from the same run")
     args = p.parse_args(argv)
     overhead = args.overhead_us * 1e-6
+    if args.ddp_cluster:
+        print("\n".join(validate_ddp_cluster(args.ddp_cluster)))
+        return
     if args.validate:
         runs = load_runs(args.validate)
         unshaped = load_runs([args.unshaped]) if args.unshaped else None

@@ -292,7 +292,7 @@ class Step:
 
 
 def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce, ready=None,
-             progress=True):
+             progress=True, ahead=0.0):
     """The step time of DDP with bucketed overlap (Note [The scaling model]).
 
     ``bucket_bytes``: sizes in ready order; ``allreduce(nbytes)``: seconds for one bucket.
@@ -301,8 +301,10 @@ def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce, ready=None,
     at a rate proportional to their bytes, bucket i ready once buckets 0..i are. A layer's
     gradient cost is not proportional to its bytes (the MLP's first 4 MB bucket is ready only
     70% into backward), hence the option. ``progress=False``: nothing advances an all-reduce
-    outside MPI calls (no progress thread), so all of them run after backward, in finalize's
-    wait (Note [Progress across nodes]).
+    outside MPI calls (no progress thread), so the all-reduces run after backward, in
+    finalize's wait (Note [Progress across nodes]), but for ``ahead`` seconds of them in all
+    that go from their launch on while backward runs (what the launch call hands the
+    kernel's socket buffers: benchmarks/ddp_cluster.py's "ahead").
     """
     if min(forward, backward, optimizer) < 0:
         raise ValueError(f"compute times must be >= 0 s, got forward={forward}, "
@@ -313,13 +315,19 @@ def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce, ready=None,
     elif len(ready) != len(bucket_bytes) or min(ready, default=0.0) < 0:
         raise ValueError(f"ready needs one time >= 0 s per bucket ({len(bucket_bytes)}), got "
                          f"{list(ready)}")
-    if not progress:
-        ready = [backward] * len(bucket_bytes)
     end = communication = 0.0
     for size, at in zip(bucket_bytes, ready):
         cost = allreduce(size)
         communication += cost
-        end = max(float(at), end) + cost
+        start = max(float(at), end)
+        if progress:
+            end = start + cost
+            continue
+        before = min(cost, ahead, max(0.0, backward - start))  # the share sent before finalize
+        ahead -= before
+        end = start + before
+        if before < cost:
+            end = max(end, backward) + cost - before
     return Step(forward, backward, optimizer, communication, end,
                 forward + max(backward, end) + optimizer)
 

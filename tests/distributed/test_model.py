@@ -249,3 +249,23 @@ def test_no_progress_runs_every_all_reduce_after_backward():
                               progress=False)
         assert step.comm_end == pytest.approx(13.0) and step.step == pytest.approx(14.5)
         assert step.exposed == pytest.approx(3.0)
+
+
+def test_no_progress_but_what_goes_ahead():
+    # ahead 1.5 s: bucket 0 (2 s, ready at 2) sends 1.5 s of its all-reduce from 2 to 3.5,
+    # the rest (0.5 s) after backward (10-10.5); bucket 1 (1 s) then 10.5-11.5
+    step = model.ddp_step([2, 1], 1.0, 10.0, 0.5, lambda n: float(n), ready=[2.0, 5.0],
+                          progress=False, ahead=1.5)
+    assert step.comm_end == pytest.approx(11.5) and step.step == pytest.approx(13.0)
+    # ahead 2.5 s: bucket 0 whole (2-4), bucket 1 0.5 s of it (5-5.5), its rest 10-10.5
+    step = model.ddp_step([2, 1], 1.0, 10.0, 0.5, lambda n: float(n), ready=[2.0, 5.0],
+                          progress=False, ahead=2.5)
+    assert step.comm_end == pytest.approx(10.5)
+    # a bucket ready 0.5 s before backward's end sends only that much ahead
+    step = model.ddp_step([2], 0.0, 10.0, 0.0, lambda n: float(n), ready=[9.5],
+                          progress=False, ahead=5.0)
+    assert step.comm_end == pytest.approx(11.5)
+    # ahead as long as all communication, buckets ready early: nothing is exposed
+    step = model.ddp_step([2, 1], 0.0, 10.0, 0.0, lambda n: float(n), ready=[2.0, 5.0],
+                          progress=False, ahead=3.0)
+    assert step.comm_end == pytest.approx(6.0) and step.step == pytest.approx(10.0)
