@@ -273,9 +273,11 @@ def _timeline(marks, world):
     world.Allreduce(rows, slowest, op=MPI.MAX)
     med = np.median(slowest, axis=0).tolist()
     n = len(marks[0]["launch"])
+    # every rank's marks of every step, for a look at how the ranks differ
+    ranks = world.gather(rows.round(3).tolist(), root=0)
     return {"launch": med[:n], "done": med[n:2 * n], "finalize": med[2 * n],
             "written": med[2 * n + 1], "end": med[2 * n + 2], "forward": med[2 * n + 3],
-            "bytes": marks[0]["bytes"]}
+            "bytes": marks[0]["bytes"], "ranks": ranks}
 
 
 def _split(splits, world):

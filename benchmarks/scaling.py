@@ -326,28 +326,43 @@ def fit_bucket_cost(rows):
 
 
 def predict_ddp_cluster(row, alpha, beta, pause):
-    """The model's step for one benchmarks/ddp_cluster.py row, from that run's measured inputs:
-    forward (+ zero_grad), backward and optimizer of its compute-only steps; each bucket
-    ``alpha + n beta``; the progress thread as measured. Three models, each adding one input:
-    the buckets ready at a rate proportional to their bytes (and without the thread, every
-    all-reduce after backward); ready as launched in the row's DDP steps (their fraction of
-    the step's backward, applied to the compute-only backward); and, without the thread, the
-    all-reduces' share that went on during ``pause`` seconds without MPI calls (comm -
-    (pause quantity - pause)) sent from launch on."""
+    """The model's step for one benchmarks/ddp_cluster.py row from that run's measurements;
+    each bucket's all-reduce ``alpha + n beta``, the progress thread as in the row. Three
+    models, each adding measured inputs:
+
+      by bytes  forward (+ zero_grad), backward and optimizer: the compute-only median split
+                as the medians of its parts; buckets ready at a rate proportional to their
+                bytes; without the thread every all-reduce after backward (the first model)
+      ready     + the buckets ready as launched in the row's DDP steps (their fraction of
+                the step's backward), and without the thread the all-reduces' share that
+                went on during ``pause`` seconds without MPI calls (``ahead``: comm - (pause
+                quantity - pause)) sent from launch on
+      in step   + forward, backward and the tail after the write-back as they ran in the DDP
+                steps themselves (with the thread polling a pending all-reduce, compute runs
+                slower than alone): what is left to predict is the communication.
+    """
     sp, tl = row["split"], row["timeline"]
-    fw, bw, op = sp["forward"] + sp["zero_grad"], sp["backward"], sp["optimizer"]
+    parts = (sp["forward"] + sp["zero_grad"], sp["backward"], sp["optimizer"])
+    # the parts' medians need not add up to the compute median (a bimodal load): keep their
+    # shares, and the compute median
+    fw, bw, op = (x / sum(parts) * row["compute"] for x in parts)
     sizes = row["bucket_bytes"]
-    step_bw = tl["finalize"] - tl["forward"]
-    ready = [min(max((t - tl["forward"]) / step_bw, 0.0), 1.0) * bw for t in tl["launch"]]
+    step_bw = (tl["finalize"] - tl["forward"]) / 1e3
+    launched = [(t - tl["forward"]) / 1e3 for t in tl["launch"]]
+    ready = [min(max(t / step_bw, 0.0), 1.0) * bw for t in launched]
     on = row["progress"] == "on"
     ahead = 0.0 if on else max(0.0, row["comm"] - (row["pause"] - pause))
 
     def cost(n):
         return alpha + n * beta
+    in_step = model.ddp_step(sizes, tl["forward"] / 1e3, step_bw,
+                             (tl["end"] - tl["written"]) / 1e3, cost,
+                             ready=[min(max(t, 0.0), step_bw) for t in launched],
+                             progress=on, ahead=ahead)
     return (model.ddp_step(sizes, fw, bw, op, cost, progress=on).step,
-            model.ddp_step(sizes, fw, bw, op, cost, ready=ready, progress=on).step,
             model.ddp_step(sizes, fw, bw, op, cost, ready=ready, progress=on,
-                           ahead=ahead).step)
+                           ahead=ahead).step,
+            in_step.step)
 
 
 def validate_ddp_cluster(paths):
@@ -355,7 +370,7 @@ def validate_ddp_cluster(paths):
     result (flat all-reduce rows only), and a summary of the errors."""
     head = (f"{'layout':>6} {'rate':>8} {'model':9} {'thread':>6} {'compute':>8} {'comm':>6} "
             f"{'ahead':>5} {'step':>6} | {'by bytes':>8} {'err':>6} {'ready':>6} {'err':>6} "
-            f"{'+ahead':>6} {'err':>6}")
+            f"{'in step':>7} {'err':>6}")
     lines, errors = [head, "-" * len(head)], {}
     for path in paths:
         with open(path) as f:
@@ -375,14 +390,14 @@ def validate_ddp_cluster(paths):
                 errs = [(m - got) / got for m in preds]
                 errors.setdefault((layout, r["progress"]), []).append(errs)
                 cells = " ".join(f"{m * 1e3:{w}.1f} {e:6.1%}" for m, e, w in
-                                 zip(preds, errs, (8, 6, 6)))
+                                 zip(preds, errs, (8, 6, 7)))
                 lines.append(f"{layout:>6} {result['rate']:>8} {r['model']:9} "
                              f"{r['progress']:>6} {r['compute'] * 1e3:8.1f} "
                              f"{r['comm'] * 1e3:6.1f} "
                              f"{(r['comm'] - r['pause'] + pause) * 1e3:5.1f} "
                              f"{got * 1e3:6.1f} | {cells}")
     lines.append("errors (model - measured) / measured, median |error| and max |error| of the "
-                 "rows: by bytes; measured ready times; + ahead")
+                 "rows: by bytes; ready (+ ahead); in step")
     for (layout, thread), errs in sorted(errors.items()):
         a = np.abs(np.array(errs))
         lines.append(f"  {layout} thread {thread:3}: " + "; ".join(
