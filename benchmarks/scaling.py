@@ -365,13 +365,19 @@ def predict_ddp_cluster(row, alpha, beta, pause):
             in_step.step)
 
 
-def validate_ddp_cluster(paths):
+def validate_ddp_cluster(paths, markdown=False):
     """Printed lines: model vs measured DDP step for every benchmarks/ddp_cluster.py --json
-    result (flat all-reduce rows only), and a summary of the errors."""
-    head = (f"{'layout':>6} {'rate':>8} {'model':9} {'thread':>6} {'compute':>8} {'comm':>6} "
-            f"{'ahead':>5} {'step':>6} | {'by bytes':>8} {'err':>6} {'ready':>6} {'err':>6} "
-            f"{'in step':>7} {'err':>6}")
-    lines, errors = [head, "-" * len(head)], {}
+    result (flat all-reduce rows only), and a summary of the errors; ``markdown``: the rows as
+    a Markdown table (docs/scaling.md)."""
+    names = ("layout", "rate", "model", "thread", "compute", "comm", "ahead", "step",
+             "by bytes", "err", "ready", "err", "in step", "err")
+    widths = (6, 8, 9, 6, 8, 6, 5, 6, 8, 6, 6, 6, 7, 6)
+    if markdown:
+        lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    else:
+        head = " ".join(f"{n:>{w}}" for n, w in zip(names, widths))
+        lines = [head, "-" * len(head)]
+    errors = {}
     for path in paths:
         with open(path) as f:
             run = json.load(f)
@@ -380,29 +386,34 @@ def validate_ddp_cluster(paths):
             alpha, beta = fit_bucket_cost(rows)
             pause = result.get("pause_ms", 40.0) * 1e-3
             layout = f"{result['nodes']}x{result['ranks_per_node']}"
-            lines.append(f"# {path} ({run['date']}), {layout} at {result['rate']}, load "
-                         f"{result['load']:.1f}, medians of {rows[0]['repeats']}: bucket "
-                         f"all-reduce {alpha * 1e3:.2f} ms + {beta * 1e9:.2f} ns/B (fitted on "
-                         f"the comm-alone medians)")
+            if not markdown:
+                lines.append(f"# {path} ({run['date']}), {layout} at {result['rate']}, load "
+                             f"{result['load']:.1f}, medians of {rows[0]['repeats']}: bucket "
+                             f"all-reduce {alpha * 1e3:.2f} ms + {beta * 1e9:.2f} ns/B "
+                             f"(fitted on the comm-alone medians)")
             for r in rows:
                 got = r["step"]
                 preds = predict_ddp_cluster(r, alpha, beta, pause)
                 errs = [(m - got) / got for m in preds]
                 errors.setdefault((layout, r["progress"]), []).append(errs)
-                cells = " ".join(f"{m * 1e3:{w}.1f} {e:6.1%}" for m, e, w in
-                                 zip(preds, errs, (8, 6, 7)))
-                lines.append(f"{layout:>6} {result['rate']:>8} {r['model']:9} "
-                             f"{r['progress']:>6} {r['compute'] * 1e3:8.1f} "
-                             f"{r['comm'] * 1e3:6.1f} "
-                             f"{(r['comm'] - r['pause'] + pause) * 1e3:5.1f} "
-                             f"{got * 1e3:6.1f} | {cells}")
+                cells = [layout, result["rate"], r["model"], r["progress"]]
+                cells += [f"{x * 1e3:.1f}" for x in (r["compute"], r["comm"],
+                                                     r["comm"] - r["pause"] + pause, got)]
+                for m, e in zip(preds, errs):
+                    cells += [f"{m * 1e3:.1f}", f"{e:.1%}"]
+                if markdown:
+                    lines.append("| " + " | ".join(cells) + " |")
+                else:
+                    lines.append(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    lines.append("")
     lines.append("errors (model - measured) / measured, median |error| and max |error| of the "
                  "rows: by bytes; ready (+ ahead); in step")
     for (layout, thread), errs in sorted(errors.items()):
         a = np.abs(np.array(errs))
         lines.append(f"  {layout} thread {thread:3}: " + "; ".join(
             f"{np.median(a[:, k]):.1%}, {a[:, k].max():.1%}" for k in range(3))
-            + f" ({len(errs)} rows)")
+            + f" ({len(errs)} rows, {np.mean(a[:, 1] <= 0.15):.0%} of them within 15% "
+            "with measured ready times)")
     return lines
 
 
@@ -492,10 +503,12 @@ def main(argv=None):
     p.add_argument("--plot", metavar="PATH", help="efficiency vs ranks per fabric (PNG)")
     p.add_argument("--ddp-cluster", nargs="+", metavar="JSON", help="model vs measured DDP "
                    "step on benchmarks/ddp_cluster.py --json runs, inputs from the same run")
+    p.add_argument("--markdown", action="store_true", help="with --ddp-cluster: the rows as a "
+                   "Markdown table")
     args = p.parse_args(argv)
     overhead = args.overhead_us * 1e-6
     if args.ddp_cluster:
-        print("\n".join(validate_ddp_cluster(args.ddp_cluster)))
+        print("\n".join(validate_ddp_cluster(args.ddp_cluster, args.markdown)))
         return
     if args.validate:
         runs = load_runs(args.validate)
