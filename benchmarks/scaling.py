@@ -383,15 +383,19 @@ def validate_ddp_cluster(paths, markdown=False):
             run = json.load(f)
         for result in run["results"]:
             rows = [r for r in result["rows"] if r["hierarchical"] == "0"]
-            alpha, beta = fit_bucket_cost(rows)
+            # per thread setting: oversubscribed, the thread slows the all-reduce alone 2-3x
+            fits = {t: fit_bucket_cost([r for r in rows if r["progress"] == t])
+                    for t in {r["progress"] for r in rows}}
             pause = result.get("pause_ms", 40.0) * 1e-3
             layout = f"{result['nodes']}x{result['ranks_per_node']}"
             if not markdown:
                 lines.append(f"# {path} ({run['date']}), {layout} at {result['rate']}, load "
-                             f"{result['load']:.1f}, medians of {rows[0]['repeats']}: bucket "
-                             f"all-reduce {alpha * 1e3:.2f} ms + {beta * 1e9:.2f} ns/B "
-                             f"(fitted on the comm-alone medians)")
+                             f"{result['load']:.1f}, medians of {rows[0]['repeats']}; bucket "
+                             "all-reduce fitted on the comm-alone medians, " + ", ".join(
+                                 f"thread {t}: {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B"
+                                 for t, (a, b) in sorted(fits.items())))
             for r in rows:
+                alpha, beta = fits[r["progress"]]
                 got = r["step"]
                 preds = predict_ddp_cluster(r, alpha, beta, pause)
                 errs = [(m - got) / got for m in preds]
