@@ -10,6 +10,9 @@ its batch, so efficiency = one-rank step / p-rank step.
     python benchmarks/scaling.py --validate block.json cyclic.json --unshaped unshaped.json
         # fit on simulated-cluster runs (benchmarks/cluster_allreduce.py --json), then model
         # vs measurement for every other layout and size, with the error per row
+    python benchmarks/scaling.py --ddp-cluster 2x1-1gbit.json ...
+        # the DDP step model vs DDP measured by benchmarks/ddp_cluster.py --json, every input
+        # (compute split, bucket ready times, all-reduce cost) from the same run
     python benchmarks/scaling.py --fit-json comm.json    # alpha, beta from benchmarks/comm.py --json
     mpiexec -n 2 python benchmarks/scaling.py --fit      # measure Allreduce here, fit, predict
 
