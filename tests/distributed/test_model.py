@@ -269,3 +269,43 @@ def test_no_progress_but_what_goes_ahead():
     step = model.ddp_step([2, 1], 0.0, 10.0, 0.0, lambda n: float(n), ready=[2.0, 5.0],
                           progress=False, ahead=3.0)
     assert step.comm_end == pytest.approx(6.0) and step.step == pytest.approx(10.0)
+
+
+# --- benchmarks/scaling.py --ddp-cluster: the model fed with a benchmarks/ddp_cluster.py row --
+def _scaling():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "scaling.py"
+    spec = importlib.util.spec_from_file_location("scaling_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_cluster_fit_and_prediction_by_hand():
+    scaling = _scaling()
+    # each bucket alpha + n beta = 1 ms + n 10 us: two 1000-byte buckets 22 ms, one of 4000 41 ms
+    rows = [{"bucket_bytes": [1000, 1000], "comm": 0.022}, {"bucket_bytes": [4000], "comm": 0.041}]
+    alpha, beta = scaling.fit_bucket_cost(rows)
+    assert (alpha, beta) == pytest.approx((1e-3, 1e-5))
+    # compute-only parts' medians add up to 40 ms, the compute median is 80: scaled 2x to
+    # forward 20 (with zero_grad), backward 40, optimizer 20 ms; each bucket 11 ms. In the
+    # DDP steps (ms): backward 10-30, buckets launched at 15 and 25 (1/4 and 3/4 of it), the
+    # write-back done at 50, the step over at 55.
+    row = {"split": {"forward": 0.009, "zero_grad": 0.001, "backward": 0.020,
+                     "optimizer": 0.010},
+           "compute": 0.080, "bucket_bytes": [1000, 1000], "comm": 0.030, "pause": 0.050,
+           "timeline": {"forward": 10.0, "finalize": 30.0, "launch": [15.0, 25.0],
+                        "written": 50.0, "end": 55.0}, "progress": "on"}
+    # by bytes: ready at 20, 40: 20-31, 40-51 -> 20 + 51 + 20; ready (1/4, 3/4 of 40 ms):
+    # 10-21, 30-41 -> 20 + 41 + 20; in step (backward 20, ready 5, 15, tail 5): 5-16, 16-27
+    # -> 10 + 27 + 5
+    got = scaling.predict_ddp_cluster(row, 1e-3, 1e-5, pause=0.040)
+    assert got == pytest.approx((0.091, 0.081, 0.042))
+    # thread off: ahead = comm - (pause - 40 ms) = 20 ms. By bytes: all after backward,
+    # 20 + 40 + 22 + 20. Ready: bucket 0 wholly ahead (10-21), bucket 1 the 9 ms left (30-39),
+    # its last 2 ms after backward (40-42). In step: bucket 0 5-16, bucket 1 4 ms (16-20, when
+    # backward ends), its 7 ms left 20-27.
+    row["progress"] = "off"
+    got = scaling.predict_ddp_cluster(row, 1e-3, 1e-5, pause=0.040)
+    assert got == pytest.approx((0.102, 0.082, 0.042))
