@@ -47,9 +47,15 @@ Note [The scaling model]
         step = forward + max(backward, end of the last all-reduce) + optimizer
 
     Checked against DDP on the simulated cluster (docs/scaling.md, "DDP step: model vs
-    measurement"), two things changed: the buckets' ready times are an input (a layer's
-    backward cost is not proportional to its gradient's bytes), and without a progress thread
-    the all-reduces start only when backward ends (``ddp_step``'s ``progress``).
+    measurement"; ``benchmarks/scaling.py --ddp-cluster``), the bytes-proportional model
+    missed by up to 33% (no thread) and 49% (thread). What it lacked, now inputs: when each
+    bucket is ready (the MLP's first 57% of bytes are ready 58-67% into backward, not 57%; a
+    CNN's fc layer, 99% of the bytes, 13-19% in); without a progress thread the all-reduces
+    run after backward (``progress=False``) but for what goes into the socket buffers at
+    launch (``ahead``, measured: about half an all-reduce between two nodes, none when its
+    first steps are in the node). With both, 2 nodes x 1 rank: 3.9% median, 8.7% max error
+    without the thread, 6.7% and 13% with it (short: what the thread's polls cost backward
+    is not in the model).
 
     Parallel efficiency is the one-rank step over the p-rank step. Everything here is
     arithmetic on floats: no MPI, so a laptop can run the predictions.
