@@ -14,8 +14,13 @@ Usage:
     /work/venv/bin/python benchmarks/engine.py --quick         # small sizes, a few seconds
     /work/venv/bin/python benchmarks/engine.py --json out.json # also write machine-readable results
     /work/venv/bin/python benchmarks/engine.py --json          # JSON on stdout instead of the table
+    /work/venv/bin/python benchmarks/engine.py --instructions  # callgrind instruction counts
+                                                          # (--quick: 2,000 ops, MLP 784-128)
 
 Figures are medians of ``--repeats`` runs after a warm-up (min beside them); the machine is noisy.
+``--instructions`` counts instructions instead (``valgrind --tool=callgrind``, deterministic and
+unmoved by other load): each figure is the difference of two child runs that do the same setup
+and warm-up and differ only in the part measured, divided by the Nodes (or ops, or steps) it ran.
 """
 
 import os
@@ -42,6 +47,8 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
     from _timing import measure, measure_phases
 
 try:
+    if "--no-torch" in sys.argv[1:]:
+        raise ImportError  # a callgrind child of hpcgrad: importing torch would cost it minutes
     import torch
 except ImportError:  # the torch column is simply left out
     torch = None
@@ -172,6 +179,106 @@ def bench_mlp(lib, init, repeats, warmup, lr=0.01, pause_gc=True):
     return out
 
 
+# --- instruction counts (callgrind) -------------------------------------------------------------
+
+def callgrind_child(lib, what, size, n_ops, reps, part):
+    """What one callgrind child runs: setup and one warm-up, then ``reps`` times ``part``.
+
+    ``what`` is "chain" (``part``: "forward" builds the chain, "backward" builds it and runs
+    backward) or "mlp" (``size`` is the hidden width, ``n_ops`` the batch; ``part`` "step").
+    """
+    if lib == "torch":
+        torch.set_num_threads(1)
+    if what == "chain":
+        build = (chain_hpcgrad if lib == "hpcgrad" else chain_torch)(size, n_ops)[0]
+        s = build()
+        s.backward()
+        del s
+        for _ in range(reps):
+            s = build()
+            if part == "backward":
+                s.backward()
+            del s
+    else:
+        step, _ = mlp_step_factory(lib, mlp_init([784, size, size, 10], n_ops), 0.01)
+
+        class _NoClock:
+            def lap(self, name):
+                pass
+
+        for _ in range(1 + reps):
+            step(_NoClock())
+
+
+def count_instructions(lib, what, size, n_ops, reps, part):
+    """Instructions callgrind collects in a child running ``callgrind_child`` (whole process)."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+           os.path.abspath(__file__), "--callgrind-child", lib, what, str(size), str(n_ops),
+           str(reps), part] + (["--no-torch"] if lib == "hpcgrad" else [])
+    env = dict(os.environ, PYTHONHASHSEED="0")  # same dict layouts, same counts, run after run
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, check=False)
+    for line in out.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split(":")[-1])
+    raise RuntimeError(f"callgrind gave no count (exit {out.returncode}):\n{out.stderr[-2000:]}")
+
+
+def instruction_report(args, libs):
+    """Instructions per backward Node, per forward op and per MLP step, beside PyTorch's."""
+    from concurrent.futures import ThreadPoolExecutor
+    reps = 2
+    jobs = {}
+    for lib in libs:
+        for size in CHAIN_SIZES:
+            for part, r in (("forward", 0), ("forward", reps), ("backward", reps)):
+                jobs[(lib, "chain", size, part, r)] = (lib, "chain", size, args.nodes, r, part)
+        for r in (0, reps):
+            jobs[(lib, "mlp", args.hidden, "step", r)] = (lib, "mlp", args.hidden, args.batch, r,
+                                                          "step")
+    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: count_instructions(*job), jobs.values())))
+    res = {"reps": reps, "nodes_per_chain": args.nodes + 2, "chain": [], "mlp": {}}
+    for size in CHAIN_SIZES:
+        row = {"size": size}
+        for lib in libs:
+            base = counts[(lib, "chain", size, "forward", 0)]
+            fwd = counts[(lib, "chain", size, "forward", reps)]
+            bwd = counts[(lib, "chain", size, "backward", reps)]
+            row[lib] = {"backward_per_node": (bwd - fwd) / (reps * (args.nodes + 2)),
+                        "forward_per_op": (fwd - base) / (reps * args.nodes)}
+        res["chain"].append(row)
+    for lib in libs:
+        res["mlp"][lib] = (counts[(lib, "mlp", args.hidden, "step", reps)]
+                           - counts[(lib, "mlp", args.hidden, "step", 0)]) / reps
+    return res
+
+
+def print_instructions(res, args, libs):
+    print(f"Instructions (valgrind --tool=callgrind, PYTHONHASHSEED=0), differences of runs, "
+          f"{res['reps']} repetitions each")
+    print(f"1. chain of {args.nodes:,} ops (y*c, y+d), {res['nodes_per_chain']:,} Nodes: "
+          f"backward per Node, forward per op (the chain's build, with .sum())")
+    head = f"   {'size':>6}" + "".join(f"  {lib + ' bwd/Node':>17} {lib + ' fwd/op':>15}"
+                                       for lib in libs)
+    if "torch" in libs:
+        head += f"  {'bwd ratio':>9} {'fwd ratio':>9}"
+    print(head)
+    for row in res["chain"]:
+        line = f"   {row['size']:>6}" + "".join(
+            f"  {row[lib]['backward_per_node']:>17,.0f} {row[lib]['forward_per_op']:>15,.0f}"
+            for lib in libs)
+        if "torch" in libs:
+            h, t = row["hpcgrad"], row["torch"]
+            line += (f"  {h['backward_per_node'] / t['backward_per_node']:>8.2f}x"
+                     f" {h['forward_per_op'] / t['forward_per_op']:>8.2f}x")
+        print(line)
+    print(f"2. MLP 784-{args.hidden}-{args.hidden}-10, batch {args.batch}: one training step "
+          "(forward, backward, SGD by hand)")
+    print("   " + ", ".join(f"{lib} {res['mlp'][lib]:,.0f}" for lib in libs)
+          + (f"; ratio {res['mlp']['hpcgrad'] / res['mlp']['torch']:.2f}x"
+             if "torch" in libs else ""))
+
+
 # --- reporting ----------------------------------------------------------------------------------
 
 def environment(args, use_torch):
@@ -293,6 +400,10 @@ def parse_args(argv=None):
     p.add_argument("--pause-gc", action="store_true", help="pause Python's cyclic GC in the timed "
                    "regions, as timeit does (by default it runs, as in a user's training loop)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
+    p.add_argument("--instructions", action="store_true", help="count instructions with "
+                   "valgrind --tool=callgrind instead of timing (minutes: use with --quick)")
+    p.add_argument("--callgrind-child", nargs=6, metavar=("LIB", "WHAT", "SIZE", "N", "REPS",
+                                                          "PART"), help=argparse.SUPPRESS)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write results as JSON to FILE (and print the table), or with no FILE "
                         "print JSON to stdout instead of the table")
@@ -311,7 +422,18 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.callgrind_child:
+        lib, what, size, n_ops, reps, part = args.callgrind_child
+        callgrind_child(lib, what, int(size), int(n_ops), int(reps), part)
+        return None
     libs = ["hpcgrad"] + (["torch"] if torch is not None and not args.no_torch else [])
+    if args.instructions:
+        res = instruction_report(args, libs)
+        print_instructions(res, args, libs)
+        if args.json:
+            with open(args.json if args.json != "-" else "/dev/stdout", "w") as f:
+                json.dump(res, f, indent=2)
+        return res
     if "torch" in libs:
         torch.set_num_threads(1)
     start = time.perf_counter()

@@ -30,7 +30,9 @@ def _as_array(data, dtype=None):
 class Tensor:
     """A numpy/cupy array that can record the operations applied to it for backward."""
 
-    __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_output_nr", "_grad_accumulator",
+    # data, requires_grad, grad and grad_fn are properties over these slots (Note [Ops without
+    # a graph]): no __setattr__/__delattr__ here, so attribute stores stay C member stores.
+    __slots__ = ("_data", "_requires_grad", "_grad", "_grad_fn", "_output_nr", "_grad_accumulator",
                  "_hooks", "_post_acc_hooks", "_retains_grad", "__weakref__")
     __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
     __hash__ = object.__hash__
@@ -38,12 +40,12 @@ class Tensor:
     _wrapped_number = False  # see _WrappedNumber
 
     def __init__(self, data, requires_grad=False, dtype=None):
-        self.data = _as_array(data, dtype)
-        self.grad = self.grad_fn = self._grad_accumulator = self._hooks = None
+        self._data = _as_array(data, dtype)
+        self._grad = self._grad_fn = self._grad_accumulator = self._hooks = None
         self._post_acc_hooks = None
         self._output_nr = 0
         self._retains_grad = False
-        self.requires_grad = False
+        self._requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
 
@@ -53,11 +55,11 @@ class Tensor:
         t = object.__new__(cls)
         if type(data) is not np.ndarray and not backend.is_gpu_array(data):
             data = np.asarray(data)  # numpy scalars from reductions become 0-d arrays
-        t.data = data
-        t.requires_grad = requires_grad
-        t.grad_fn = grad_fn
+        t._data = data
+        t._requires_grad = requires_grad
+        t._grad_fn = grad_fn
         t._output_nr = output_nr
-        t.grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
+        t._grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
         t._retains_grad = False
         return t
 
@@ -85,13 +87,6 @@ class Tensor:
                                "grad_fn); pickle .detach() instead")
         return (_rebuild_tensor, (type(self), backend.to_device(self.data, backend.CPU),
                                   self.requires_grad))
-
-    def __delattr__(self, name):
-        """``del t.grad`` clears the gradient, as PyTorch; the other attributes cannot go."""
-        if name == "grad":
-            self.grad = None
-            return
-        raise RuntimeError(f"The {name} attribute of a Tensor cannot be deleted")
 
     # --- array facts ----------------------------------------------------------------------
     shape = property(lambda self: self.data.shape)
@@ -440,6 +435,29 @@ class Tensor:
 
     def log_softmax(self, dim=-1):
         return _ops.LogSoftmax.apply(self, dim)
+
+
+def _slot_property(name, doc, deleter=None):
+    """A public attribute over slot ``_<name>``: get and set are the slot's own C methods.
+
+    Note [Ops without a graph]: a Python ``__setattr__`` or ``__delattr__`` on Tensor made every
+    attribute store (nine per new Tensor) a call through ``slot_tp_setattro``, about 930
+    instructions each; properties put the deletion rules where only deletion pays for them.
+    """
+    slot = Tensor.__dict__["_" + name]
+
+    def refuse(self):
+        raise RuntimeError(f"The {name} attribute of a Tensor cannot be deleted")
+
+    return property(slot.__get__, slot.__set__, deleter or refuse, doc)
+
+
+Tensor.data = _slot_property("data", "The array (numpy or cupy).")
+Tensor.requires_grad = _slot_property("requires_grad", "Whether ops on it record a graph.")
+Tensor.grad_fn = _slot_property("grad_fn", "The Node that made it (None for a leaf).")
+# ``del t.grad`` clears the gradient, as PyTorch; the other attributes cannot go.
+Tensor.grad = _slot_property("grad", "The accumulated gradient (a Tensor) or None.",
+                             lambda self: Tensor._grad.__set__(self, None))
 
 
 class _WrappedNumber(Tensor):

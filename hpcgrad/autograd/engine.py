@@ -258,7 +258,8 @@ class Engine:
                 if fn is not None and not local_task.has_error:
                     if local_task is not current:  # the guard of the seed, set only on change
                         _tls.current_graph_task = current = local_task
-                    state.enabled = local_task.grad_mode
+                    if state.enabled != local_task.grad_mode:  # a read costs less than a store
+                        state.enabled = local_task.grad_mode
                     try:
                         done = self.evaluate_function(local_task, fn, inputs,
                                                       local_task.cpu_ready_queue, retire=True)

@@ -47,6 +47,7 @@ class _NullContext:
 
 _NULL_CTX = _NullContext()
 _new_object = object.__new__
+_grad_state = grad_mode._state  # one object for the process; its attributes are per thread
 
 
 class _SavedOutput:
@@ -213,7 +214,7 @@ def _record(cls, args, needs):
         if non_diff and any(o is nd for nd in non_diff):
             non_diff_outputs = (non_diff_outputs or set()) | {i}
         elif data.dtype.kind in "fc" and t.grad_fn is None:
-            t.requires_grad, t.grad_fn = True, node
+            t._requires_grad, t._grad_fn = True, node
             if saved and any(s is o for s in saved):
                 saved = tuple(_SavedOutput(data, i) if s is o else s for s in saved)
                 node._saved_outputs = True
@@ -289,6 +290,23 @@ class _FunctionMeta(type):
                                  {"__slots__": (), "_forward_cls": cls, "_builtin": builtin})
 
 
+# Note [Ops without a graph]
+# Under no_grad, and for every op of a backward formula when create_graph=False (the engine runs
+# Nodes with grad mode off), Function.apply reads the thread's grad mode once, calls forward
+# with the null ctx (saves nothing, needs_input_grad all False) and wraps the array in a bare
+# Tensor: nine C slot stores. The formulas stay written once with Tensor ops, so
+# create_graph=True records them. The dominant cost was not here but in Tensor itself: a
+# Python ``__delattr__`` (for ``del t.grad``) made CPython route every attribute store on a
+# Tensor through ``slot_tp_setattro``, a call of the ``__setattr__`` wrapper, about 930
+# instructions a store instead of ~20, nine stores per new Tensor. data, requires_grad, grad and
+# grad_fn are now properties over slots (tensor.py ``_slot_property``), whose get and set are
+# the slot's own C methods and whose deleters keep PyTorch's rules. Counts (callgrind, per call,
+# size-1 float32, benchmarks/engine.py --instructions and Note [Where a Node's backward goes]):
+# numpy ``a * b`` 3,588 instructions; ``ta * tb`` under no_grad 20,781 before, see the Note for
+# after. Threading.local subclasses (grad mode, the engine's _tls) pay the same toll on every
+# store, so the hot paths read before they write.
+
+
 class Function(metaclass=_FunctionMeta):
     """Subclass with ``forward(ctx, *args)`` and ``backward(ctx, *grads)``, then call ``.apply``.
 
@@ -315,22 +333,24 @@ class Function(metaclass=_FunctionMeta):
 
     @classmethod
     def apply(cls, *args):
-        state = grad_mode._state
-        if state.enabled:
-            needs = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
-            if True in needs:
-                return _record(cls, args, needs)
-            state.enabled = False
+        # Note [Ops without a graph]: no grad mode (every op of a backward formula when
+        # create_graph=False) costs one thread-local read, forward, and a bare result Tensor.
+        if _grad_state.enabled:
+            for a in args:
+                if isinstance(a, Tensor) and a.requires_grad:
+                    return _record(cls, args,
+                                   tuple([isinstance(a, Tensor) and a.requires_grad for a in args]))
+            _grad_state.enabled = False  # forward may call Tensor ops: they record nothing either
             try:
                 out = cls.forward(_NULL_CTX, *args)
             finally:
-                state.enabled = True
+                _grad_state.enabled = True
         else:
             out = cls.forward(_NULL_CTX, *args)
         if type(out) is np.ndarray:  # the common case, without a call to _wrap_plain
             t = _new_object(Tensor)
-            t.data, t.requires_grad, t.grad_fn, t._output_nr = out, False, None, 0
-            t.grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
+            t._data, t._requires_grad, t._grad_fn, t._output_nr = out, False, None, 0
+            t._grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
             t._retains_grad = False
             return t
         return _wrap_plain(out)
