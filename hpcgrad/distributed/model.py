@@ -50,11 +50,12 @@ Note [The scaling model]
     measurement"; ``benchmarks/scaling.py --ddp-cluster``), the bytes-proportional model
     missed by up to 33% (no thread) and 49% (thread). What it lacked, now inputs: when each
     bucket is ready (the MLP's first 57% of bytes are ready 58-67% into backward, not 57%; a
-    CNN's fc layer, 99% of the bytes, 13-19% in); without a progress thread the all-reduces
-    run after backward (``progress=False``) but for what goes into the socket buffers at
-    launch (``ahead``, measured: about half an all-reduce between two nodes, none when its
-    first steps are in the node). With both, 2 nodes x 1 rank: 3.9% median, 8.7% max error
-    without the thread, 6.7% and 13% with it (short: what the thread's polls cost backward
+    CNN's fc layer, 99% of the bytes, 12-19% in); without a progress thread the all-reduces
+    run after backward (``progress=False``) but for the share that goes on without any MPI
+    call (``ahead``, measured: about half an all-reduce between two nodes, as if the launch
+    handed the first exchange to the kernel's socket buffers; none when the first steps are
+    in the node). With both, 2 nodes x 1 rank: 3.0% median, 8.7% max error
+    without the thread, 7.0% and 13% with it (short: what the thread's polls cost backward
     is not in the model).
 
     Parallel efficiency is the one-rank step over the p-rank step. Everything here is
@@ -309,8 +310,8 @@ def ddp_step(bucket_bytes, forward, backward, optimizer, allreduce, ready=None,
     70% into backward), hence the option. ``progress=False``: nothing advances an all-reduce
     outside MPI calls (no progress thread), so the all-reduces run after backward, in
     finalize's wait (Note [Progress across nodes]), but for ``ahead`` seconds of them in all
-    that go from their launch on while backward runs (what the launch call hands the
-    kernel's socket buffers: benchmarks/ddp_cluster.py's "ahead").
+    that go from their launch on while backward runs (what goes on without MPI calls:
+    benchmarks/ddp_cluster.py's "ahead").
     """
     if min(forward, backward, optimizer) < 0:
         raise ValueError(f"compute times must be >= 0 s, got forward={forward}, "
