@@ -279,28 +279,28 @@ class Tensor:
     def __add__(self, other):
         if type(other) is not Tensor and getattr(other, "is_sparse", False):
             return other + self  # a dense gradient meets a sparse one in an InputBuffer
-        return _ops.Add.apply(self, other if type(other) is Tensor else self._other(other))
+        return _add(self, other if type(other) is Tensor else self._other(other))
 
     def __radd__(self, other):
-        return _ops.Add.apply(self._other(other), self)
+        return _add(self._other(other), self)
 
     def __sub__(self, other):
-        return _ops.Sub.apply(self, other if type(other) is Tensor else self._other(other))
+        return _sub(self, other if type(other) is Tensor else self._other(other))
 
     def __rsub__(self, other):
-        return _ops.Sub.apply(self._other(other), self)
+        return _sub(self._other(other), self)
 
     def __mul__(self, other):
-        return _ops.Mul.apply(self, other if type(other) is Tensor else self._other(other))
+        return _mul(self, other if type(other) is Tensor else self._other(other))
 
     def __rmul__(self, other):
-        return _ops.Mul.apply(self._other(other), self)
+        return _mul(self._other(other), self)
 
     def __truediv__(self, other):
-        return _ops.Div.apply(self, other if type(other) is Tensor else self._other(other))
+        return _div(self, other if type(other) is Tensor else self._other(other))
 
     def __rtruediv__(self, other):
-        return _ops.Div.apply(self._other(other), self)
+        return _div(self._other(other), self)
 
     def __pow__(self, exponent):
         return _ops.Pow.apply(self, self._other(exponent))
@@ -309,7 +309,7 @@ class Tensor:
         return _ops.Pow.apply(self._other(base), self)
 
     def __neg__(self):
-        return _ops.Neg.apply(self)
+        return _neg(self)
 
     def __matmul__(self, other):
         return _ops.MatMul.apply(self, self._other(other))
@@ -477,3 +477,8 @@ def _rebuild_tensor(cls, data, requires_grad):
 _function.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
+
+# The operators' Functions, bound once: ``_ops.Mul.apply`` looked up per call cost a module and
+# a class attribute lookup and a new bound method (Note [Ops without a graph]).
+_add, _sub, _mul, _div, _neg = (op.apply for op in (_ops.Add, _ops.Sub, _ops.Mul, _ops.Div,
+                                                    _ops.Neg))

@@ -37,10 +37,13 @@ def _masked(mask, g):
     return Where.apply(_const(mask), g, _zero(g))
 
 
+# Add, Sub, Mul, Div and Neg are reached only through Tensor's operators, so their arguments are
+# Tensors: forward reads the ``_data`` slot, not the ``data`` property (Note [Ops without a graph]).
+
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
-        return a.data + b.data
+        return a._data + b._data
 
     @staticmethod
     def backward(ctx, g):
@@ -50,7 +53,7 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
-        return a.data - b.data
+        return a._data - b._data
 
     @staticmethod
     def backward(ctx, g):
@@ -63,7 +66,7 @@ class Mul(Function):
         needs = ctx.needs_input_grad
         if needs:  # each gradient uses the other factor only
             ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
-        return a.data * b.data
+        return a._data * b._data
 
     @staticmethod
     def backward(ctx, g):
@@ -78,7 +81,7 @@ class Div(Function):
         needs = ctx.needs_input_grad
         if needs:  # the numerator's gradient uses only b: ``y / 2`` does not keep y
             ctx.save_for_backward(a if needs[1] else None, b)
-        return a.data / b.data
+        return a._data / b._data
 
     @staticmethod
     def backward(ctx, g):
@@ -92,7 +95,7 @@ class Div(Function):
 class Neg(Function):
     @staticmethod
     def forward(ctx, a):
-        return -a.data
+        return -a._data
 
     @staticmethod
     def backward(ctx, g):
