@@ -33,6 +33,7 @@ for _name in THREAD_ENV:
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -215,6 +216,8 @@ def count_instructions(lib, what, size, n_ops, reps, part):
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
            os.path.abspath(__file__), "--callgrind-child", lib, what, str(size), str(n_ops),
            str(reps), part] + (["--no-torch"] if lib == "hpcgrad" else [])
+    if shutil.which("setarch"):  # no address randomization: id()-keyed dicts hash alike each run
+        cmd = ["setarch", platform.machine(), "-R"] + cmd
     env = dict(os.environ, PYTHONHASHSEED="0")  # same dict layouts, same counts, run after run
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, check=False)
     for line in out.stderr.splitlines():
@@ -254,7 +257,8 @@ def instruction_report(args, libs):
 
 
 def print_instructions(res, args, libs):
-    print(f"Instructions (valgrind --tool=callgrind, PYTHONHASHSEED=0), differences of runs, "
+    print(f"Instructions (valgrind --tool=callgrind, PYTHONHASHSEED=0, setarch -R), differences "
+          f"of runs, "
           f"{res['reps']} repetitions each")
     print(f"1. chain of {args.nodes:,} ops (y*c, y+d), {res['nodes_per_chain']:,} Nodes: "
           f"backward per Node, forward per op (the chain's build, with .sum())")

@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 
 from . import backend
+from .autograd import engine as _engine
 from .autograd import function as _function
 from .autograd import grad_mode as _grad_mode
 from .autograd.graph import AccumulateGrad, _add_hook, make_edge
@@ -161,8 +162,8 @@ class Tensor:
         return Tensor._make(self.data.copy(), False, None, 0)
 
     def _gradient_edge(self):
-        if self.grad_fn is not None:
-            return make_edge(self.grad_fn, self._output_nr)
+        if self._grad_fn is not None:
+            return make_edge(self._grad_fn, self._output_nr)
         return make_edge(self._get_accumulator(), 0)
 
     def _get_accumulator(self):
@@ -474,7 +475,7 @@ def _rebuild_tensor(cls, data, requires_grad):
     return t
 
 
-_function.Tensor = Tensor
+_function.Tensor = _engine.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 

@@ -20,6 +20,8 @@ from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine'
 from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
 from .thread_state import CPU_DEVICE, NO_DEVICE, _tls
 
+Tensor = None  # set by hpcgrad.tensor, which imports this package first
+
 _anomaly = grad_mode._anomaly
 
 
@@ -120,7 +122,7 @@ def _call_function(fn, grads):
             if grad is None or edge is None:
                 continue
             metadata = edge[0].input_metadata[edge[1]]
-            data = grad.data
+            data = grad._data if type(grad) is Tensor else grad.data  # the slot: no property call
             if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
                                          or data.shape != metadata[0]
                                          or data.dtype != metadata[1]):

@@ -210,7 +210,7 @@ def _record(cls, args, needs):
             t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
             if not single:
                 seen[id(o)] = t
-        data = t.data
+        data = t._data
         if non_diff and any(o is nd for nd in non_diff):
             non_diff_outputs = (non_diff_outputs or set()) | {i}
         elif data.dtype.kind in "fc" and t.grad_fn is None:
@@ -337,9 +337,10 @@ class Function(metaclass=_FunctionMeta):
         # create_graph=False) costs one thread-local read, forward, and a bare result Tensor.
         if _grad_state.enabled:
             for a in args:
-                if isinstance(a, Tensor) and a.requires_grad:
+                if isinstance(a, Tensor) and a._requires_grad:
                     return _record(cls, args,
-                                   tuple([isinstance(a, Tensor) and a.requires_grad for a in args]))
+                                   tuple([isinstance(a, Tensor) and a._requires_grad
+                                          for a in args]))
             _grad_state.enabled = False  # forward may call Tensor ops: they record nothing either
             try:
                 out = cls.forward(_NULL_CTX, *args)
