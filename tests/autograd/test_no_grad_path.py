@@ -134,3 +134,22 @@ def test_formulas_under_no_grad_match_torch():
         np.testing.assert_allclose(x.grad.data, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(y.grad.data, ty.grad.numpy(), rtol=1e-5, atol=1e-6)
         assert x.grad.grad_fn is None and not x.grad.requires_grad
+
+
+def test_tensor_attribute_stores_stay_c_stores():
+    """A Python __setattr__/__delattr__ anywhere in Tensor's MRO sends every store through a
+    call (Note [Ops without a graph]); deletion rules live in the properties instead."""
+    from hpcgrad.nn import Parameter
+    for cls in (hg.Tensor, Parameter):
+        for klass in cls.__mro__[:-1]:
+            assert "__setattr__" not in vars(klass) and "__delattr__" not in vars(klass), klass
+    x = hg.tensor(np.ones(3, np.float32), requires_grad=True)
+    (x * 2).sum().backward()
+    del x.grad
+    assert x.grad is None
+    for name in ("data", "requires_grad", "grad_fn"):
+        with pytest.raises(RuntimeError, match=f"The {name} attribute"):
+            delattr(x, name)
+    x.data = np.zeros(3, np.float32)  # assignment still works, as before
+    np.testing.assert_array_equal(x.data, np.zeros(3, np.float32))
+    assert x.requires_grad and x.grad_fn is None
