@@ -302,9 +302,10 @@ class _FunctionMeta(type):
 # grad_fn are now properties over slots (tensor.py ``_slot_property``), whose get and set are
 # the slot's own C methods and whose deleters keep PyTorch's rules. Counts (callgrind, per call,
 # size-1 float32, benchmarks/engine.py --instructions and Note [Where a Node's backward goes]):
-# numpy ``a * b`` 3,588 instructions; ``ta * tb`` under no_grad 20,781 before, 11,055 after
-# (with grad mode on and no input requiring grad, 25,036 -> 14,787: the two thread-local
-# stores around forward). Thread-local stores (grad mode, the engine's _tls) cost ~580
+# numpy ``a * b`` 4,291 instructions; ``ta * tb`` under no_grad 20,529 before, 11,173 after
+# (20,000 calls minus none, setarch -R, PYTHONHASHSEED=0; +-150). With grad mode on and no
+# input requiring grad, 25,036 -> 14,787 (without setarch): the two thread-local stores
+# around forward. Thread-local stores (grad mode, the engine's _tls) cost ~580
 # instructions, reads ~260, so the hot paths read before they write.
 
 
