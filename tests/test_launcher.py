@@ -1,8 +1,8 @@
-"""The test launcher (conftest.run_job) starts jobs the way tests/run.sh does, for either MPI."""
+"""The test launcher (launching.run_job) starts jobs the way tests/run.sh does, for either MPI."""
 
 import stat
 
-import conftest
+import launching
 
 
 def _fake_mpiexec(tmp_path, banner):
@@ -15,10 +15,10 @@ def _fake_mpiexec(tmp_path, banner):
 def test_open_mpi_launches_oversubscribe_and_as_root(tmp_path):
     """Open MPI refuses more ranks than cores (a 3-rank job on 2 cores: 'not enough slots') and
     root unless told; MPICH's hydra needs neither."""
-    args, env = conftest.mpiexec_options(_fake_mpiexec(tmp_path, "mpiexec (Open MPI) 5.0.5"))
+    args, env = launching.mpiexec_options(_fake_mpiexec(tmp_path, "mpiexec (Open MPI) 5.0.5"))
     assert args == ("--oversubscribe",)
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
 
 
 def test_mpich_launches_plainly(tmp_path):
-    assert conftest.mpiexec_options(_fake_mpiexec(tmp_path, "HYDRA build details:")) == ((), {})
+    assert launching.mpiexec_options(_fake_mpiexec(tmp_path, "HYDRA build details:")) == ((), {})

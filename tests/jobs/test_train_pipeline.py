@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-import conftest
+import launching
 import numpy as np
 import pytest
 from job_processes import rank_pid
@@ -59,7 +59,7 @@ def whole(tmp_path_factory):
     if comm_world().Get_size() > 1:
         pytest.skip("launches its own processes; runs in the serial suite")
     directory = tmp_path_factory.mktemp("whole")
-    return directory, train(conftest.run_job, directory, "--epochs", "2")
+    return directory, train(launching.run_job, directory, "--epochs", "2")
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

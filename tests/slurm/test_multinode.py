@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import conftest  # tests/conftest.py: run_job, the bounded launcher
+import launching  # tests/launching.py: run_job, the bounded launcher
 import pytest
 from slurm_jobs import (
     MULTI_PARTITION,
@@ -92,7 +92,7 @@ def link_bytes(node=2):
 def uninterrupted(tmp_path_factory):
     """The reference: the same job, 4 ranks under plain mpiexec on this machine, never stopped."""
     where = tmp_path_factory.mktemp("one-machine")
-    done = conftest.run_job([sys.executable, str(ROOT / "jobs" / "train_ddp.py"), "--epochs", EPOCHS,
+    done = launching.run_job([sys.executable, str(ROOT / "jobs" / "train_ddp.py"), "--epochs", EPOCHS,
                              "--checkpoint-dir", str(where), "--no-progress"], nprocs=4, timeout=240)
     assert not done.failed, done.output
     return model_arrays(where / "last.npz")
