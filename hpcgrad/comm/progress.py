@@ -188,8 +188,7 @@ def machine_id():
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             return f.read().strip()
     except OSError:
-        import socket
-        return socket.gethostname()
+        return os.uname().nodename
 
 
 def start_for_nodes(nodes, ranks_here=1, cores=None):
