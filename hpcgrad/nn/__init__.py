@@ -4,7 +4,7 @@ from . import functional, init  # noqa: F401
 from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
 from .batchnorm import BatchNorm1d, BatchNorm2d  # noqa: F401
 from .container import ModuleList, Sequential  # noqa: F401
-from .conv import Conv2d  # noqa: F401
+from .conv import Conv1d, Conv2d  # noqa: F401
 from .dropout import Dropout  # noqa: F401
 from .embedding import Embedding  # noqa: F401
 from .flatten import Flatten  # noqa: F401
@@ -13,4 +13,14 @@ from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
 from .module import Module  # noqa: F401
 from .normalization import LayerNorm  # noqa: F401
 from .parameter import Parameter  # noqa: F401
-from .pooling import MaxPool2d  # noqa: F401
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
+
+
+def __getattr__(name):
+    # SyncBatchNorm communicates, so it is built above hpcgrad.nn (hpcgrad/ddp/sync_batchnorm.py)
+    # and re-exported by hpcgrad.nn.parallel; importing that here, on first use of the name,
+    # keeps ``import hpcgrad.nn`` free of MPI (Note [Layers] in hpcgrad/__init__.py).
+    if name == "SyncBatchNorm":
+        from .parallel import SyncBatchNorm
+        return SyncBatchNorm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,12 +6,12 @@ import numpy as np
 
 from .. import backend, creation, ops
 from ..tensor import Tensor
-from . import _functions, _maxpool
+from . import _avgpool, _functions, _maxpool
 from ._window import Im2Col, out_size
 
-__all__ = ["linear", "conv2d", "max_pool2d", "relu", "gelu", "tanh", "sigmoid", "dropout",
-           "layer_norm", "batch_norm", "embedding", "softmax", "log_softmax", "cross_entropy",
-           "nll_loss", "mse_loss", "pad"]
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "conv1d", "conv2d", "cross_entropy",
+           "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d",
+           "mse_loss", "nll_loss", "pad", "relu", "sigmoid", "softmax", "tanh"]
 
 
 def _pair(value, name):
@@ -122,6 +122,72 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                   in zip(input.shape[-2:], kernel, stride, padding, dilation))
     return _maxpool.MaxPool2d.apply(input, kernel, stride, padding, dilation, extra,
                                     bool(return_indices))
+
+
+# --- 1-D convolution and average pooling (issue 17) -------------------------------------------
+def _single(value, name):
+    single = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(single) != 1:
+        raise ValueError(f"{name} must be an int or a 1-tuple of ints, got {value!r}")
+    return int(single[0])
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-D cross-correlation of (N, C, L) or (C, L) with weight (O, C, k): conv2d over a height
+    of 1. ``padding`` an int, 'valid' or 'same'."""
+    if groups != 1:
+        raise NotImplementedError("conv1d: groups != 1 is not implemented")
+    if input.ndim not in (2, 3) or weight.ndim != 3:
+        raise RuntimeError(f"conv1d: expected a 2-D or 3-D input and a 3-D weight, got input "
+                           f"of shape {list(input.shape)} and weight of shape "
+                           f"{list(weight.shape)}")
+    pad = padding if isinstance(padding, str) else (0, _single(padding, "padding"))
+    out = conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _single(stride, "stride")),
+                 pad, (1, _single(dilation, "dilation")))
+    return out.squeeze(-2)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """Mean over windows of the last two axes; ``stride`` defaults to ``kernel_size``; padding
+    counts as zeros (in the divisor too unless ``count_include_pad=False``)."""
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = kernel if stride is None or stride == () or stride == [] else _pair(stride, "stride")
+    padding = _pair(padding, "padding")
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"avg_pool2d: expected 3D or 4D input, got {input.ndim}D input of "
+                           f"shape {list(input.shape)}")
+    if min(kernel) <= 0:
+        raise RuntimeError(f"avg_pool2d: kernel_size must be greater than zero, got {kernel}")
+    if min(stride) <= 0:
+        raise RuntimeError(f"stride should not be zero (or negative), got {stride}")
+    for k, p in zip(kernel, padding):
+        if p < 0 or 2 * p > k:
+            raise RuntimeError(f"pad should be at most half of effective kernel size, but got "
+                               f"pad={p}, kernel_size={k} and dilation=1")
+    if divisor_override is not None and divisor_override == 0:
+        raise RuntimeError("divisor must be not zero")
+    return _avgpool.avg_pool2d(input, kernel, stride, padding, ceil_mode, count_include_pad,
+                               divisor_override)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """Average over PyTorch's adaptive windows: output row i averages input rows
+    [floor(i * H / oh), ceil((i + 1) * H / oh)), likewise for columns. ``output_size`` an int
+    or a pair; None in the pair keeps that axis's input size."""
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got "
+                           f"{list(input.shape)}")
+    size = (output_size, output_size) if isinstance(output_size, (int, np.integer)) or \
+        output_size is None else tuple(output_size)
+    if len(size) != 2:
+        raise RuntimeError(f"adaptive_avg_pool2d: output_size must be 2, got {output_size!r}")
+    size = tuple(int(input.shape[-2 + k] if s is None else s) for k, s in enumerate(size))
+    if min(size) < 0:
+        raise RuntimeError(f"adaptive_avg_pool2d: elements of output_size must be greater than "
+                           f"or equal to 0 but received {size}")
+    return _avgpool.adaptive_avg_pool2d(input, size)
+# --- end of the issue-17 block ----------------------------------------------------------------
 
 
 def relu(input, inplace=False):
