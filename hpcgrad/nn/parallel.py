@@ -5,3 +5,4 @@ hpcgrad/__init__.py), so ``import hpcgrad.nn`` never starts MPI.
 """
 
 from ..ddp.data_parallel import DistributedDataParallel  # noqa: F401
+from ..ddp.sync_batchnorm import SyncBatchNorm  # noqa: F401  (hpcgrad.nn.SyncBatchNorm)
