@@ -1,7 +1,7 @@
 """DistributedOptimizer: each parameter's owner steps it with the gradients of an autograd context."""
 
-from . import autograd as dist_autograd
-from . import rpc
+from .. import autograd as dist_autograd
+from .. import rpc
 
 
 class _LocalOptimizer:
