@@ -385,10 +385,7 @@ class Tensor:
         return _ops.max(self, dim, keepdim)
 
     def argmax(self, dim=None, keepdim=False):
-        dim = None if dim is None else _ops.wrap_dim(dim, self.data.ndim)
-        return Tensor._make(backend.get_array_module(self.data).argmax(self.data, axis=dim,
-                                                                       keepdims=keepdim),
-                            False, None, 0)
+        return _ops.reduce.argmax(self, dim, keepdim)
 
     def sum_to_size(self, *shape):
         shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
@@ -437,6 +434,47 @@ class Tensor:
     def log_softmax(self, dim=-1):
         return _ops.LogSoftmax.apply(self, dim)
 
+    # --- issue 17's ops: ops/elementwise.py, ops/reduce.py, ops/split.py, ops/indexing.py ----
+    def sin(self):
+        return _ops.elementwise.Sin.apply(self)
+
+    def cos(self):
+        return _ops.elementwise.Cos.apply(self)
+
+    def maximum(self, other):
+        return _ops.elementwise.maximum(self, other)
+
+    def minimum(self, other):
+        return _ops.elementwise.minimum(self, other)
+
+    def min(self, dim=None, keepdim=False):
+        return _ops.reduce.min(self, dim, keepdim)
+
+    def argmin(self, dim=None, keepdim=False):
+        return _ops.reduce.argmin(self, dim, keepdim)
+
+    def cumsum(self, dim, dtype=None):
+        return _ops.reduce.cumsum(self, dim, dtype)
+
+    def split(self, split_size, dim=0):
+        return _split.split(self, split_size, dim)
+
+    def chunk(self, chunks, dim=0):
+        return _split.chunk(self, chunks, dim)
+
+    def unbind(self, dim=0):
+        return _split.unbind(self, dim)
+
+    def masked_fill(self, mask, value):
+        return _indexing.masked_fill(self, mask, value)
+
+    def scatter_add(self, dim, index, src):
+        return _indexing.scatter_add(self, dim, index, src)
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):
+        return _indexing.topk(self, k, dim, largest, sorted)
+    # --- end of issue 17's ops ---------------------------------------------------------------
+
 
 def _slot_property(name, doc, deleter=None):
     """A public attribute over slot ``_<name>``: get and set are the slot's own C methods.
@@ -478,6 +516,8 @@ def _rebuild_tensor(cls, data, requires_grad):
 _function.Tensor = _engine.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
+from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer
+from .ops import split as _split
 
 # The operators' Functions, bound once: ``_ops.Mul.apply`` looked up per call cost a module and
 # a class attribute lookup and a new bound method (Note [Ops without a graph]).

@@ -200,6 +200,38 @@ class Tanh(Function):
         return g * (1 - out * out)
 
 
+class Sin(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return _xp(a.data).sin(a.data)
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return g * a.cos()  # PyTorch's ``grad * self.cos()``
+
+
+class Cos(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return _xp(a.data).cos(a.data)
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return g * -a.sin()  # PyTorch's ``grad * -self.sin()``
+
+
+def sin(input):
+    return Sin.apply(input)
+
+
+def cos(input):
+    return Cos.apply(input)
+
+
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, a):
@@ -367,6 +399,47 @@ class Clamp(Function):
         else:
             inside = a.data >= low if low is not None else a.data <= high
         return _masked(inside, g), None, None
+
+
+class Maximum(Function):
+    """Element-wise ``maximum`` (``largest=True``) or ``minimum`` of two tensors; NaN wins.
+
+    PyTorch's formulas: ties split the gradient in halves, the smaller (larger) input gets an
+    exact 0, and at NaN (no order holds) both inputs get the whole gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, largest):
+        ctx.save_for_backward(a, b)
+        ctx.largest = largest
+        xp = _xp(a.data)
+        return (xp.maximum if largest else xp.minimum)(a.data, b.data)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        half = Where.apply(_const(a.data == b.data), g / 2.0, g)
+        below, above = a.data < b.data, a.data > b.data
+        loses_a, loses_b = (below, above) if ctx.largest else (above, below)
+        return (_masked(~loses_a, half) if ctx.needs_input_grad[0] else None,
+                _masked(~loses_b, half) if ctx.needs_input_grad[1] else None, None)
+
+
+def maximum(input, other):
+    """Element-wise larger of two tensors (broadcast); NaN if either is NaN."""
+    return Maximum.apply(input, _tensor_arg(input, other, "maximum"), True)
+
+
+def minimum(input, other):
+    """Element-wise smaller of two tensors (broadcast); NaN if either is NaN."""
+    return Maximum.apply(input, _tensor_arg(input, other, "minimum"), False)
+
+
+def _tensor_arg(input, other, name):
+    if not isinstance(other, Tensor):
+        raise TypeError(f"{name}(): argument 'other' must be a Tensor, not "
+                        f"{type(other).__name__}; use clamp to compare with a number")
+    return other
 
 
 class Where(Function):

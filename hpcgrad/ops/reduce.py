@@ -1,4 +1,5 @@
-"""Reductions: sum, sum_to_size, amax/max, mean, var (over axes, with keepdim)."""
+"""Reductions: sum, sum_to_size, amax, max/min (with indices), argmax/argmin, mean, var, and
+the cumulative sum (over axes, with keepdim)."""
 
 import builtins
 import collections
@@ -9,7 +10,7 @@ import numpy as np
 from .. import backend
 from ..autograd.function import Function
 from ..tensor import Tensor
-from .elementwise import where
+from .elementwise import maximum, minimum, where
 from .shape import expand, gather, wrap_dim
 
 
@@ -111,28 +112,132 @@ class Max(Function):
         return where(mask, g / float(ctx.count), 0.0)
 
 
-MaxResult = collections.namedtuple("MaxResult", ["values", "indices"])
+class Min(Function):
+    """Smallest of all elements; ties (or, when the result is nan, the nan elements) share g,
+    as Max."""
+
+    @staticmethod
+    def forward(ctx, a):
+        out = a.data.min()
+        if ctx.needs_input_grad:
+            xp = backend.get_array_module(a.data)
+            mask = xp.isnan(a.data) if xp.isnan(out) else a.data == out
+            ctx.count = int(mask.sum())
+            ctx.save_for_backward(Tensor._make(mask, False, None, 0))
+        return out
+
+    backward = Max.backward
+
+
+# torch.return_types: named tuples of (values, indices), their type named after the op.
+MaxResult = collections.namedtuple("max", ["values", "indices"])
+MinResult = collections.namedtuple("min", ["values", "indices"])
+
+
+def _check_nonempty(x, name, dim):
+    if dim is None and x.data.size == 0:
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() "
+                           f"== 0. Specify the reduction dim with the 'dim' argument.")
+    if dim is not None and x.ndim and x.shape[dim] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {dim} to have non-zero size.")
+
+
+def _along(x, dim, keepdim, largest, result):
+    """(values, indices) of the max/min along ``dim``: the first one, or the first nan."""
+    if not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"{result.__name__}: dim must be an int, got {dim!r}; use amax to "
+                        f"reduce several axes")
+    dim = wrap_dim(dim, x.ndim)
+    _check_nonempty(x, result.__name__, dim)
+    xp = backend.get_array_module(x.data)
+    if x.ndim == 0:
+        return result(x.reshape(()), Tensor._make(xp.zeros((), dtype=np.int64), False, None, 0))
+    indices = (xp.argmax if largest else xp.argmin)(x.data, axis=dim, keepdims=True)
+    values = gather(x, dim, indices)
+    if not keepdim:
+        values, indices = values.squeeze(dim), indices.squeeze(dim)
+    return result(values, Tensor._make(indices.astype(np.int64, copy=False), False, None, 0))
 
 
 def max(x, dim=None, keepdim=False):
-    """Largest element; with ``dim``, (values, indices) along that axis.
+    """Largest element; with ``dim``, (values, indices) along that axis; with a Tensor
+    second argument, the element-wise ``maximum`` (torch.max(a, b)).
 
     Without ``dim`` ties share the gradient (see Max); with ``dim`` the gradient goes to the
     element ``indices`` names, as in PyTorch.
     """
+    if isinstance(dim, Tensor):
+        return maximum(x, dim)
     if dim is None:
+        _check_nonempty(x, "max", None)
         return Max.apply(x)
-    if not isinstance(dim, (int, np.integer)):
-        raise TypeError(f"max: dim must be an int, got {dim!r}; use amax to reduce several axes")
-    dim = wrap_dim(dim, x.ndim)
+    return _along(x, dim, keepdim, True, MaxResult)
+
+
+def min(x, dim=None, keepdim=False):
+    """Smallest element; with ``dim``, (values, indices); with a Tensor, ``minimum``."""
+    if isinstance(dim, Tensor):
+        return minimum(x, dim)
+    if dim is None:
+        _check_nonempty(x, "min", None)
+        return Min.apply(x)
+    return _along(x, dim, keepdim, False, MinResult)
+
+
+def _arg(x, dim, keepdim, largest):
+    name = "argmax" if largest else "argmin"
     xp = backend.get_array_module(x.data)
+    find = xp.argmax if largest else xp.argmin
+    if dim is None:
+        _check_nonempty(x, name, None)
+        out = find(x.data.reshape(-1))
+        return Tensor._make(xp.asarray(out, dtype=np.int64).reshape((1,) * x.ndim if keepdim
+                                                                    else ()), False, None, 0)
+    dim = wrap_dim(dim, x.ndim)
+    _check_nonempty(x, name, dim)
     if x.ndim == 0:
-        return MaxResult(x.reshape(()), Tensor._make(xp.zeros((), dtype=xp.int64), False, None, 0))
-    indices = xp.argmax(x.data, axis=dim, keepdims=True)
-    values = gather(x, dim, indices)
-    if not keepdim:
-        values, indices = values.squeeze(dim), indices.squeeze(dim)
-    return MaxResult(values, Tensor._make(indices, False, None, 0))
+        return Tensor._make(xp.zeros((), dtype=np.int64), False, None, 0)
+    return Tensor._make(find(x.data, axis=dim, keepdims=keepdim).astype(np.int64, copy=False),
+                        False, None, 0)
+
+
+def argmax(x, dim=None, keepdim=False):
+    """Index of the largest element (flat without ``dim``); the first one, a nan first."""
+    return _arg(x, dim, keepdim, True)
+
+
+def argmin(x, dim=None, keepdim=False):
+    """Index of the smallest element (flat without ``dim``); the first one, a nan first."""
+    return _arg(x, dim, keepdim, False)
+
+
+class Cumsum(Function):
+    """Running sums along ``dim`` (``reverse``: from the far end). Each direction's backward is
+    the other direction, so it can be differentiated again."""
+
+    @staticmethod
+    def forward(ctx, a, dim, reverse):
+        ctx.dim, ctx.reverse = dim, reverse
+        xp = backend.get_array_module(a.data)
+        if reverse:
+            return xp.flip(xp.cumsum(xp.flip(a.data, dim), axis=dim), dim)
+        return xp.cumsum(a.data, axis=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return Cumsum.apply(g, ctx.dim, not ctx.reverse), None, None
+
+
+def cumsum(x, dim, dtype=None):
+    """Running sums along ``dim``; integers and bools sum in int64, as PyTorch."""
+    dim = wrap_dim(dim, x.ndim)
+    if dtype is not None:
+        x = x.to(dtype)
+    elif x.dtype.kind in "biu":
+        x = x.to(np.int64)
+    if x.ndim == 0:
+        return Cumsum.apply(x.reshape(1), 0, False).reshape(())
+    return Cumsum.apply(x, dim, False)
 
 
 def _count(shape, dims):

@@ -64,7 +64,7 @@ class _AutogradCodec(rpc.Codec):
         global _agent
         _agent = agent
         container.rank = agent.rank
-        agent.register_handler("backward", _serve_backward)
+        agent.register_handler("backward", _serve_backward, inline=True)  # hands off itself
         agent.register_handler("release", _serve_release, inline=True)
         agent.register_handler("abort", _serve_abort, inline=True)
         agent.register_handler("p2p", _serve_p2p, inline=True)  # arrival order is recv() order
@@ -117,8 +117,8 @@ def _release(context_id):
     if _agent is None:
         return
     for worker in sorted(ctx.known_workers):
-        if worker != _agent.rank:
-            _agent.send(worker, "release", context_id=context_id)
+        if worker != _agent.rank:  # on the next message there: Note [Carried messages]
+            _agent.carry(worker, "release", context_id=context_id)
 
 
 def _serve_release(src, envelope, payloads):
@@ -128,7 +128,7 @@ def _serve_release(src, envelope, payloads):
         return
     _end_running_pass(ctx, f"context {ctx.context_id} was released by rank {src}")
     for worker in sorted(ctx.known_workers - {src, _agent.rank}):
-        _agent.send(worker, "release", context_id=ctx.context_id)
+        _agent.carry(worker, "release", context_id=ctx.context_id)
 
 
 def _end_running_pass(ctx, why, pass_id=None):
@@ -206,11 +206,14 @@ def note_peer(dst):
 
 
 def _send_grad(node, graph_task, arrays):
-    """RecvRpcBackward's gradients to their sender: an outstanding RPC of the running pass.
+    """RecvRpcBackward's gradients to their sender.
 
     They carry the pass id and retain_graph (the peer keeps its part of the graph for the next
-    pass, as the seed's PropagateGradientsReq). A failed or expired reply fails the running
-    graph task at once (as PyTorch does), so no rank waits for send functions that never run.
+    pass, as the seed's PropagateGradientsReq). Sent to the rank that called backward, into the
+    context the pass runs in there, they need no answer: that rank's own graph task waits for
+    them (Note [The distributed-autograd round trip]). Sent anywhere else they are an
+    outstanding RPC of the running pass: a failed or expired answer fails the running graph
+    task at once (as PyTorch does), so no rank waits for send functions that never run.
     """
     agent = _require_agent()
     state = None if graph_task is None else graph_task.attached
@@ -218,12 +221,17 @@ def _send_grad(node, graph_task, arrays):
         raise RuntimeError("RecvRpcBackward ran outside a distributed backward pass: use "
                            "dist_autograd.backward(context_id, roots) for tensors received "
                            "in a context")
-    reply = agent.request(node.peer, "backward", payloads=[message.host_array(a) for a in arrays],
-                          context_id=node.peer_context_id, message_id=node.message_id,
-                          pass_id=state.pass_id, keep_graph=state.keep_graph,
-                          timeout=state.timeout, pass_timeout=state.timeout,
+    payloads = [message.host_array(a) for a in arrays]
+    fields = dict(context_id=node.peer_context_id, message_id=node.message_id,
+                  pass_id=state.pass_id, keep_graph=state.keep_graph,
+                  pass_timeout=state.timeout, origin_ctx=state.origin_context_id)
+    if node.peer == state.origin_rank and node.peer_context_id == state.origin_context_id:
+        agent.send(node.peer, "backward", payloads=payloads, answer=False, **fields)
+        return
+    reply = agent.request(node.peer, "backward", payloads=payloads, timeout=state.timeout,
+                          inline_reply=True,  # check() below is short and never blocks
                           describe=f"backward to rank {node.peer} (context "
-                                   f"{node.peer_context_id})")
+                                   f"{node.peer_context_id})", **fields)
     result = RpcFuture(reply.describe, state.timeout)
     result.message_id = reply.message_id  # agent.cancel() forgets the request
 
@@ -259,7 +267,8 @@ def backward(context_id, roots, retain_graph=False, timeout=DEFAULT_TIMEOUT):
                         f"{type(roots).__name__}")
     agent = _require_agent()
     ctx = container.retrieve(context_id)
-    state = PassState(ctx, (agent.rank << 48) | next(_pass_ids), retain_graph, timeout)
+    state = PassState(ctx, (agent.rank << 48) | next(_pass_ids), retain_graph, timeout,
+                      origin_context_id=context_id, driver=queue.SimpleQueue())
     try:
         dist_engine.execute(state, list(roots), lambda s: _wait_for_pass(s, timeout))
     except BaseException as exc:
@@ -300,8 +309,8 @@ def _wait_for_pass(state, timeout):
 
     pending = []
     try:
-        try:
-            state.graph_task.future.result(left())
+        try:  # this thread runs the gradients that come back: Note in engine.py
+            dist_engine.drive(state, left)
         except FutureTimeoutError:
             raise _pass_timeout(state, state.take_outstanding(), timeout) from None
         except BaseException as exc:
@@ -342,27 +351,61 @@ def _node_error(exc):
 
 
 def _serve_backward(src, envelope, payloads):
+    """A gradient from ``src``, on the progress thread: one for the pass this rank's backward()
+    runs goes straight to that thread, any other to the engine's pool, where it runs its part
+    of the pass (Note [The distributed-autograd round trip] in engine.py)."""
     agent = _require_agent()
+    answer_wanted = envelope.get("answer", True)
 
     def answer(future):
         error = future.exception()
-        if error is None:
+        if not answer_wanted:
+            if error is not None:  # the pass this gradient belongs to ends here with it
+                _fail_running_pass(envelope, error)
+        elif error is None:
             agent.reply(src, envelope["id"], "done")
         else:
             agent.reply(src, envelope["id"], "error", error=str(_node_error(error)))
 
     try:
         ctx = container.retrieve(envelope["context_id"])
+        running = ctx.current_pass
+        if (running is None or running.driver is None
+                or running.pass_id != envelope["pass_id"]):
+            dist_engine.submit(_run_backward, ctx, envelope, payloads, answer)
+            return
         send_function = ctx.send_functions[envelope["message_id"]]
         send_function.set_grads(payloads, lambda a: Tensor._make(a, False, None, 0))
-        state = PassState(ctx, envelope["pass_id"], envelope["keep_graph"],
-                          envelope.get("pass_timeout"))
-        with context_guard(ctx.context_id):
-            answered = dist_engine.execute_send_function(state, send_function)
+        answered = dist_engine.deliver(running, send_function)
     except BaseException as exc:  # noqa: BLE001  (answered to the peer)
         answered = Future()
         answered.set_exception(exc)
     answered.add_done_callback(answer)
+
+
+def _run_backward(ctx, envelope, payloads, answer):
+    """On the engine's pool: this rank's part of a pass, from one gradient of its peer."""
+    try:
+        send_function = ctx.send_functions[envelope["message_id"]]
+        send_function.set_grads(payloads, lambda a: Tensor._make(a, False, None, 0))
+        state = PassState(ctx, envelope["pass_id"], envelope["keep_graph"],
+                          envelope.get("pass_timeout"), envelope.get("origin_ctx"))
+        answered = dist_engine.execute_send_function(state, send_function, run_here=True)
+    except BaseException as exc:  # noqa: BLE001  (answered to the peer)
+        answered = Future()
+        answered.set_exception(exc)
+    answered.add_done_callback(answer)
+
+
+def _fail_running_pass(envelope, error):
+    """A gradient that needed no answer failed here: fail its pass if it still runs."""
+    try:
+        ctx = container.retrieve(envelope["context_id"])
+    except RuntimeError:
+        return
+    state = ctx.current_pass
+    if state is not None and state.pass_id == envelope["pass_id"] and state.graph_task:
+        state.graph_task.fail(_node_error(error))
 
 
 def wait_for_backward(context_id, timeout=DEFAULT_TIMEOUT):

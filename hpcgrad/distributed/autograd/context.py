@@ -12,9 +12,15 @@ class PassState:
     RecvRpcBackward Nodes it runs find the pass id, retain_graph and timeout to send on, and
     where the gradients they sent wait for their answers (the seed's outstanding RPCs)."""
 
-    def __init__(self, context, pass_id, keep_graph, timeout):
+    def __init__(self, context, pass_id, keep_graph, timeout, origin_context_id=None,
+                 driver=None):
         self.context, self.pass_id = context, pass_id
         self.keep_graph, self.timeout = keep_graph, timeout
+        # The rank that called backward (in the pass id's high bits) and its context there:
+        # gradients sent to it need no answer (Note [The distributed-autograd round trip]).
+        self.origin_rank = pass_id >> 48
+        self.origin_context_id = origin_context_id
+        self.driver = driver  # on the origin: the queue its backward() thread runs work from
         self.graph_task = None
         self._lock = threading.Lock()
         self._outstanding = []

@@ -25,6 +25,7 @@ Note [Launching send functions]
 """
 
 import concurrent.futures
+import queue
 import threading
 import traceback
 
@@ -32,7 +33,7 @@ from ... import backend
 from ...autograd.engine import (CPU_DEVICE, GraphTask, InputBuffer, NodeTask, ReadyQueue,
                                 get_default_engine, validate_outputs)
 from ...autograd.graph import AccumulateGrad, GraphRoot, make_edge
-from ...futures import Future
+from ...futures import Future, FutureTimeoutError
 from ...tensor import Tensor
 from .functions import RecvRpcBackward
 
@@ -81,6 +82,34 @@ class DistEngine:
     def launch(self, node_task):
         """Run ``node_task`` (already counted as outstanding) and what it makes ready, on the pool."""
         self._launcher.submit(self._run, node_task)
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the engine's pool (a peer's gradient arriving: Note [The
+        distributed-autograd round trip])."""
+        self._launcher.submit(fn, *args)
+
+    def deliver(self, state, send_function):
+        """On the rank that called backward: queue ``send_function`` (its gradients set) for the
+        thread that waits in ``drive``; returns a completed Future (nothing to answer)."""
+        state.driver.put(NodeTask(state.graph_task, send_function, InputBuffer()))
+        delivered = Future()
+        delivered.set_result(None)
+        return delivered
+
+    def drive(self, state, left):
+        """On the thread that called backward, until its graph task completes: run each send
+        function whose gradients came back (``deliver``), as the local engine's caller runs its
+        own graph. ``left()``: seconds left (None: no limit); past them FutureTimeoutError."""
+        graph_task, work = state.graph_task, state.driver
+        graph_task.future.add_done_callback(lambda _: work.put(None))  # wakes the loop
+        while not graph_task.future.done():
+            try:
+                task = work.get(timeout=left())
+            except queue.Empty:
+                raise FutureTimeoutError("backward pass") from None
+            if task is not None:
+                self._run(task)
+        graph_task.future.result(0)  # its error, if it failed
 
     def _run(self, node_task):
         try:
@@ -174,7 +203,7 @@ class DistEngine:
         context.start_pass(state)
 
     # --- a peer's side ----------------------------------------------------------------------------
-    def execute_send_function(self, state, send_function):
+    def execute_send_function(self, state, send_function, run_here=False):
         """Run ``send_function`` (its gradients set) in the pass ``state`` names; returns a
         Future completed (None, or the error) when this rank may answer the gradient.
 
@@ -182,7 +211,9 @@ class DistEngine:
         gradient arriving meanwhile finds them ready) and its Future completes when the whole
         local graph and every RPC it sent on are done; a later gradient's Future is complete at
         once (the first gradient's answer covers it). Note [Launching send functions].
+        ``run_here``: run it on this thread (a launch thread already), not on another.
         """
+        run = self._run if run_here else self.launch
         context = state.context
         with self._lock:
             running = context.current_pass
@@ -203,8 +234,8 @@ class DistEngine:
         graph_task = state.graph_task
         answered = Future()
         if not first:
-            self.launch(NodeTask(graph_task, send_function, InputBuffer()))
-            answered.set_result(None)
+            answered.set_result(None)  # before running: the answer needs none of this work
+            run(NodeTask(graph_task, send_function, InputBuffer()))
             return answered
 
         def after_graph(future):
@@ -223,7 +254,7 @@ class DistEngine:
                 answered.set_exception(error)
 
         graph_task.future.add_done_callback(after_graph)
-        self.launch(NodeTask(graph_task, send_function, InputBuffer()))
+        run(NodeTask(graph_task, send_function, InputBuffer()))
         return answered
 
 

@@ -267,12 +267,14 @@ def _call(to, kind, obj, timeout):
     dst = _rank_of(to)
     body, payloads = _encode(obj, dst)
     name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
-    reply = agent.request(dst, kind, body, payloads,
-                          describe=f"RPC {name} to {agent.names[dst]} (rank {dst})",
-                          timeout=timeout, **_codec.request_fields(dst))
-    result = RpcFuture(reply.describe, timeout)
+    result = RpcFuture(f"RPC {name} to {agent.names[dst]} (rank {dst})", timeout)
+    # With no callback chained to ``result`` (rpc_sync, a plain wait) the reply is decoded and
+    # its waiter woken on the progress thread: Note [Replies on the callback pool].
+    reply = agent.request(dst, kind, body, payloads, describe=result.describe, timeout=timeout,
+                          inline_reply=lambda: not result.has_callbacks(),
+                          **_codec.request_fields(dst))
 
-    def unpack(fut):  # on the callback pool: Note [Replies on the callback pool]
+    def unpack(fut):  # on the callback pool or the progress thread (see above)
         try:
             envelope, payloads = fut.value()
             if envelope["kind"] == "error":

@@ -22,12 +22,22 @@ Note [Progress thread and the GIL]
     iterations, 2 ranks on 2 busy cores: 22-38 s wall before (polling loop), 9-13 s after.
 
 Note [Replies on the callback pool]
-    The progress thread only receives. A reply completes its future on a small pool of its own
-    (never on the progress thread, and never on the request pool): its callbacks decode the
-    result and may do real work (a distributed-autograd reply fails or finishes a graph task),
-    so one slow callback must not stall every RPC of the rank; and requests that block waiting
-    for a nested RPC's reply can fill the request pool without starving the replies they wait
-    for. It costs one thread handoff per reply.
+    A reply completes its future on a small pool of its own (never on the request pool), unless
+    its request said the reply is cheap to complete (``request(..., inline_reply=...)``): its
+    callbacks decode the result and may do real work (a user's ``then``), so one slow callback
+    must not stall every RPC of the rank; and requests that block waiting for a nested RPC's
+    reply can fill the request pool without starving the replies they wait for. The pool costs
+    one thread handoff per reply, so a reply whose only callbacks are known to be short (an
+    ``rpc_sync`` nobody chained a callback to, a distributed-autograd "done") is completed on
+    the progress thread itself, and its waiter wakes straight from there.
+
+Note [Carried messages]
+    Some messages need not leave at once: a context release (nothing waits for it). ``carry``
+    queues such a message for a peer; it rides inside the envelope of the next message to that
+    peer (no MPI message of its own), and the receiver handles it, inline and in order, before
+    the message that carried it. One that finds no ride within ``within`` seconds is sent on
+    its own by the progress thread, and ``join`` (shutdown) sends every one still queued, so
+    none waits unboundedly.
 """
 
 import collections
@@ -81,6 +91,11 @@ class RpcFuture(Future):
         super().__init__(wait_fn=wait_fn, describe=describe)
         self.timeout = timeout
 
+    def has_callbacks(self):
+        """Whether callbacks wait for its completion (a reply with none is completed inline:
+        Note [Replies on the callback pool])."""
+        return bool(self._callbacks)
+
     def _chained(self):
         return RpcFuture(self.describe, self.timeout)
 
@@ -118,6 +133,9 @@ class MPIRpcAgent:
         self._callback_pool = ThreadPoolExecutor(num_callback_threads,
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
+        self._carried = {}            # dst -> [(deadline, kind, fields)]: Note [Carried messages]
+        self._carried_lock = threading.Lock()
+        self._next_carry_deadline = None
         self._soon = collections.deque()  # functions for the progress thread (call_soon)
         self._running = False
         self._thread = threading.Thread(target=self._progress, daemon=True,
@@ -139,13 +157,18 @@ class MPIRpcAgent:
         self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
         return message_id
 
-    def request(self, dst, kind, body=b"", payloads=(), describe="", timeout=None, **fields):
+    def request(self, dst, kind, body=b"", payloads=(), describe="", timeout=None,
+                inline_reply=None, **fields):
         """Send and return an RpcFuture completed by the reply (set before the send: no race).
 
         Past ``timeout`` seconds (None or 0: never) the future fails with RpcTimeoutError and
-        the request is forgotten: a late reply is dropped.
+        the request is forgotten: a late reply is dropped. ``inline_reply``: True when the
+        future's callbacks are short and never block, or a function saying so when the reply
+        comes; the reply then completes the future on the progress thread (Note [Replies on
+        the callback pool]).
         """
         future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout)
+        future.inline_reply = inline_reply
         message_id = future.message_id = next(self._ids)
         with self._waiting_lock:
             self._waiting[message_id] = future
@@ -164,6 +187,10 @@ class MPIRpcAgent:
             raise ValueError(f"no worker with rank {dst} (world size {self.size})")
         envelope = dict(fields, kind=kind, id=message_id, reply_to=reply_to, body=body,
                         specs=[(a.shape, a.dtype.str) for a in payloads])
+        if self._carried:
+            carried = self._take_carried(dst)
+            if carried:
+                envelope["carried"] = carried
         if payloads and sum(a.nbytes for a in payloads) <= INLINE_BYTES:
             envelope["inline"] = [a.tobytes() for a in payloads]
             payloads = ()
@@ -178,6 +205,33 @@ class MPIRpcAgent:
 
     def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
         self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
+
+    def carry(self, dst, kind, within=5e-3, **fields):
+        """Send a message of ``kind`` (no body, no payloads, no reply) to ``dst`` on the next
+        message that goes there anyway, or on its own after ``within`` seconds: Note [Carried
+        messages]. Its handler must be registered ``inline`` on the receiver."""
+        if not 0 <= dst < self.size:
+            raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        deadline = time.monotonic() + within
+        with self._carried_lock:
+            self._carried.setdefault(dst, []).append((kind, fields))
+            if self._next_carry_deadline is None or deadline < self._next_carry_deadline:
+                self._next_carry_deadline = deadline
+
+    def _take_carried(self, dst):
+        with self._carried_lock:
+            return self._carried.pop(dst, None)
+
+    def flush_carried(self):
+        """Send every carried message still waiting for a ride, each peer's in one message."""
+        with self._carried_lock:
+            destinations = list(self._carried)
+            self._next_carry_deadline = None
+        for dst in destinations:  # an empty envelope picks them up
+            with self._carried_lock:
+                if dst not in self._carried:
+                    continue
+            self.send(dst, "carrier")
 
     def call_soon(self, fn):
         """Run ``fn()`` on the progress thread soon. Safe from anywhere, also from ``__del__``
@@ -243,6 +297,9 @@ class MPIRpcAgent:
             busy = self._complete_sends()
             if self._deadlines and self._deadlines[0][0] <= time.monotonic():
                 self._expire_requests()
+            if (self._next_carry_deadline is not None
+                    and self._next_carry_deadline <= time.monotonic()):
+                self.flush_carried()
             if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
                 self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
                 busy = True
@@ -266,6 +323,16 @@ class MPIRpcAgent:
         data = np.empty(nbytes, np.uint8)
         self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
         envelope = pickle.loads(data.tobytes())
+        carried = envelope.pop("carried", None)
+        if carried:  # Note [Carried messages]: handled before the message that carried them
+            for kind, fields in carried:
+                handler, _ = self._handlers.get(kind, (None, False))
+                if handler is None:  # a bug: carry() names inline handlers only
+                    print(f"rank {self.rank}: no handler for carried {kind!r} messages")
+                    continue
+                self._run_handler(handler, src, dict(fields, kind=kind), [])
+        if envelope["kind"] == "carrier":
+            return
         inline = envelope.pop("inline", None)
         if inline is not None:  # writable arrays of their own (bytearray), like received ones
             payloads = [np.frombuffer(bytearray(raw), np.dtype(dtype)).reshape(shape)
@@ -281,7 +348,12 @@ class MPIRpcAgent:
         if reply_to is not None:
             with self._waiting_lock:
                 future = self._waiting.pop(reply_to, None)
-            if future is not None:  # Note [Replies on the callback pool]
+            if future is None:
+                return
+            inline_reply = future.inline_reply  # Note [Replies on the callback pool]
+            if inline_reply is True or (inline_reply is not None and inline_reply()):
+                self._resolve(future, src, envelope, payloads)
+            else:
                 self._callback_pool.submit(self._resolve, future, src, envelope, payloads)
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
@@ -307,6 +379,7 @@ class MPIRpcAgent:
     # --- shutdown -------------------------------------------------------------------------------
     def join(self, timeout):
         """Every rank reaches this point (others' requests keep being served meanwhile)."""
+        self.flush_carried()  # Note [Carried messages]: nothing is left behind at shutdown
         request = self.comm.Ibarrier()
         deadline = time.monotonic() + timeout if timeout else None
         while not request.Test():
