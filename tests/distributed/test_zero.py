@@ -14,7 +14,7 @@ import pytest
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
-from hpcgrad import nn
+from hpcgrad import checkpoint, nn
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 from hpcgrad.tensor import Tensor
@@ -161,6 +161,31 @@ def test_checkpoint_and_resume_equals_uninterrupted(group, tmp_path_factory):
             assert got["state"][index]["step"] == entry["step"]
             for name in ("exp_avg", "exp_avg_sq"):
                 np.testing.assert_array_equal(got["state"][index][name], entry[name])
+
+
+@mpi
+def test_hpcgrad_checkpoint_round_trip(group, tmp_path_factory):
+    """The jobs' checkpoint files: consolidate on rank 0, checkpoint.save there, every rank
+    checkpoint.load into a new ZeRO (its JSON turns Adam's betas into a list and the indices
+    into strings), resume: equal to the uninterrupted run."""
+    cls, options = ADAM
+    model = make_model()
+    zero = ZeroRedundancyOptimizer(model.parameters(), cls, group, **options)
+    train(model, zero, 2)
+    zero.consolidate_state_dict(to=0)
+    where = [None]
+    if group.rank() == 0:
+        where = [str(tmp_path_factory.mktemp("zero") / "ckpt.npz")]
+        checkpoint.save(where[0], model, zero, step=2)
+    dist.broadcast_object_list(where, src=group.ranks[0], group=group)
+    resumed = make_model(seed=1)
+    zero2 = ZeroRedundancyOptimizer(resumed.parameters(), cls, group, lr=0.5)
+    assert checkpoint.load(where[0], resumed, zero2) == {"step": 2}
+    assert zero2.param_groups[0]["betas"] == options["betas"]
+    train(resumed, zero2, 2, first=2)
+    ref = make_model()
+    train(ref, cls(ref.parameters(), **options), 4)
+    assert_same_parameters(resumed, ref)
 
 
 @mpi
