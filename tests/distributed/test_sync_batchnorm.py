@@ -119,6 +119,23 @@ def test_momentum_and_no_affine(group, momentum):
 
 
 @mpi
+def test_float32_with_a_large_mean(group):
+    """Mean 1e4, spread 1, float32: E[x^2] - E[x]^2 would lose every digit of the variance
+    (float32 spacing at 1e8 is 8); the per-rank centred sums keep float32 accuracy."""
+    sizes = sizes_unequal(group.size())
+    mine = rank_rows(sizes, group.rank())
+    rng = np.random.default_rng(5)
+    x = 1e4 + rng.standard_normal((sum(sizes), C, 4))
+    sync = nn.SyncBatchNorm(C, process_group=group)  # float32
+    y = sync(Tensor(x[mine].astype(np.float32)))
+    assert y.dtype == np.float32
+    ref = nn.BatchNorm1d(C).double()
+    want = ref(Tensor(x)).data[mine]
+    np.testing.assert_allclose(y.data, want, rtol=0, atol=2e-3)
+    np.testing.assert_allclose(sync.running_var.data, ref.running_var.data, rtol=1e-3)
+
+
+@mpi
 def test_eval_does_not_communicate(group, monkeypatch):
     sync = nn.SyncBatchNorm(C, process_group=group).double().eval()
     monkeypatch.setattr(sync_module, "sync_batch_norm", _refuse)
