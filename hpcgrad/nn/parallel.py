@@ -1,7 +1,8 @@
-"""hpcgrad.nn.parallel: PyTorch's name for DistributedDataParallel, built in hpcgrad/ddp.
+"""hpcgrad.nn.parallel: PyTorch's names for DistributedDataParallel and SyncBatchNorm, built in hpcgrad/ddp.
 
-Nothing in hpcgrad.nn imports this module: it sits above the layers (Note [Layers] in
-hpcgrad/__init__.py), so ``import hpcgrad.nn`` never starts MPI.
+It sits above the layers (Note [Layers] in hpcgrad/__init__.py): hpcgrad.nn imports it only on
+first use of the name ``hpcgrad.nn.SyncBatchNorm`` (its module ``__getattr__``), never at
+import, so ``import hpcgrad.nn`` never starts MPI.
 """
 
 from ..ddp.data_parallel import DistributedDataParallel  # noqa: F401
