@@ -129,7 +129,13 @@ class BackwardNode(Node):
                         return [None] * len(self.next_edges)
                     self._materialize(grads)
                     break
-        result = self._forward_cls.backward(self, *grads)
+        return self._outputs_of(self._forward_cls.backward(self, *grads))
+
+    def _outputs_of(self, result):
+        """What the formula returned -> one gradient (or None) per next edge, as Tensors.
+
+        Also the second half of a replayed plan's direct formula call (engine.py, Note
+        [Replayed backward plans]) when its result is not one of the common shapes."""
         edges = self.next_edges
         if type(result) is not tuple:
             if type(result) is Tensor and len(edges) == 1 and edges[0] is not None:
