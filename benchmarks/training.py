@@ -2,8 +2,13 @@
 
     python benchmarks/training.py           # one thread; torch column when torch is installed
     python benchmarks/training.py --quick
+    python benchmarks/training.py --rounds 15 --steps 5 --case MLP
 
-Step = forward, cross-entropy, zero_grad, backward, SGD(momentum) step. Medians (min) of runs.
+Step = forward and cross-entropy, zero_grad, backward, SGD(momentum) step, each phase timed.
+hpcgrad and torch run interleaved in the same process: ``--rounds`` rounds of ``--steps`` timed
+steps of each (which goes first alternates), so a noisy neighbour slows both alike. Figures:
+median (min) ms over all timed steps; ratio = hpcgrad / torch, the median over rounds of the
+round's median ratio. See Note [Where the training step goes] in hpcgrad/nn/_functions.py.
 """
 
 import os
@@ -11,11 +16,12 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
+import argparse
+import gc
+import statistics
+import time
 
-import numpy as np  # noqa: E402
-
-from _timing import measure  # noqa: E402
+import numpy as np
 
 CASES = {  # name: (input shape without batch, layer specs)
     "MLP 784-1024-1024-10": ((784,), [("linear", 784, 1024), ("relu",), ("linear", 1024, 1024),
@@ -24,6 +30,7 @@ CASES = {  # name: (input shape without batch, layer specs)
         ("conv", 1, 8), ("relu",), ("pool",), ("conv", 8, 16), ("relu",), ("pool",),
         ("flatten",), ("linear", 16 * 7 * 7, 10)]),
 }
+PHASES = ("forward", "zero_grad", "backward", "step", "total")
 
 
 def build(lib, specs):
@@ -35,7 +42,8 @@ def build(lib, specs):
     return nn.Sequential(*[make[s[0]](*s[1:]) for s in specs])
 
 
-def step_time(lib, shape, specs, batch, repeats):
+def make_step(lib, shape, specs, batch):
+    """A function that runs one training step and returns its phase times (seconds)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch,) + shape).astype(np.float32)
     y = rng.integers(0, 10, batch)
@@ -47,20 +55,59 @@ def step_time(lib, shape, specs, batch, repeats):
     else:
         x, y = lib.tensor(x), lib.tensor(y)
     loss_fn = lib.nn.functional.cross_entropy
+    clock = time.perf_counter
 
-    def step(_):
+    def step():
+        t0 = clock()
         loss = loss_fn(model(x), y)
+        t1 = clock()
         optimizer.zero_grad()
+        t2 = clock()
         loss.backward()
+        t3 = clock()
         optimizer.step()
+        t4 = clock()
+        return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
 
-    return measure(step, repeats=repeats, warmup=2, pause_gc=False)
+    return step
+
+
+def interleaved(steps, rounds, per_round, warmup=2):
+    """Per library: a list of rounds, each a list of phase-time tuples of its timed steps.
+
+    The cyclic GC is collected before each step and left running in it, as in a user's loop.
+    """
+    for step in steps:
+        for _ in range(warmup):
+            step()
+    times = [[] for _ in steps]
+    for r in range(rounds):
+        order = range(len(steps)) if r % 2 == 0 else reversed(range(len(steps)))
+        for i in order:
+            this_round = []
+            for _ in range(per_round):
+                gc.collect()
+                this_round.append(steps[i]())
+            times[i].append(this_round)
+    return times
+
+
+def summarize(times):
+    """{phase: (median, min, per-round medians)} of one library's times (seconds)."""
+    out = {}
+    for k, phase in enumerate(PHASES):
+        flat = [t[k] for rnd in times for t in rnd]
+        per_round = [statistics.median(t[k] for t in rnd) for rnd in times]
+        out[phase] = (statistics.median(flat), min(flat), per_round)
+    return out
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=None, help="default 256 (MLP) and 64 (CNN)")
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per library per round")
+    p.add_argument("--case", default=None, help="only cases whose name starts with this")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     args = p.parse_args()
@@ -73,18 +120,29 @@ def main():
             libs.append(torch)
         except ImportError:
             pass
-    print("training step, float32, one thread; median (min) ms; ratio = hpcgrad / torch")
-    print(f"{'case':42}{'batch':>6}" + "".join(f"{lib.__name__:>18}" for lib in libs)
-          + ("   ratio" if len(libs) > 1 else ""))
+    print(f"training step, float32, one thread, {len(libs)} libraries interleaved; median (min) "
+          "ms per phase; ratio = hpcgrad / torch (median of the rounds' median ratios)")
+    print(f"{'case':42}{'batch':>6}{'phase':>10}"
+          + "".join(f"{lib.__name__:>18}" for lib in libs) + ("   ratio" if len(libs) > 1 else ""))
     for name, (shape, specs) in CASES.items():
+        if args.case and not name.startswith(args.case):
+            continue
         batch = args.batch or (256 if name.startswith("MLP") else 64)
-        repeats = args.repeats
+        rounds, per_round = args.rounds, args.steps
         if args.quick:
-            batch, repeats = 16, 3
-        stats = [step_time(lib, shape, specs, batch, repeats) for lib in libs]
-        cells = "".join(f"{s.median * 1e3:10.2f} ({s.min * 1e3:5.1f})" for s in stats)
-        ratio = f"{stats[0].median / stats[1].median:8.2f}x" if len(stats) > 1 else ""
-        print(f"{name:42}{batch:6d}{cells}{ratio}")
+            batch, rounds, per_round = 16, 2, 2
+        steps = [make_step(lib, shape, specs, batch) for lib in libs]
+        stats = [summarize(t) for t in interleaved(steps, rounds, per_round)]
+        for k, phase in enumerate(PHASES):
+            cells = "".join(f"{s[phase][0] * 1e3:10.2f} ({s[phase][1] * 1e3:5.1f})"
+                            for s in stats)
+            ratio = ""
+            if len(stats) > 1:
+                ratios = [a / b for a, b in zip(stats[0][phase][2], stats[1][phase][2])]
+                ratio = f"{statistics.median(ratios):8.2f}x"
+            label = name if k == 0 else ""
+            size = f"{batch:6d}" if k == 0 else " " * 6
+            print(f"{label:42}{size}{phase:>10}{cells}{ratio}")
 
 
 if __name__ == "__main__":

@@ -278,7 +278,30 @@ class Relu(Function):
         # PyTorch's threshold_backward(g, result, 0): 0 where result <= 0, g elsewhere (also
         # at nan, where relu passes nan through); an exact 0 even where g is inf or nan.
         (out,) = ctx.saved_tensors
-        return _masked(~(out.data <= 0), g)
+        return ThresholdBackward.apply(g, _const(out.data))
+
+
+class ThresholdBackward(Function):
+    """PyTorch's threshold_backward(g, result, 0), relu's backward as one op: 0 where result
+    <= 0, g elsewhere. Its derivative in g is itself; result enters as a constant (PyTorch's
+    derivative for it is zeros)."""
+
+    @staticmethod
+    def forward(ctx, g, result):
+        if ctx.needs_input_grad:
+            ctx.save_for_backward(result)
+        g, y = g.data, result.data
+        if (type(g) is np.ndarray and type(y) is np.ndarray and g.dtype == y.dtype
+                and g.dtype.char in "fd" and g.shape == y.shape and g.flags.c_contiguous
+                and y.flags.c_contiguous):
+            from ..kernels.cpu import threshold_backward  # numba: imported on first use
+            return threshold_backward(g, y)
+        return _xp(g).where(y <= 0, g.dtype.type(0), g)
+
+    @staticmethod
+    def backward(ctx, gg):
+        (result,) = ctx.saved_tensors
+        return ThresholdBackward.apply(gg, result), None
 
 
 class Erf(Function):
