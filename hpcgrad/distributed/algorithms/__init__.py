@@ -1,0 +1,1 @@
+"""PyTorch's torch.distributed.algorithms import paths, over hpcgrad.distributed's modules."""

@@ -1,0 +1,3 @@
+"""torch's ddp_comm_hooks.default_hooks: the all-reduce and fp16/bf16 compression hooks."""
+
+from ...comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook  # noqa: F401
