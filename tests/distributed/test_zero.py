@@ -275,6 +275,11 @@ def test_errors(group):
         zero.load_state_dict({"params": []})
     with pytest.raises(ValueError, match="some parameters appear in more than one"):
         zero.add_param_group({"params": params[:1]})
+    # A state entry of the wrong shape fails on every rank, owner or not.
+    saved = {"state": {5: {"step": 1, "momentum_buffer": np.zeros(99)}},
+             "param_groups": [dict(zero.param_groups[0], params=list(range(len(params))))]}
+    with pytest.raises(ValueError, match=r"'momentum_buffer' of shape \(99,\) for parameter 5"):
+        zero.load_state_dict(saved)
 
 
 def test_needs_a_process_group():

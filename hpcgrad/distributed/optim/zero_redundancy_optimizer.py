@@ -240,6 +240,13 @@ class ZeroRedundancyOptimizer(Optimizer):
             if p is None:
                 raise ValueError(f"loaded state dict has state for parameter {key}, which no "
                                  f"parameter group lists")
+            # Every rank checks every entry, so a wrong checkpoint fails on all ranks alike.
+            for name, item in value.items():
+                shape = getattr(item.data if isinstance(item, Tensor) else item, "shape", None)
+                if shape not in (None, (), tuple(p.shape)):
+                    raise ValueError(f"loaded state dict has {name!r} of shape {tuple(shape)} "
+                                     f"for parameter {key}, but that parameter has shape "
+                                     f"{tuple(p.shape)}; was it saved from a different model?")
             if self._param_to_rank[id(p)] == self.rank:
                 local_state[local_index[id(p)]] = value
         local_groups = []
