@@ -1,7 +1,7 @@
 """Distributed autograd round trip: hpcgrad over MPI, PyTorch's dist_autograd over TensorPipe beside it.
 
-    mpiexec -n 2 python benchmarks/dist_autograd.py             # both libraries, about a minute
-    mpiexec -n 2 python benchmarks/dist_autograd.py --quick     # a few seconds
+    mpiexec -n 2 python benchmarks/dist_autograd.py             # both libraries, a few minutes
+    mpiexec -n 2 python benchmarks/dist_autograd.py --quick     # a smoke run, seconds
     mpiexec -n 2 python benchmarks/dist_autograd.py --no-torch  # hpcgrad only
     mpiexec -n 2 python benchmarks/dist_autograd.py --profile prof.out   # cProfile of rank 0's part
 
@@ -10,9 +10,16 @@ where rank 1 computes ``tanh(x @ W)`` with its own W (requires grad), then ``y.s
 ``dist_autograd.backward(ctx, [loss])``, which sends the gradient of y to rank 1 and brings the
 gradient of x back; leaving the context releases it on both ranks. Sizes: x 1x8 with W 8x8 (the
 latency of the machinery) and x 256x1024 with W 1024x1024, float32 (1 MB each way, twice).
-Rank 1 only serves. Figures are medians over many iterations after a warm-up (minimum beside
-them); one BLAS/OpenMP thread per rank (two ranks on two cores). hpcgrad's RPC is shut down
-before PyTorch's starts, so the two never compete for the cores.
+Rank 1 only serves. One BLAS/OpenMP thread per rank (two ranks on two cores).
+
+Both RPC systems run at once and take turns: each of ``--rounds`` rounds times a block of
+iterations of each library (which goes first alternates), so a change in the machine's load
+hits both alike. Figures: medians of every timed iteration (minimum beside them); the ratio is
+the median over rounds of (hpcgrad's median / PyTorch's median) in that round, with the range
+of those per-round ratios. "local" is the same forward and backward in one process (no RPC),
+and "overhead" the round trip minus it: what the communication adds. The message count is of
+hpcgrad's MPI messages, both ranks, per 1x8 round trip, by kind ("+kind": messages carried
+inside another one, costing no MPI message: Note [Carried messages] in rpc/agent.py).
 """
 
 import os
@@ -40,7 +47,7 @@ except ImportError:  # the torch column is left out
     torch = None
 
 SIZES = {"1x8": ((1, 8), (8, 8)), "256x1024": ((256, 1024), (1024, 1024))}
-TARGETS = {"1x8": 0.3, "256x1024": 0.8}  # hpcgrad / PyTorch, at most
+TARGETS = {("1x8", "round trip"): 0.5, ("256x1024", "overhead"): 0.5}  # hpcgrad / PyTorch, at most
 _W = {}  # rank 1's weights, per library and size
 
 
@@ -84,6 +91,17 @@ def torch_iteration(x, size):
     return grad
 
 
+def local_iteration(lib, x, w):
+    """The round trip's compute without RPC: forward, backward, the gradient of x."""
+    if lib == "hpcgrad":
+        x.grad = w.grad = None
+        (x @ w).tanh().sum().backward()
+    else:
+        x.grad = w.grad = None
+        torch.tanh(x @ w).sum().backward()
+    return x.grad
+
+
 def time_iterations(step, iterations, warmup):
     """Seconds of each of ``iterations`` calls of ``step()`` after ``warmup`` untimed ones."""
     for _ in range(warmup):
@@ -97,56 +115,100 @@ def time_iterations(step, iterations, warmup):
     return times
 
 
-def run_library(lib, args, rank):
-    """{size: per-iteration times} on rank 0 (None elsewhere); RPC started and stopped here."""
-    results = {}
+def start_rpc(lib, rank):
     if lib == "hpcgrad":
         hg_rpc.init_rpc(f"worker{rank}")
-        make = lambda shape: hg.tensor(np.ones(shape, np.float32), requires_grad=True)  # noqa: E731
-        iteration = hg_iteration
-    else:
-        import torch.distributed.rpc as rpc
-        torch.set_num_threads(1)
-        port = comm_world().bcast(_free_port() if rank == 0 else None, root=0)
-        options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}")
-        rpc.init_rpc(f"worker{rank}", rank=rank, world_size=comm_world().Get_size(),
-                     rpc_backend_options=options)
-        make = lambda shape: torch.ones(shape, requires_grad=True)  # noqa: E731
-        iteration = torch_iteration
-    if rank == 0:
-        for size, (x_shape, _) in SIZES.items():
-            x = make(x_shape)
-            iters = args.iterations[size]
-            profiler = None
-            if args.profile and lib == "hpcgrad":
-                import cProfile
-                profiler = cProfile.Profile()
-                profiler.enable()
-            results[size] = time_iterations(lambda: iteration(x, size), iters, max(iters // 10, 3))
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(f"{args.profile}.{size}")
+        return
+    from torch.distributed import rpc
+    torch.set_num_threads(1)
+    port = comm_world().bcast(_free_port() if rank == 0 else None, root=0)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}")
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=comm_world().Get_size(),
+                 rpc_backend_options=options)
+
+
+def stop_rpc(lib):
     if lib == "hpcgrad":
-        results["messages"] = count_messages(rank, make)
         hg_rpc.shutdown()
     else:
-        import torch.distributed.rpc as rpc
+        from torch.distributed import rpc
         rpc.shutdown()
-    return results if rank == 0 else None
 
 
-def count_messages(rank, make, iterations=100):
-    """MPI messages (envelopes and payloads, both ranks) of one 1x8 round trip, on rank 0."""
+def inputs(lib):
+    """{size: (x, a local W)} for ``lib``."""
+    out = {}
+    for size, (x_shape, w_shape) in SIZES.items():
+        rng = np.random.default_rng(1)
+        w = (rng.standard_normal(w_shape) / np.sqrt(w_shape[0])).astype(np.float32)
+        if lib == "hpcgrad":
+            out[size] = (hg.tensor(np.ones(x_shape, np.float32), requires_grad=True),
+                         hg.tensor(w, requires_grad=True))
+        else:
+            out[size] = (torch.ones(x_shape, requires_grad=True),
+                         torch.tensor(w, requires_grad=True))
+    return out
+
+
+def run_rounds(libs, args):
+    """On rank 0: {(lib, what, size): [per-round lists of times]}, libraries taking turns."""
+    data = {lib: inputs(lib) for lib in libs}
+    iteration = {"hpcgrad": hg_iteration, "torch": torch_iteration}
+    results = {}
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+    for r in range(args.rounds):
+        order = libs if r % 2 == 0 else libs[::-1]
+        for size in SIZES:
+            iters = args.iterations[size]
+            for lib in order:
+                x, w = data[lib][size]
+                if profiler is not None and lib == "hpcgrad":
+                    profiler.enable()
+                times = time_iterations(lambda lib=lib, x=x, size=size: iteration[lib](x, size),
+                                        iters, max(iters // 10, 2))
+                if profiler is not None:
+                    profiler.disable()
+                results.setdefault((lib, "round trip", size), []).append(times)
+                times = time_iterations(lambda lib=lib, x=x, w=w: local_iteration(lib, x, w),
+                                        iters, max(iters // 10, 2))
+                results.setdefault((lib, "local", size), []).append(times)
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    return results
+
+
+def count_messages(rank, iterations=100):
+    """Rank 0: (MPI messages, {kind: envelopes}) of one 1x8 round trip, both ranks together."""
     agent = hg_rpc._require_agent()
     agent.join(60)  # every rank here: nothing else in flight
     start = agent.messages_sent
+    kinds = getattr(agent, "sent_by_kind", None)  # older agents counted only the total
+    kinds_start = dict(kinds or {})
     if rank == 0:
-        x = make(SIZES["1x8"][0])
+        x = hg.tensor(np.ones(SIZES["1x8"][0], np.float32), requires_grad=True)
         for _ in range(iterations):
             hg_iteration(x, "1x8")
     agent.join(60)
-    sent = comm_world().gather(agent.messages_sent - start, root=0)
-    return None if rank != 0 else sum(sent) / iterations
+    by_kind = {k: v - kinds_start.get(k, 0) for k, v in (kinds or {}).items()}
+    gathered = comm_world().gather((agent.messages_sent - start, by_kind), root=0)
+    if rank != 0:
+        return None
+    total = sum(n for n, _ in gathered) / iterations
+    merged = {}
+    for _, kinds_of_rank in gathered:
+        for k, v in kinds_of_rank.items():
+            merged[k] = merged.get(k, 0) + v / iterations
+    return total, {k: v for k, v in merged.items() if v}
+
+
+def serve_until_done(comm):
+    """Rank 1: serve (the RPC threads do) until rank 0 is done, without spinning a core."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.01)
 
 
 def _free_port():
@@ -159,19 +221,69 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="few iterations (a smoke run)")
     p.add_argument("--no-torch", action="store_true", help="hpcgrad only")
-    p.add_argument("--tiny-iterations", type=int, default=2000)
-    p.add_argument("--large-iterations", type=int, default=60)
-    p.add_argument("--profile", metavar="PREFIX",
-                   help="cProfile rank 0's hpcgrad part into PREFIX.<size>")
+    p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default 7)")
+    p.add_argument("--tiny-iterations", type=int, default=300, help="1x8 iterations per turn")
+    p.add_argument("--large-iterations", type=int, default=10,
+                   help="256x1024 iterations per turn")
+    p.add_argument("--profile", metavar="FILE", help="cProfile rank 0's hpcgrad round trips")
     args = p.parse_args(argv)
     if args.quick:
-        args.tiny_iterations, args.large_iterations = 100, 5
+        args.rounds, args.tiny_iterations, args.large_iterations = 2, 50, 3
     args.iterations = {"1x8": args.tiny_iterations, "256x1024": args.large_iterations}
     return args
 
 
 def fmt(seconds):
     return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def report(results, libs, messages, args):
+    med = statistics.median
+    both = "torch" in libs
+
+    def pooled(lib, what, size):
+        return [t for block in results[lib, what, size] for t in block]
+
+    def per_round(lib, what, size, minus=None):
+        rounds = [med(b) for b in results[lib, what, size]]
+        if minus is not None:
+            rounds = [a - med(b) for a, b in zip(rounds, results[lib, minus, size])]
+        return rounds
+
+    print(f"dist_autograd round trip, rank 0 -> rank 1 -> rank 0 (forward + backward); "
+          f"torch {torch.__version__ if both else 'not run'}; {args.rounds} rounds of "
+          f"{args.iterations} iterations per library, taking turns")
+    header = (f"{'input':<9} {'':<10} {'hpcgrad':>20} {'PyTorch (TensorPipe)':>22} "
+              f"{'ratio':>6} {'rounds':>13} {'target':>6}")
+    print(header)
+    print("-" * len(header))
+    for size in SIZES:
+        for what in ("round trip", "local", "overhead"):
+            if what == "overhead":
+                ours = per_round("hpcgrad", "round trip", size, minus="local")
+                row = f"{size:<9} {what:<10} {fmt(med(ours)):>20}"
+            else:
+                ours_all = pooled("hpcgrad", what, size)
+                ours = per_round("hpcgrad", what, size)
+                row = (f"{size:<9} {what:<10} {fmt(med(ours_all)):>10} "
+                       f"({fmt(min(ours_all)):>7})")
+            if both:
+                if what == "overhead":
+                    theirs = per_round("torch", "round trip", size, minus="local")
+                    row += f" {fmt(med(theirs)):>22}"
+                else:
+                    theirs_all = pooled("torch", what, size)
+                    theirs = per_round("torch", what, size)
+                    row += f" {fmt(med(theirs_all)):>12} ({fmt(min(theirs_all)):>7})"
+                ratios = [a / b for a, b in zip(ours, theirs)]
+                target = TARGETS.get((size, what))
+                row += (f" {med(ratios):>5.2f}x {min(ratios):>5.2f}-{max(ratios):<5.2f}x"
+                        f" {'' if target is None else f'{target:.1f}x':>6}")
+            print(row)
+    total, kinds = messages
+    detail = ", ".join(f"{k} {v:g}" for k, v in sorted(kinds.items(), key=lambda kv: kv[0][:1] == "+"))
+    print(f"hpcgrad MPI messages per 1x8 round trip (both ranks): {total:g}"
+          + (f" ({detail})" if detail else ""))
 
 
 def main(argv=None):
@@ -184,26 +296,18 @@ def main(argv=None):
                   file=sys.stderr)
         return 2
     libs = ["hpcgrad"] + ([] if args.no_torch or torch is None else ["torch"])
-    results = {lib: run_library(lib, args, rank) for lib in libs}
+    for lib in libs:
+        start_rpc(lib, rank)
+    results = run_rounds(libs, args) if rank == 0 else None
     if rank != 0:
-        return 0
-    print(f"dist_autograd round trip, rank 0 -> rank 1 -> rank 0 (forward + backward), "
-          f"medians (min); torch {torch.__version__ if 'torch' in libs else 'not run'}")
-    header = f"{'input':<10} {'hpcgrad':>22} {'PyTorch (TensorPipe)':>24} {'ratio':>7} {'target':>7}"
-    print(header)
-    print("-" * len(header))
-    for size in SIZES:
-        ours = results["hpcgrad"][size]
-        row = f"{size:<10} {fmt(statistics.median(ours)):>11} ({fmt(min(ours)):>8})"
-        if "torch" in libs:
-            theirs = results["torch"][size]
-            ratio = statistics.median(ours) / statistics.median(theirs)
-            row += (f" {fmt(statistics.median(theirs)):>13} ({fmt(min(theirs)):>8})"
-                    f" {ratio:>6.2f}x {TARGETS[size]:>6.1f}x")
-        print(row)
-    print(f"MPI messages per 1x8 round trip (hpcgrad, both ranks): "
-          f"{results['hpcgrad']['messages']:g}")
-    print(f"iterations: {args.iterations}")
+        serve_until_done(comm)
+    else:
+        comm.Ibarrier().Wait()
+    messages = count_messages(rank)
+    for lib in libs:
+        stop_rpc(lib)
+    if rank == 0:
+        report(results, libs, messages, args)
     return 0
 
 

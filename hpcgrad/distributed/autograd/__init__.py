@@ -226,7 +226,11 @@ def _send_grad(node, graph_task, arrays):
                   pass_id=state.pass_id, keep_graph=state.keep_graph,
                   pass_timeout=state.timeout, origin_ctx=state.origin_context_id)
     if node.peer == state.origin_rank and node.peer_context_id == state.origin_context_id:
-        agent.send(node.peer, "backward", payloads=payloads, answer=False, **fields)
+        held = getattr(_held, "grads", None)
+        if held is not None:  # sent when this run ends, maybe inside its "done"
+            held.append((node.peer, fields, payloads))
+        else:
+            agent.send(node.peer, "backward", payloads=payloads, answer=False, **fields)
         return
     reply = agent.request(node.peer, "backward", payloads=payloads, timeout=state.timeout,
                           inline_reply=True,  # check() below is short and never blocks
@@ -237,9 +241,14 @@ def _send_grad(node, graph_task, arrays):
 
     def check(future):
         try:
-            envelope, _ = future.value()
+            envelope, payloads = future.value()
             if envelope["kind"] == "error":
                 raise RpcError(envelope["error"])
+            start = 0  # gradients for this rank that rode on the "done"
+            for grad_fields, count in envelope.get("grads", ()):
+                _serve_backward(node.peer, dict(grad_fields, answer=False),
+                                payloads[start:start + count])
+                start += count
             result.try_set_result(None)  # try: agent.cancel() may have failed it already
         except BaseException as exc:  # noqa: BLE001  (goes to the graph task and the waiter)
             result.try_set_exception(exc)
@@ -354,19 +363,7 @@ def _serve_backward(src, envelope, payloads):
     """A gradient from ``src``, on the progress thread: one for the pass this rank's backward()
     runs goes straight to that thread, any other to the engine's pool, where it runs its part
     of the pass (Note [The distributed-autograd round trip] in engine.py)."""
-    agent = _require_agent()
-    answer_wanted = envelope.get("answer", True)
-
-    def answer(future):
-        error = future.exception()
-        if not answer_wanted:
-            if error is not None:  # the pass this gradient belongs to ends here with it
-                _fail_running_pass(envelope, error)
-        elif error is None:
-            agent.reply(src, envelope["id"], "done")
-        else:
-            agent.reply(src, envelope["id"], "error", error=str(_node_error(error)))
-
+    answer = _Answer(src, envelope)
     try:
         ctx = container.retrieve(envelope["context_id"])
         running = ctx.current_pass
@@ -383,8 +380,39 @@ def _serve_backward(src, envelope, payloads):
     answered.add_done_callback(answer)
 
 
+class _Answer:
+    """Answers a gradient message once this rank's part of its pass is done (or failed)."""
+
+    def __init__(self, src, envelope):
+        self.src, self.envelope = src, envelope
+        self.wanted = envelope.get("answer", True)
+
+    def __call__(self, future, held=()):
+        """``held``: gradients for ``src`` (destination, fields, payloads) that ride along."""
+        error = future.exception()
+        if not self.wanted:
+            if error is not None:  # the pass this gradient belongs to ends here with it
+                _fail_running_pass(self.envelope, error)
+        elif error is None:
+            _agent.reply(self.src, self.envelope["id"], "done",
+                         payloads=[a for _, _, arrays in held for a in arrays],
+                         grads=[(fields, len(arrays)) for _, fields, arrays in held])
+        else:
+            _agent.reply(self.src, self.envelope["id"], "error",
+                         error=str(_node_error(error)))
+
+
+_held = threading.local()  # .grads: gradients for the origin held until a run ends (below)
+
+
 def _run_backward(ctx, envelope, payloads, answer):
-    """On the engine's pool: this rank's part of a pass, from one gradient of its peer."""
+    """On the engine's pool: this rank's part of a pass, from one gradient of its peer.
+
+    Gradients this run sends to the pass's origin are held until it ends: when the part is
+    done by then (nothing outstanding) they ride inside the "done" answer to the same rank,
+    else they leave on their own. The run waits for nothing outside this rank, so holding
+    them cannot deadlock (Note [The distributed-autograd round trip] in engine.py)."""
+    _held.grads = held = []
     try:
         send_function = ctx.send_functions[envelope["message_id"]]
         send_function.set_grads(payloads, lambda a: Tensor._make(a, False, None, 0))
@@ -394,6 +422,15 @@ def _run_backward(ctx, envelope, payloads, answer):
     except BaseException as exc:  # noqa: BLE001  (answered to the peer)
         answered = Future()
         answered.set_exception(exc)
+    finally:
+        _held.grads = None
+    if held:
+        if (answer.wanted and answered.done() and answered.exception() is None
+                and all(dst == answer.src for dst, _, _ in held)):
+            answer(answered, held)
+            return
+        for dst, fields, arrays in held:
+            _agent.send(dst, "backward", payloads=arrays, answer=False, **fields)
     answered.add_done_callback(answer)
 
 

@@ -133,6 +133,7 @@ class MPIRpcAgent:
         self._callback_pool = ThreadPoolExecutor(num_callback_threads,
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
+        self.sent_by_kind = collections.Counter()  # envelopes per kind; "+kind": carried ones
         self._carried = {}            # dst -> [(deadline, kind, fields)]: Note [Carried messages]
         self._carried_lock = threading.Lock()
         self._next_carry_deadline = None
@@ -202,6 +203,9 @@ class MPIRpcAgent:
             requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
             self._pending_sends.append((requests, (buffers, data)))
             self.messages_sent += len(requests)
+            self.sent_by_kind[kind] += 1
+            for carried_kind, _ in envelope.get("carried", ()):
+                self.sent_by_kind["+" + carried_kind] += 1
 
     def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
         self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
