@@ -67,13 +67,15 @@ def test_equals_unsharded_optimizer(group, which, bucket_view):
 
 
 @mpi
+@pytest.mark.parametrize("bucket_view", [False, True])
 @pytest.mark.parametrize("which", sorted(OPTIMIZERS))
-def test_with_ddp_equals_full_batch(group, which):
+def test_with_ddp_equals_full_batch(group, which, bucket_view):
     cls, options = OPTIMIZERS[which]
     me, n = group.rank(), group.size()
     model, ref = make_model(), make_model()
-    ddp = DDP(model, process_group=group)
-    zero = ZeroRedundancyOptimizer(ddp.parameters(), cls, group, **options)
+    ddp = DDP(model, process_group=group, gradient_as_bucket_view=bucket_view)
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), cls, group,
+                                   parameters_as_bucket_view=bucket_view, **options)
     share = N // n  # 12 rows split evenly at 1, 2 and 3 ranks
     train(ddp, zero, 3, rows=slice(me * share, (me + 1) * share))
     train(ref, cls(ref.parameters(), **options), 3)
