@@ -1,5 +1,6 @@
 """Learning-rate schedulers: LRScheduler and PyTorch's StepLR, MultiStepLR, ExponentialLR,
-CosineAnnealingLR, LinearLR, LambdaLR, SequentialLR and OneCycleLR.
+CosineAnnealingLR, LinearLR, ConstantLR, PolynomialLR, LambdaLR, MultiplicativeLR, SequentialLR
+and OneCycleLR.
 
 Each scheduler rewrites ``group["lr"]`` of its optimizer's param_groups on ``step()``, with
 PyTorch's recursive ("chainable") formulas, in PyTorch's order of floating-point operations, so
@@ -17,8 +18,9 @@ from functools import wraps
 
 from .optimizer import Optimizer
 
-__all__ = ["CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR",
-           "MultiStepLR", "OneCycleLR", "SequentialLR", "StepLR"]
+__all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
+           "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR", "PolynomialLR",
+           "SequentialLR", "StepLR"]
 
 EPOCH_DEPRECATION_WARNING = (
     "The epoch parameter in `scheduler.step()` was not necessary and is being deprecated where "
@@ -229,6 +231,11 @@ class MultiStepLR(LRScheduler):
         return [group["lr"] * self.gamma ** self.milestones[self.last_epoch]
                 for group in self.optimizer.param_groups]
 
+    def load_state_dict(self, state_dict):
+        """Also from a JSON round trip (hpcgrad.checkpoint's ``extra``), whose keys are strings."""
+        super().load_state_dict(state_dict)
+        self.milestones = Counter({int(k): v for k, v in self.milestones.items()})
+
     def _get_closed_form_lr(self):
         milestones = sorted(self.milestones.elements())
         return [base_lr * self.gamma ** bisect_right(milestones, self.last_epoch)
@@ -250,6 +257,77 @@ class ExponentialLR(LRScheduler):
 
     def _get_closed_form_lr(self):
         return [base_lr * self.gamma ** self.last_epoch for base_lr in self.base_lrs]
+
+
+class MultiplicativeLR(LRScheduler):
+    """Multiply the learning rate by ``lr_lambda(epoch)`` every epoch (after the first)."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        self.optimizer = optimizer
+        if not isinstance(lr_lambda, (list, tuple)):
+            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
+        else:
+            if len(lr_lambda) != len(optimizer.param_groups):
+                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got "
+                                 f"{len(lr_lambda)}")
+            self.lr_lambdas = list(lr_lambda)
+        for fn in self.lr_lambdas:
+            if not callable(fn):
+                raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")
+        super().__init__(optimizer, last_epoch)
+
+    state_dict = LambdaLR.state_dict
+    load_state_dict = LambdaLR.load_state_dict
+
+    def get_lr(self):
+        self._warn_outside_step()
+        if self._is_initial:
+            return self._lrs()
+        return [group["lr"] * fn(self.last_epoch)
+                for fn, group in zip(self.lr_lambdas, self.optimizer.param_groups)]
+
+
+class ConstantLR(LRScheduler):
+    """Multiply the learning rate by ``factor`` for the first ``total_iters`` epochs."""
+
+    def __init__(self, optimizer, factor=1.0 / 3, total_iters=5, last_epoch=-1):
+        if factor > 1.0 or factor < 0:
+            raise ValueError(f"Constant multiplicative factor expected to be between 0 and 1, "
+                             f"got {factor}.")
+        self.factor, self.total_iters = factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        self._warn_outside_step()
+        if self.last_epoch == 0:
+            return [group["lr"] * self.factor for group in self.optimizer.param_groups]
+        if self.last_epoch != self.total_iters:
+            return self._lrs()
+        return [group["lr"] * (1.0 / self.factor) for group in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
+                for base_lr in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """Decay the learning rate as ``(1 - epoch / total_iters) ** power`` until ``total_iters``."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        self._warn_outside_step()
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return self._lrs()
+        factor = ((1.0 - self.last_epoch / self.total_iters)
+                  / (1.0 - (self.last_epoch - 1) / self.total_iters)) ** self.power
+        return [group["lr"] * factor for group in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters)
+                ** self.power for base_lr in self.base_lrs]
 
 
 class LinearLR(LRScheduler):

@@ -1,6 +1,7 @@
 """Learning-rate schedulers: lr (and momentum) sequences beside torch's schedulers step by step,
 hand-computed values, state_dict round trips, the step-order warning and the errors."""
 
+import json
 import math
 import warnings
 
@@ -60,6 +61,9 @@ SCHEDULERS = {
                                               total_iters=10),
     "lambda": lambda m, opt: m.LambdaLR(opt, [lambda e: 0.95 ** e, lambda e: 1 / (e + 1)]),
     "sequential": _sequential,
+    "constant": lambda m, opt: m.ConstantLR(opt, factor=0.4, total_iters=3),
+    "polynomial": lambda m, opt: m.PolynomialLR(opt, total_iters=12, power=2.0),
+    "multiplicative": lambda m, opt: m.MultiplicativeLR(opt, lambda e: 0.9 if e % 2 else 1.05),
     "onecycle_cos": lambda m, opt: m.OneCycleLR(opt, max_lr=[1.0, 0.5], total_steps=STEPS),
     "onecycle_linear": lambda m, opt: m.OneCycleLR(opt, max_lr=0.3, epochs=5, steps_per_epoch=5,
                                                    anneal_strategy="linear", pct_start=0.4),
@@ -80,7 +84,8 @@ def test_sequence_equals_torch(name, kind):
         np.testing.assert_allclose(moms, want_moms, rtol=1e-13, atol=0, err_msg=f"step {step}")
 
 
-@pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear"])
+@pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear",
+                                  "constant", "polynomial"])
 def test_deprecated_epoch_argument_uses_the_closed_form_as_torch(name):
     torch = pytest.importorskip("torch")
     make = SCHEDULERS[name]
@@ -194,6 +199,25 @@ def test_state_dict_round_trip_resumes_the_sequence(name):
     for (lrs, moms), (want_lrs, want_moms) in zip(rest, full[5:]):
         assert lrs == pytest.approx(want_lrs, rel=1e-13)
         assert moms == pytest.approx(want_moms, rel=1e-13)
+
+
+@pytest.mark.parametrize("name", sorted(set(SCHEDULERS) - {"lambda", "multiplicative"}))
+def test_state_dict_survives_json(name):
+    """hpcgrad.checkpoint keeps extra state as JSON: keys become strings, tuples lists."""
+    make = SCHEDULERS[name]
+    opt = _hg_optimizer("sgd")
+    sched = make(lr_scheduler, opt)
+    full = _sequence(opt, sched, steps=10)
+    opt = _hg_optimizer("sgd")
+    sched = make(lr_scheduler, opt)
+    _sequence(opt, sched, steps=4)
+    saved = json.loads(json.dumps(sched.state_dict()))
+    opt2 = _hg_optimizer("sgd")
+    sched2 = make(lr_scheduler, opt2)
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(saved)
+    for (lrs, _), (want, _) in zip(_sequence(opt2, sched2, steps=6), full[4:]):
+        assert lrs == pytest.approx(want, rel=1e-13)
 
 
 def test_lambda_state_dict_keeps_callable_objects_not_functions():
