@@ -3,6 +3,7 @@
     mpiexec -n 1 python benchmarks/zero.py
     mpiexec -n 2 python benchmarks/zero.py
     mpiexec -n 3 python benchmarks/zero.py            # --models mlp big deep, --optimizer adam|sgd
+    mpiexec -n 2 python benchmarks/zero.py --time     # also step() times (--repeats N)
 
 For each model (float32): the bytes of every array in the optimizer's state after one step,
 unsharded (what every rank holds without ZeRO) and per rank with ZeroRedundancyOptimizer, the
@@ -10,6 +11,11 @@ largest rank's share of the unsharded bytes beside the ideal 1/N, and the parame
 owns. ZeRO stage 1 shards whole parameters (PyTorch's greedy partition, largest first), so a
 model dominated by a few big matrices cannot split evenly: the largest rank's share shows it.
 Counted from the arrays themselves (nbytes), not from the process's resident memory.
+
+--time: the median time of ``step()`` (gradients already in place, one thread per rank; the
+ranks start each step together after a barrier), unsharded beside ZeRO with one broadcast per
+parameter and with ``parameters_as_bucket_view`` (one per rank); repetitions interleaved.
+ZeRO trades 1/N of the update work for broadcasting every parameter each step.
 """
 
 import os
@@ -19,6 +25,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
 
 import argparse
 import itertools
+import statistics
+import time
 
 import numpy as np
 
@@ -79,14 +87,46 @@ def measure(name, widths, optimizer, group):
             "per_rank": [r[0] for r in rows], "owned": [r[1] for r in rows]}
 
 
+def step_times(widths, optimizer, group, repeats):
+    """Median seconds of step() per variant (this rank's), repetitions interleaved."""
+    cls, options = OPTIMIZERS[optimizer]
+    variants = {}
+    for name, make in (("unsharded", lambda ps: cls(ps, **options)),
+                       ("zero", lambda ps: ZeroRedundancyOptimizer(ps, cls, group, **options)),
+                       ("zero_bucket_view", lambda ps: ZeroRedundancyOptimizer(
+                           ps, cls, group, parameters_as_bucket_view=True, **options))):
+        hg.manual_seed(0)
+        model = mlp(widths)
+        optim = make(list(model.parameters()))
+        one_step(model, optim)  # creates the state; the gradients stay for the timed steps
+        variants[name] = optim
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, optim in variants.items():
+            dist.barrier(group)
+            t0 = time.perf_counter()
+            optim.step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=sorted(MODELS), choices=sorted(MODELS))
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--time", action="store_true", help="also time step()")
+    parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
     group = dist.init_process_group()
     n = group.size()
     results = [measure(m, MODELS[m], args.optimizer, group) for m in args.models]
+    timings = []
+    if args.time:
+        for m in args.models:
+            rows = [None] * n
+            dist.all_gather_object(rows, step_times(MODELS[m], args.optimizer, group,
+                                                    args.repeats), group)
+            timings.append((m, rows))
     if group.rank() != 0:
         return
     print(f"optimizer-state bytes per rank, {args.optimizer}, float32, {n} rank(s)")
@@ -98,6 +138,13 @@ def main():
         owned = ", ".join(f"{o:,}" for o in r["owned"])
         print(f"{r['model']:<6} {r['parameters']:>11,} {r['unsharded']:>13,} {per_rank:>36} "
               f"{share:>13.3f} {1 / n:>6.3f}  {owned}")
+    if timings:
+        print(f"\nstep() median ms, slowest rank's median ({args.repeats} interleaved steps)")
+        print(f"{'model':<6} {'unsharded':>10} {'zero':>10} {'zero_bucket_view':>17}")
+        for m, rows in timings:
+            worst = {k: 1e3 * max(r[k] for r in rows) for k in rows[0]}
+            print(f"{m:<6} {worst['unsharded']:>10.2f} {worst['zero']:>10.2f} "
+                  f"{worst['zero_bucket_view']:>17.2f}")
 
 
 if __name__ == "__main__":
