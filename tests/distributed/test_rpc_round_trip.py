@@ -1,0 +1,142 @@
+"""The distributed-autograd round trip: its MPI messages, carried releases, the origin's own work.
+
+Note [The distributed-autograd round trip] in hpcgrad/distributed/autograd/engine.py says which
+messages one forward RPC + backward + context exit costs; these tests count them (by hand:
+one of each kind per round trip), check the gradients against one process, and check the paths
+that lost their answer or their own message still fail, time out and release as before.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+import hpcgrad.distributed.autograd as dist_autograd
+import hpcgrad.distributed.rpc as rpc
+from hpcgrad.comm.mpi import comm_world
+
+import rpc_cases as cases
+from rpc_cases import WAIT_LIMIT, rank_and_size, rpc_step, rpc_worker  # noqa: F401  (fixtures)
+
+
+def tanh_stage(x):
+    """Rank 1's part: tanh(x @ W) with its own seeded W."""
+    return (x @ cases.owned_weight("round_trip_w")).tanh()
+
+
+def round_trip(x):
+    """One forward RPC to rank 1, backward, context exit; x's gradient."""
+    with dist_autograd.context() as ctx:
+        loss = rpc.rpc_sync(1, tanh_stage, args=(x,), timeout=WAIT_LIMIT).sum()
+        dist_autograd.backward(ctx, [loss], timeout=WAIT_LIMIT)
+        return dist_autograd.get_gradients(ctx)[x].numpy()
+
+
+def local_gradient(x_value):
+    x = hg.tensor(x_value, requires_grad=True)
+    w = hg.tensor(cases.seeded("round_trip_w"))
+    (x @ w).tanh().sum().backward()
+    return x.grad.numpy()
+
+
+def counts():
+    agent = rpc._require_agent()
+    return agent.messages_sent, dict(agent.sent_by_kind)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_round_trip_costs_four_messages_and_gradients_match():
+    rank, _ = rank_and_size()
+    iterations = 5
+    x_value = np.linspace(-1, 1, cases.FEATURES).reshape(1, -1).astype(np.float64)
+    cases.barrier()  # nothing else in flight
+    sent, kinds = counts()
+    if rank == 0:
+        x = hg.tensor(x_value, requires_grad=True)
+        for _ in range(iterations):
+            np.testing.assert_allclose(round_trip(x), local_gradient(x_value), rtol=1e-5,
+                                       atol=1e-6)
+    cases.barrier()  # sends the last release, carried by nothing else, on its own
+    sent_after, kinds_after = counts()
+    mine = {k: v - kinds.get(k, 0) for k, v in kinds_after.items() if v != kinds.get(k, 0)}
+    everything = comm_world().gather((sent_after - sent, mine), root=0)
+    if rank != 0:
+        return
+    total = sum(n for n, _ in everything)
+    by_kind = {}
+    for _, theirs in everything:
+        for k, v in theirs.items():
+            by_kind[k] = by_kind.get(k, 0) + v
+    carriers = by_kind.pop("carrier", 0)
+    # Per round trip: the call and its result; the gradient of y to rank 1; rank 1's "done",
+    # carrying x's gradient; the context release, carried on the next call (or a carrier).
+    assert by_kind == {"call": iterations, "result": iterations, "backward": iterations,
+                       "done": iterations, "+release": iterations}
+    assert carriers <= 1
+    assert total == 4 * iterations + carriers  # every payload rode inside its envelope
+
+
+@pytest.mark.mpi(min_size=2)
+def test_release_reaches_the_peer_without_another_message():
+    rank, _ = rank_and_size()
+    context_id = None
+    if rank == 0:
+        with dist_autograd.context() as context_id:
+            rpc.rpc_sync(1, cases.add, args=(hg.ones(2, requires_grad=True), hg.ones(2)),
+                         timeout=WAIT_LIMIT)
+    context_id = comm_world().bcast(context_id, root=0)
+    comm_world().Barrier()  # MPI, not RPC: no RPC message after the context's exit
+    if rank == 1:
+        deadline = time.monotonic() + WAIT_LIMIT
+        while True:
+            try:
+                dist_autograd.container.retrieve(context_id)
+            except RuntimeError:
+                break  # released on its own, within the carry's few milliseconds
+            assert time.monotonic() < deadline, "the release never arrived"
+            time.sleep(0.001)
+
+
+def raise_in_hook(grad):
+    raise ValueError("hook on the origin's leaf failed")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_error_on_the_origin_from_a_returned_gradient():
+    """The gradient sent back to the origin needs no answer: an error running it there still
+    fails the pass on the origin (naming it), and the context works again afterwards."""
+    rank, _ = rank_and_size()
+    if rank != 0:
+        return
+    x_value = np.ones((1, cases.FEATURES))
+    x = hg.tensor(x_value, requires_grad=True)
+    handle = x.register_hook(raise_in_hook)
+    with dist_autograd.context() as ctx:
+        loss = rpc.rpc_sync(1, tanh_stage, args=(x,), timeout=WAIT_LIMIT).sum()
+        with pytest.raises(RuntimeError, match="Error on Node 0: .*hook on the origin's leaf"):
+            dist_autograd.backward(ctx, [loss], retain_graph=True, timeout=WAIT_LIMIT)
+        handle.remove()
+        dist_autograd.backward(ctx, [loss], timeout=WAIT_LIMIT)
+        np.testing.assert_allclose(dist_autograd.get_gradients(ctx)[x].numpy(),
+                                   local_gradient(x_value), rtol=1e-5, atol=1e-6)
+    cases.wait_until_idle(range(rank_and_size()[1]))
+
+
+def plus_one_remotely(future):
+    """A callback that makes an RPC itself: it must not run on the progress thread."""
+    return rpc.rpc_sync(1, cases.add, args=(future.wait(), 1), timeout=WAIT_LIMIT)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_reply_with_a_chained_callback_runs_off_the_progress_thread():
+    rank, _ = rank_and_size()
+    if rank != 0:
+        return
+    cases.reset_wake()
+    future = rpc.rpc_async(1, cases.sleep_until_woken, args=(0.2,), timeout=WAIT_LIMIT)
+    chained = future.then(lambda f: f.wait() + "!")
+    nested = rpc.rpc_async(1, cases.add, args=(1, 2), timeout=WAIT_LIMIT).then(
+        plus_one_remotely)
+    assert chained.wait(WAIT_LIMIT) == "woke!"
+    assert nested.wait(WAIT_LIMIT) == 4
