@@ -160,6 +160,18 @@ def test_one_rank_or_no_group_is_plain_batch_norm(monkeypatch):
     np.testing.assert_allclose(sync.running_var.data, ref.running_var.data, rtol=TOL)
 
 
+@mpi
+def test_subgroup(group):
+    """process_group = world ranks {0, last}: statistics over those ranks' batches only."""
+    members = sorted({0, dist.get_world_size() - 1})
+    sub = dist.new_group(members)
+    try:
+        if dist.get_rank() in members:
+            check_against_full_batch(sub, nn.BatchNorm2d, (2, 2), sizes_unequal(sub.size()))
+    finally:
+        dist.destroy_process_group(sub)
+
+
 # --- DDP --------------------------------------------------------------------------------------
 PER_RANK, IN, HID, OUT, STEPS, LR = 4, 4, 5, 2, 3, 0.1
 

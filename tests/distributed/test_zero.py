@@ -230,6 +230,32 @@ def test_add_param_group_and_lr_changes(group):
 
 
 @mpi
+def test_subgroup_uses_world_ranks_for_its_owners(group):
+    """A group of world ranks {0, last} (PyTorch's test_nondefault_process_group): owners are
+    group ranks, broadcasts and the consolidation reach them by world rank."""
+    members = sorted({0, dist.get_world_size() - 1})
+    sub = dist.new_group(members)
+    try:
+        if dist.get_rank() not in members:
+            return
+        cls, options = ADAM
+        model, ref = make_model(), make_model()
+        zero = ZeroRedundancyOptimizer(model.parameters(), cls, sub, **options)
+        train(model, zero, 3)
+        ref_optim = cls(ref.parameters(), **options)
+        train(ref, ref_optim, 3)
+        assert_same_parameters(model, ref)
+        to = sub.size() - 1  # the group rank of the last world rank
+        zero.consolidate_state_dict(to=to)
+        if sub.rank() == to:
+            got = zero.state_dict()["state"]
+            for index, entry in ref_optim.state_dict()["state"].items():
+                np.testing.assert_array_equal(got[index]["exp_avg"], entry["exp_avg"])
+    finally:
+        dist.destroy_process_group(sub)
+
+
+@mpi
 def test_step_with_closure_and_zero_grad(group):
     model = make_model()
     zero = ZeroRedundancyOptimizer(model.parameters(), hg.optim.SGD, group, lr=0.1)
