@@ -1,17 +1,17 @@
-"""Average pooling built from differentiable ops: fixed windows (im2col, sum, divide) and adaptive
-windows (two averaging matrices, one per spatial axis).
+"""Average pooling: fixed windows (WindowSum and its adjoint WindowSpread, one vectorised add per
+kernel offset) and adaptive windows (two averaging matrices, one per spatial axis).
 
-Nothing here needs a Function of its own: ConstantPad, Im2Col (whose backward is Col2Im),
-Sum, Mul and MatMul already have backward formulas written with differentiable ops, so both
-poolings can be differentiated twice.
+WindowSum and WindowSpread are each other's backward, and the adaptive pooling is MatMuls, so
+both poolings can be differentiated twice.
 """
 
 import numpy as np
 
 from .. import backend
+from ..autograd.function import Function
 from ..tensor import Tensor
 from . import _functions, _maxpool
-from ._window import Im2Col, out_size
+from ._window import offsets, out_size
 
 
 def _const(array):
@@ -29,11 +29,49 @@ def _divisors(size, kernel, stride, padding, n_out, count_include_pad):
     return (pool if count_include_pad else inner), inner > 0
 
 
+class WindowSum(Function):
+    """(N, C, H, W) -> (N, C, Ho, Wo): the sum of each (kh, kw) window at ``stride``, one add
+    of a strided slice per kernel offset (no im2col copy)."""
+
+    @staticmethod
+    def forward(ctx, x, kernel, stride, out_hw):
+        ctx.shape, ctx.args = x.data.shape, (kernel, stride, out_hw)
+        a = x.data
+        out = None
+        for _, _, _, rows, cols in offsets(kernel, stride, (1, 1), out_hw):
+            if out is None:
+                out = a[..., rows, cols].copy()
+            else:
+                out += a[..., rows, cols]
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return WindowSpread.apply(g, ctx.shape, *ctx.args), None, None, None
+
+
+class WindowSpread(Function):
+    """WindowSum's adjoint: zeros of ``shape`` with each window's value added to all of its
+    elements (overlapping windows add up)."""
+
+    @staticmethod
+    def forward(ctx, g, shape, kernel, stride, out_hw):
+        ctx.args = (kernel, stride, out_hw)
+        out = backend.get_array_module(g.data).zeros(shape, dtype=g.data.dtype)
+        for _, _, _, rows, cols in offsets(kernel, stride, (1, 1), out_hw):
+            out[..., rows, cols] += g.data
+        return out
+
+    @staticmethod
+    def backward(ctx, gg):
+        return WindowSum.apply(gg, *ctx.args), None, None, None, None
+
+
 def avg_pool2d(input, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """Mean over each window of the last two axes of a 3-D or 4-D input; see F.avg_pool2d."""
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
-    n, c, height, width = x.shape
+    height, width = x.shape[-2:]
     extra = tuple(_maxpool.extra_padding(size, k, s, p, 1, ceil_mode) for size, k, s, p
                   in zip((height, width), kernel, stride, padding))
     (ph, pw), (eh, ew) = padding, extra
@@ -41,8 +79,11 @@ def avg_pool2d(input, kernel, stride, padding, ceil_mode, count_include_pad, div
         x = _functions.ConstantPad.apply(x, ((0, 0), (0, 0), (ph, ph + eh), (pw, pw + ew)), 0)
     ho = out_size(height + 2 * ph + eh, kernel[0], stride[0], 1)
     wo = out_size(width + 2 * pw + ew, kernel[1], stride[1], 1)
-    cols = Im2Col.apply(x, kernel, stride, (1, 1))  # (N, C*kh*kw, Ho*Wo)
-    total = cols.reshape(n, c, kernel[0] * kernel[1], ho, wo).sum(2)
+    if ho <= 0 or wo <= 0:
+        raise RuntimeError(f"avg_pool2d: input of spatial size {height}x{width} (padded "
+                           f"{height + 2 * ph}x{width + 2 * pw}) is smaller than the kernel "
+                           f"{kernel[0]}x{kernel[1]}")
+    total = WindowSum.apply(x, kernel, stride, (ho, wo))
     if divisor_override:
         scale = np.full((ho, wo), 1.0 / divisor_override)
     else:
