@@ -74,8 +74,12 @@ class ZeroRedundancyOptimizer(Optimizer):
         return self.__dict__["_state"] if optim is None else optim.state
 
     @state.setter
-    def state(self, value):  # Optimizer.__init__ assigns it before the local optimizer exists
-        self.__dict__["_state"] = value
+    def state(self, value):
+        optim = self.__dict__.get("optim")
+        if optim is None:  # Optimizer.__init__ assigns it before the local optimizer exists
+            self.__dict__["_state"] = value
+        else:
+            optim.state = value
 
     # --- partition ---------------------------------------------------------------------------
     def _partition_parameters(self):
@@ -172,7 +176,8 @@ class ZeroRedundancyOptimizer(Optimizer):
     # --- checkpoints -------------------------------------------------------------------------
     def consolidate_state_dict(self, to=0):
         """Collect every rank's shard of the state on rank ``to`` (a group rank), for
-        ``state_dict()`` there. Every rank of the group calls it."""
+        ``state_dict()`` there. Every rank of the group calls it. Rank ``to`` then holds a host
+        copy of the whole state (the unsharded optimizer's size) until the next call."""
         if not (isinstance(to, int) and 0 <= to < self.world_size):
             raise ValueError(f"consolidate_state_dict: to={to!r} is not a rank of the group "
                              f"(0..{self.world_size - 1})")
