@@ -101,8 +101,11 @@ def scatter_add(input, dim, index, src):
                            f"{shape_in[dim]}")
     if input.ndim == 0:
         return scatter_add(input.reshape(1), 0, idx.reshape(1), src.reshape(1)).reshape(())
+    idx = backend.to_device(idx, input.device)
     xp = backend.get_array_module(idx)
-    grid = list(xp.indices(idx.shape, sparse=True))
+    # Open grids from arange, not xp.indices(sparse=True), which cupy does not take.
+    grid = [xp.arange(n).reshape((1,) * d + (n,) + (1,) * (idx.ndim - d - 1))
+            for d, n in enumerate(idx.shape)]
     grid[dim] = idx
     part = tuple(slice(0, n) for n in idx.shape)
     return ScatterAdd.apply(input, src, tuple(grid), part)
