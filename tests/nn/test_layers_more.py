@@ -117,13 +117,13 @@ def test_embedding_padding_row_gets_no_gradient_and_max_norm_renorms_in_place():
 
 
 # --- beside PyTorch --------------------------------------------------------------------------
-def _torch():
+def torch_or_skip():
     return pytest.importorskip("torch")
 
 
 def _grads_both(fn_hg, fn_torch, arrays, seed=1):
     """Values and input gradients of fn(*inputs) for a random upstream gradient, both libraries."""
-    torch = _torch()
+    torch = torch_or_skip()
     xs = [hg.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
     ts = [torch.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
     out, tout = fn_hg(*xs), fn_torch(*ts)
@@ -139,7 +139,7 @@ def _grads_both(fn_hg, fn_torch, arrays, seed=1):
 @pytest.mark.parametrize("name", sorted(AVG_CASES))
 @pytest.mark.parametrize("shape", [(2, 3, 7, 6), (3, 5, 8)], ids=str)
 def test_avg_pool2d_matches_torch(name, shape):
-    torch = _torch()
+    torch = torch_or_skip()
     kw = AVG_CASES[name]
     _grads_both(lambda x: hnn.AvgPool2d(**kw)(x), lambda x: torch.nn.AvgPool2d(**kw)(x),
                 [RNG.standard_normal(shape)])
@@ -149,7 +149,7 @@ def test_avg_pool2d_matches_torch(name, shape):
 @pytest.mark.parametrize("size", ADAPTIVE_SIZES[:-1], ids=str)
 @pytest.mark.parametrize("shape", [(2, 3, 7, 6), (3, 5, 8), (1, 2, 13, 3)], ids=str)
 def test_adaptive_avg_pool2d_matches_torch(size, shape):
-    torch = _torch()
+    torch = torch_or_skip()
     _grads_both(lambda x: hnn.AdaptiveAvgPool2d(size)(x),
                 lambda x: torch.nn.AdaptiveAvgPool2d(size)(x), [RNG.standard_normal(shape)])
 
@@ -157,7 +157,7 @@ def test_adaptive_avg_pool2d_matches_torch(size, shape):
 @pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 2}, {"dilation": 2},
                                     {"padding": "same", "dilation": 2}, {"bias": False}], ids=str)
 def test_conv1d_module_matches_torch(kwargs):
-    torch = _torch()
+    torch = torch_or_skip()
     mine = hnn.Conv1d(3, 4, 3, **kwargs).double()
     theirs = torch.nn.Conv1d(3, 4, 3, **kwargs).double()
     assert mine.weight.shape == tuple(theirs.weight.shape)
@@ -173,7 +173,7 @@ def test_conv1d_module_matches_torch(kwargs):
 
 
 def test_conv1d_default_init_bounds_match_torch():
-    torch = _torch()
+    torch = torch_or_skip()
     hg.manual_seed(0)
     w = hnn.Conv1d(4, 8, 5).weight.data
     bound = torch.nn.init._calculate_fan_in_and_fan_out(torch.empty(8, 4, 5))[0] ** -0.5
@@ -181,7 +181,7 @@ def test_conv1d_default_init_bounds_match_torch():
 
 
 def test_embedding_padding_idx_and_max_norm_match_torch():
-    torch = _torch()
+    torch = torch_or_skip()
     table = RNG.standard_normal((7, 4)) * 2
     idx = np.array([[0, 3, 3], [6, 1, 3]])
     mine = hnn.Embedding.from_pretrained(hg.tensor(table.copy()), freeze=False, padding_idx=3,
@@ -198,7 +198,7 @@ def test_embedding_padding_idx_and_max_norm_match_torch():
 
 
 def test_embedding_padding_row_zero_initialised_as_torch():
-    torch = _torch()
+    torch = torch_or_skip()
     assert (torch.nn.Embedding(4, 2, padding_idx=1).weight[1] == 0).all()
     np.testing.assert_array_equal(hnn.Embedding(4, 2, padding_idx=1).weight.data[1], 0)
 
