@@ -307,3 +307,50 @@ def test_errors():
     other = _hg_optimizer("sgd")
     with pytest.raises(ValueError, match="same optimizer"):
         lr_scheduler.SequentialLR(opt, [lr_scheduler.StepLR(other, 2)], milestones=[])
+
+
+# --- ReduceLROnPlateau -----------------------------------------------------------------------
+PLATEAU_METRICS = [5.0, 4.0, 4.0, 3.9999, 4.1, 4.2, 3.0, 3.0, 3.0, 3.0, 3.0, 2.0, 2.5, 2.6, 2.7,
+                   2.8, 2.9, 3.0, 3.1, 3.2]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"patience": 2},
+    {"patience": 1, "cooldown": 2, "factor": 0.5, "min_lr": [0.01, 0.005]},
+    {"mode": "max", "patience": 0, "threshold_mode": "abs", "threshold": 0.05},
+    {"patience": 1, "threshold": 0.1, "eps": 0.05},
+], ids=str)
+def test_plateau_equals_torch(kwargs):
+    torch = pytest.importorskip("torch")
+    opt, topt = _hg_optimizer("sgd"), _torch_optimizer(torch, "sgd")
+    sched = lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+    tsched = torch.optim.lr_scheduler.ReduceLROnPlateau(topt, **kwargs)
+    for metric in PLATEAU_METRICS:
+        opt.step(), topt.step()
+        sched.step(metric)
+        tsched.step(metric)
+        assert sched.get_last_lr() == pytest.approx(tsched.get_last_lr(), rel=1e-13)
+        assert sched.num_bad_epochs == tsched.num_bad_epochs
+
+
+def test_plateau_by_hand_and_state_dict():
+    opt = _hg_optimizer("sgd", lrs=(1.0,))
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+    lrs = []
+    for metric in [3.0, 3.0, 3.0, 2.0, 2.0, 2.0]:
+        sched.step(metric)
+        lrs.append(sched.get_last_lr()[0])
+    # bad epochs: 0, 1, 2 (> patience: halve, reset), better, 1, 2 (halve)
+    assert lrs == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25]
+    saved = json.loads(json.dumps(sched.state_dict()))
+    opt2 = _hg_optimizer("sgd", lrs=(0.25,))
+    sched2 = lr_scheduler.ReduceLROnPlateau(opt2, patience=1, factor=0.5)
+    sched2.load_state_dict(saved)
+    assert sched2.best == 2.0 and sched2.last_epoch == 6
+    with pytest.raises(ValueError, match="Factor should be < 1.0"):
+        lr_scheduler.ReduceLROnPlateau(opt, factor=1.0)
+    with pytest.raises(ValueError, match="mode avg is unknown"):
+        lr_scheduler.ReduceLROnPlateau(opt, mode="avg")
+    with pytest.raises(ValueError, match="expected 1 min_lrs, got 2"):
+        lr_scheduler.ReduceLROnPlateau(opt, min_lr=[0, 0])
