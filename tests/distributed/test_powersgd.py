@@ -358,3 +358,67 @@ def test_pytorch_import_paths():
     assert module.powerSGD_hook is comm_hooks.powerSGD_hook is powerSGD_hook
     assert module.PowerSGDState is comm_hooks.PowerSGDState
     assert default_hooks.allreduce_hook is comm_hooks.allreduce_hook
+
+
+# --- PyTorch's own hook --------------------------------------------------------------------------
+def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
+    """One process each (gloo for torch): 6 steps of the same double-precision MLP and inputs,
+    vanilla for 2, then PowerSGD rank 1 with error feedback and warm start; both start from
+    the same injected Q (the random draws differ: numpy's generator is not torch's). Only
+    Linear(8, 6).weight compresses. Gradients after each step agree to rounding."""
+    torch = pytest.importorskip("torch")
+    import socket
+
+    import torch.distributed as tdist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as tpsgd
+    if not tdist.is_available() or not tdist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    rng = np.random.default_rng(3)
+    weights = [rng.standard_normal((6, 8)), rng.standard_normal(6), rng.standard_normal((1, 6)),
+               rng.standard_normal(1)]
+    inputs = [rng.standard_normal((5, 8)) for _ in range(6)]
+    q0 = rng.standard_normal((8, 1))
+
+    ours = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+    for p, w in zip(ours.parameters(), weights):
+        p.data[...] = w
+    ddp = DDP(ours, process_group=world)
+    state = PowerSGDState(world, 1, start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD_hook)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                             world_size=1)
+    try:
+        theirs = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(),
+                                     torch.nn.Linear(6, 1)).double()
+        with torch.no_grad():
+            for p, w in zip(theirs.parameters(), weights):
+                p.copy_(torch.from_numpy(w))
+        tddp = torch.nn.parallel.DistributedDataParallel(theirs)
+        tstate = tpsgd.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        tddp.register_comm_hook(tstate, tpsgd.powerSGD_hook)
+        for step, x in enumerate(inputs):
+            if step == 2:  # the first compressed step: both warm-start from q0
+                state.p_memory_dict, state.q_memory_dict = {0: np.zeros(6)}, {0: q0.ravel().copy()}
+                tstate.p_memory_dict = {0: torch.zeros(6, dtype=torch.float64)}
+                tstate.q_memory_dict = {0: torch.from_numpy(q0.ravel().copy())}
+            ddp.zero_grad()
+            (ddp(hg.tensor(x)) ** 2).sum().backward()
+            tddp.zero_grad()
+            (tddp(torch.from_numpy(x)) ** 2).sum().backward()
+            for p, t in zip(ours.parameters(), theirs.parameters()):
+                np.testing.assert_allclose(p.grad.data, t.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                           err_msg=f"step {step}")
+            with hg.no_grad():  # an SGD step on both, so the steps see new weights
+                for p in ours.parameters():
+                    p.data -= 0.1 * p.grad.data
+            with torch.no_grad():
+                for t in theirs.parameters():
+                    t -= 0.1 * t.grad
+        assert state.iter == tstate.iter == 6
+        assert state.compression_stats()[1:] == tstate.compression_stats()[1:] == (4 * 61, 4 * 27)
+    finally:
+        tdist.destroy_process_group()
