@@ -3,6 +3,7 @@
     python benchmarks/training.py           # one thread; torch column when torch is installed
     python benchmarks/training.py --quick
     python benchmarks/training.py --rounds 15 --steps 5 --case MLP
+    python benchmarks/training.py --cpu-time   # thread CPU time: steadier on a busy machine
 
 Step = forward and cross-entropy, zero_grad, backward, SGD(momentum) step, each phase timed.
 hpcgrad and torch run interleaved in the same process: ``--rounds`` rounds of ``--steps`` timed
@@ -42,7 +43,7 @@ def build(lib, specs):
     return nn.Sequential(*[make[s[0]](*s[1:]) for s in specs])
 
 
-def make_step(lib, shape, specs, batch):
+def make_step(lib, shape, specs, batch, clock=time.perf_counter):
     """A function that runs one training step and returns its phase times (seconds)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch,) + shape).astype(np.float32)
@@ -55,7 +56,6 @@ def make_step(lib, shape, specs, batch):
     else:
         x, y = lib.tensor(x), lib.tensor(y)
     loss_fn = lib.nn.functional.cross_entropy
-    clock = time.perf_counter
 
     def step():
         t0 = clock()
@@ -108,6 +108,9 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=3, help="timed steps per library per round")
     p.add_argument("--case", default=None, help="only cases whose name starts with this")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time with the thread's CPU clock instead of the wall clock: on a shared, "
+                        "oversubscribed machine it leaves out the time the step waited for a core")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     args = p.parse_args()
@@ -120,8 +123,10 @@ def main():
             libs.append(torch)
         except ImportError:
             pass
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     print(f"training step, float32, one thread, {len(libs)} libraries interleaved; median (min) "
-          "ms per phase; ratio = hpcgrad / torch (median of the rounds' median ratios)")
+          f"{'CPU' if args.cpu_time else 'wall'} ms per phase; ratio = hpcgrad / torch (median of "
+          "the rounds' median ratios)")
     print(f"{'case':42}{'batch':>6}{'phase':>10}"
           + "".join(f"{lib.__name__:>18}" for lib in libs) + ("   ratio" if len(libs) > 1 else ""))
     for name, (shape, specs) in CASES.items():
@@ -131,7 +136,7 @@ def main():
         rounds, per_round = args.rounds, args.steps
         if args.quick:
             batch, rounds, per_round = 16, 2, 2
-        steps = [make_step(lib, shape, specs, batch) for lib in libs]
+        steps = [make_step(lib, shape, specs, batch, clock) for lib in libs]
         stats = [summarize(t) for t in interleaved(steps, rounds, per_round)]
         for k, phase in enumerate(PHASES):
             cells = "".join(f"{s[phase][0] * 1e3:10.2f} ({s[phase][1] * 1e3:5.1f})"
