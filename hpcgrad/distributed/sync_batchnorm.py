@@ -140,5 +140,8 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, mo
                         f"{type(input).__name__}")
     if input.ndim < 2:
         raise ValueError(f"expected at least 2D input (got {input.ndim}D input)")
+    if input.dtype.kind != "f":
+        raise TypeError(f"sync_batch_norm: expected a floating-point input, got {input.dtype}; "
+                        f"convert it first, e.g. x.float()")
     return SyncBatchNormFunction.apply(input, weight, bias, running_mean, running_var, eps,
                                        momentum, process_group)

@@ -284,6 +284,12 @@ def test_one_value_per_channel_over_the_group(group):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_integer_input_is_refused(group):
+    with pytest.raises(TypeError, match="expected a floating-point input, got int64"):
+        nn.SyncBatchNorm(C, process_group=group)(Tensor(np.zeros((2, C), np.int64)))
+
+
+@pytest.mark.mpi(min_size=2)
 def test_double_backward_is_refused_with_a_reason(group):
     x = Tensor(np.random.default_rng(group.rank()).standard_normal((3, C)), requires_grad=True)
     y = nn.SyncBatchNorm(C, process_group=group).double()(x)
