@@ -62,6 +62,11 @@ SCHEDULERS = {
     "lambda": lambda m, opt: m.LambdaLR(opt, [lambda e: 0.95 ** e, lambda e: 1 / (e + 1)]),
     "sequential": _sequential,
     "constant": lambda m, opt: m.ConstantLR(opt, factor=0.4, total_iters=3),
+    "warm_restarts": lambda m, opt: m.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=2,
+                                                                 eta_min=0.001),
+    "warm_restarts_1": lambda m, opt: m.CosineAnnealingWarmRestarts(opt, T_0=4),
+    "chained": lambda m, opt: m.ChainedScheduler([m.ExponentialLR(opt, gamma=0.9),
+                                                  m.StepLR(opt, step_size=3, gamma=0.5)]),
     "polynomial": lambda m, opt: m.PolynomialLR(opt, total_iters=12, power=2.0),
     "multiplicative": lambda m, opt: m.MultiplicativeLR(opt, lambda e: 0.9 if e % 2 else 1.05),
     "onecycle_cos": lambda m, opt: m.OneCycleLR(opt, max_lr=[1.0, 0.5], total_steps=STEPS),
@@ -85,7 +90,7 @@ def test_sequence_equals_torch(name, kind):
 
 
 @pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear",
-                                  "constant", "polynomial"])
+                                  "constant", "polynomial", "warm_restarts", "warm_restarts_1"])
 def test_deprecated_epoch_argument_uses_the_closed_form_as_torch(name):
     torch = pytest.importorskip("torch")
     make = SCHEDULERS[name]
