@@ -28,7 +28,7 @@ CASES = {
     "chunk": (lambda L, x: _sum_pieces(x.chunk(3, 1)), X),
     "chunk_uneven_fn": (lambda L, x: _sum_pieces(L.m.chunk(x, 4, -1)), X),
     "chunk_one_piece_used": (lambda L, x: x.chunk(2, 0)[1].exp(), X),
-    "split_int": (lambda L, x: _sum_pieces(L.m.split(x, 2, dim=2)) , X),
+    "split_int": (lambda L, x: _sum_pieces(L.m.split(x, 2, dim=2)), X),
     "split_sizes": (lambda L, x: _sum_pieces([p ** 2 for p in x.split([1, 0, 3], 1)]), X),
     "unbind": (lambda L, x: _sum_pieces([p.sin() for p in x.unbind(1)]), X),
     "unbind_fn_last": (lambda L, x: L.m.unbind(x, -1)[2] * 3.0, X),
@@ -58,8 +58,9 @@ CASES = {
                     RNG.standard_normal((2, 3))),
     "scatter_add": (lambda L, x, s: x.scatter_add(1, L.index(IDX), s) ** 2,
                     RNG.standard_normal((2, 3)), RNG.standard_normal((2, 4))),
-    "scatter_add_src_larger": (lambda L, x, s: L.m.scatter_add(x, 0, L.index(IDX[:, :2] % 2), s) ** 2,
-                               RNG.standard_normal((2, 3)), RNG.standard_normal((3, 4))),
+    "scatter_add_src_larger": (
+        lambda L, x, s: L.m.scatter_add(x, 0, L.index(IDX[:, :2] % 2), s) ** 2,
+        RNG.standard_normal((2, 3)), RNG.standard_normal((3, 4))),
 }
 
 HG = SimpleNamespace(m=hg, index=lambda a: hg.tensor(a))
