@@ -9,6 +9,7 @@ from . import backend
 from .autograd import engine as _engine
 from .autograd import function as _function
 from .autograd import grad_mode as _grad_mode
+from .autograd import version_counter as _version_counter
 from .autograd.graph import AccumulateGrad, _add_hook, make_edge
 
 _accumulator_lock = threading.Lock()
@@ -34,7 +35,8 @@ class Tensor:
     # data, requires_grad, grad and grad_fn are properties over these slots (Note [Ops without
     # a graph]): no __setattr__/__delattr__ here, so attribute stores stay C member stores.
     __slots__ = ("_data", "_requires_grad", "_grad", "_grad_fn", "_output_nr", "_grad_accumulator",
-                 "_hooks", "_post_acc_hooks", "_retains_grad", "__weakref__")
+                 "_hooks", "_post_acc_hooks", "_retains_grad", "__weakref__",
+                 "_view", "_views")  # left unset unless a view (Note [Views and in-place ops])
     __array_ufunc__ = None  # ndarray <op> Tensor defers to the Tensor's reflected operator
     __hash__ = object.__hash__
     is_sparse = False  # see hpcgrad.sparse for the row-sparse gradient type
@@ -231,10 +233,6 @@ class Tensor:
         from .autograd import backward
         backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
-    def zero_(self):
-        self.data[...] = 0
-        return self
-
     # --- conversion -----------------------------------------------------------------------
     def to(self, dtype_or_device):
         """``to(np.float64)`` casts (differentiably); ``to("cpu")`` / ``to("cuda:0")`` moves."""
@@ -392,7 +390,7 @@ class Tensor:
         return self if shape == self.data.shape else _ops.SumToSize.apply(self, shape)
 
     def reshape(self, *shape):
-        return _ops.Reshape.apply(self, _ops.shape_arg(shape, self.data.size))
+        return _ops.shape.reshape(self, _ops.shape_arg(shape, self.data.size))
 
     view = reshape
 
@@ -407,12 +405,12 @@ class Tensor:
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
-        return _ops.Permute.apply(self, tuple(_ops.wrap_dim(d, self.data.ndim) for d in dims))
+        return _ops.shape.permute(self, tuple(_ops.wrap_dim(d, self.data.ndim) for d in dims))
 
     def transpose(self, dim0, dim1):
         return _ops.transpose(self, dim0, dim1)
 
-    T = property(lambda self: _ops.Permute.apply(self, tuple(reversed(range(self.data.ndim)))))
+    T = property(lambda self: _ops.shape.permute(self, tuple(reversed(range(self.data.ndim)))))
     mT = property(lambda self: _ops.transpose(self, -2, -1))
 
     def expand(self, *shape):
@@ -475,6 +473,53 @@ class Tensor:
         return _indexing.topk(self, k, dim, largest, sorted)
     # --- end of issue 17's ops ---------------------------------------------------------------
 
+    # --- in-place ops, versions and views: ops/inplace.py, ops/views.py -----------------------
+    @property
+    def _version(self):
+        """Writes into this tensor's memory so far (shared with its views; see version_counter)."""
+        return _version_counter.version(self._data)
+
+    @property
+    def _base(self):
+        """The tensor this one is a view of (recorded for views made with grad mode on)."""
+        info = getattr(self, "_view", None)
+        return None if info is None else info.base
+
+    def _is_view(self):
+        return getattr(self, "_view", None) is not None
+
+    def t(self):
+        if self.data.ndim > 2:
+            raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
+                               f"{self.data.ndim}D")
+        return _ops.transpose(self, 0, -1) if self.data.ndim == 2 else self
+
+    def narrow(self, dim, start, length):
+        return _ops.shape.narrow(self, dim, start, length)
+
+    def select(self, dim, index):
+        return _ops.shape.select(self, dim, index)
+
+    def __setitem__(self, index, value):
+        _inplace.setitem(self, index, value)
+
+    def __iadd__(self, other):
+        return _inplace.add_(self, other)
+
+    def __isub__(self, other):
+        return _inplace.sub_(self, other)
+
+    def __imul__(self, other):
+        return _inplace.mul_(self, other)
+
+    def __itruediv__(self, other):
+        return _inplace.div_(self, other)
+
+    def __ipow__(self, other):
+        return _inplace.pow_(self, other)
+    # (add_, mul_, relu_, zero_, copy_ ...: set from ops/inplace.py at the end of this file)
+    # --- end of in-place ops ------------------------------------------------------------------
+
 
 def _slot_property(name, doc, deleter=None):
     """A public attribute over slot ``_<name>``: get and set are the slot's own C methods.
@@ -517,7 +562,14 @@ _function.Tensor = _engine.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer
+from .ops import inplace as _inplace  # in-place ops, below ops in the same layer
 from .ops import split as _split
+
+for _name in ("add_", "sub_", "mul_", "div_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
+              "neg_", "exp_", "log_", "sqrt_", "abs_", "tanh_", "sigmoid_", "relu_", "sin_",
+              "cos_", "zero_", "fill_", "copy_", "masked_fill_"):
+    setattr(Tensor, _name, getattr(_inplace, _name))
+del _name
 
 # The operators' Functions, bound once: ``_ops.Mul.apply`` looked up per call cost a module and
 # a class attribute lookup and a new bound method (Note [Ops without a graph]).

@@ -3,9 +3,14 @@
 import numpy as np
 
 from .. import backend
-from . import grad_mode, saved_hooks
+from . import grad_mode, saved_hooks, version_counter
 from .graph import Node
 from .saved_hooks import PackedSaved
+from .version_counter import _counters as _version_counters
+
+# Set by hpcgrad.ops.views: ``_rebase(tensor, node, output_nr)`` points a tensor written in place
+# by node's op (and its views, or its base) at node (Note [Views and in-place ops]).
+_rebase = None
 
 # Set by hpcgrad.tensor, which imports this module (a Tensor is built from Function ops).
 Tensor = None
@@ -39,7 +44,8 @@ class _NullContext:
         pass
 
     def mark_dirty(self, *tensors):
-        pass  # nothing is recorded, so nothing can be invalidated
+        for t in tensors:  # no graph to rebase, but the writes still count (PyTorch's bump)
+            version_counter.bump(t._data)
 
     def __setattr__(self, name, value):
         pass
@@ -69,6 +75,8 @@ class BackwardNode(Node):
     _non_diff_outputs = None            # indices of outputs marked non-differentiable
     _materialize_non_diff_grads = True  # PyTorch's ctx._materialize_non_diff_grads
     _saved_outputs = False              # some saved entry needs _unpack (an output, or packed)
+    _saved_versions = None              # versions of the saved entries when not all 0
+    _dirty = ()                         # inputs forward wrote in place (ctx.mark_dirty)
     _builtin = False                    # set per class by _FunctionMeta
     materialize_grads = True
 
@@ -82,6 +90,8 @@ class BackwardNode(Node):
         saved = self._saved
         if saved is None:
             raise RuntimeError(_RELEASED_MSG)
+        if _version_counters:  # some array was written in place: check the saved versions
+            _check_versions(self, saved)
         if self._saved_outputs:
             saved = tuple(_unpack(s, self) for s in saved)
         return saved
@@ -95,8 +105,13 @@ class BackwardNode(Node):
         self.materialize_grads = bool(value)
 
     def mark_dirty(self, *tensors):
-        raise NotImplementedError("ctx.mark_dirty: in-place ops and version counters are not built "
-                                  "in hpcgrad yet (README); return a new array from forward instead")
+        """forward wrote these inputs in place and returns them: their versions go up and the
+        returned tensors lead back through this Node (Note [Views and in-place ops])."""
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"mark_dirty expects the input Tensors forward modified in place, "
+                                f"got {type(t).__name__}")
+        self._dirty = tensors
 
     def _materialize(self, grads):
         """Undefined gradients of tensor outputs become zeros (unless set_materialize_grads(False)).
@@ -206,10 +221,21 @@ def _record(cls, args, needs):
     non_diff_outputs = None
     saved = node._saved
     seen = None if single else {}  # id(forward's object) -> its Tensor: one returned twice
+    dirty = node._dirty
     for i, o in enumerate(outs):
         if type(o) is not np.ndarray and not _is_tensor_output(o):
             results.append(o)
             metadata.append(None)
+            continue
+        if dirty and any(o is d for d in dirty):
+            _mark_written(node, o, i)
+            results.append(o)
+            data = o._data
+            if saved and any(s is o for s in saved):  # saved as the output: version after the write
+                saved = tuple(_SavedOutput(data, i) if s is o else s for s in saved)
+                node._saved_outputs = True
+            metadata.append((data.shape, data.dtype,
+                             "cpu" if type(data) is np.ndarray else backend.device_of(data)))
             continue
         t = None if single else seen.get(id(o))
         if t is None:
@@ -229,14 +255,83 @@ def _record(cls, args, needs):
                          "cpu" if type(data) is np.ndarray else backend.device_of(data)))
     if non_diff_outputs:
         node._non_diff_outputs = non_diff_outputs
+    if dirty:
+        _check_dirty_returned(dirty, results)
     if saved:
         saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)
                       for s in saved)
         hooks = saved_hooks.current()
         if hooks is not None:
             saved = _pack_saved(saved, hooks, node)
+        elif _version_counters:  # Note [Version counters on memory]: else every version is 0
+            node._saved_versions = _versions(saved)
         node._saved = saved
     return results[0] if single else tuple(results)
+
+
+def _mark_written(node, t, output_nr):
+    """An input forward wrote in place (ctx.mark_dirty) and returned: bump, then rebase."""
+    if t._grad_fn is None and t._requires_grad and getattr(t, "_view", None) is None:
+        raise RuntimeError("a leaf Variable that requires grad has been used in an in-place "
+                           "operation.")
+    version_counter.bump(t._data)
+    if t._data.dtype.kind in "fc":
+        _rebase(t, node, output_nr)
+
+
+def _check_dirty_returned(dirty, results):
+    for d in dirty:
+        if not any(d is r for r in results):
+            raise RuntimeError("Some elements marked as dirty during the forward method were not "
+                               "returned as output. The inputs that are modified inplace must all "
+                               "be outputs of the Function.")
+
+
+def _version_of_entry(s):
+    """The array whose version a saved entry records (None: not checked)."""
+    kind = type(s)
+    if kind is _SavedOutput:
+        return s.data
+    if s is None or kind is PackedSaved or s._wrapped_number:
+        return None  # PyTorch does not check what saved-tensor hooks packed
+    return s._data
+
+
+def _versions(saved):
+    """The saved entries' versions now, or None when all are 0 (the default)."""
+    versions = []
+    for s in saved:
+        data = _version_of_entry(s)
+        versions.append(0 if data is None else version_counter.version(data))
+    return tuple(versions) if any(versions) else None
+
+
+def _check_versions(node, saved):
+    """PyTorch's SavedVariable::unpack check: nothing wrote into a saved tensor since."""
+    expected = node._saved_versions
+    for k, s in enumerate(saved):
+        data = _version_of_entry(s)
+        if data is None:
+            continue
+        now = version_counter.version(data)
+        want = expected[k] if expected is not None else 0
+        if now != want:
+            if type(s) is _SavedOutput:
+                grad_fn, output_nr = node, s.output_nr
+            else:
+                grad_fn, output_nr = s._grad_fn, s._output_nr
+            which = f", which is output {output_nr} of {grad_fn.name()}," if grad_fn else ""
+            if grad_mode._anomaly.enabled:
+                hint = ("Hint: the backtrace further above shows the operation that failed to "
+                        "compute its gradient. The variable in question was changed in there or "
+                        "anywhere later. Good luck!")
+            else:
+                hint = ("Hint: enable anomaly detection to find the operation that failed to "
+                        "compute its gradient, with hpcgrad.autograd.set_detect_anomaly(True).")
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{data.dtype} {list(data.shape)}]{which} is at version "
+                f"{now}; expected version {want} instead. {hint}")
 
 
 def _pack_saved(saved, hooks, node):

@@ -7,10 +7,10 @@ from .module import Module
 class ReLU(Module):
     def __init__(self, inplace=False):
         super().__init__()
-        self.inplace = inplace  # accepted for PyTorch compatibility; hpcgrad always copies
+        self.inplace = inplace
 
     def forward(self, input):
-        return input.relu()
+        return F.relu(input, self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""

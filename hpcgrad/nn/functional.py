@@ -97,9 +97,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         input = _functions.ConstantPad.apply(input, ((0, 0), (0, 0), (top, bottom),
                                                      (left, right)), 0)
     cols = Im2Col.apply(input, (kh, kw), stride, dilation)  # (N, C*kh*kw, Ho*Wo)
-    out = weight.reshape(out_channels, -1) @ cols  # a batch of (O, C*kh*kw) @ (C*kh*kw, Ho*Wo)
-    if bias is not None:
-        out = out + bias.reshape(out_channels, 1)
+    # a batch of (O, C*kh*kw) @ (C*kh*kw, Ho*Wo), plus the bias, as one Node
+    out = _functions.ConvMatMul.apply(cols, weight.reshape(out_channels, -1), bias)
     return out.reshape(input.shape[0], out_channels,
                        out_size(input.shape[2], kh, stride[0], dilation[0]),
                        out_size(input.shape[3], kw, stride[1], dilation[1]))
@@ -191,7 +190,11 @@ def adaptive_avg_pool2d(input, output_size):
 
 
 def relu(input, inplace=False):
-    return input.relu()
+    return input.relu_() if inplace else input.relu()
+
+
+def relu_(input):
+    return input.relu_()
 
 
 def gelu(input, approximate="none"):
@@ -216,10 +219,12 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if not training or p == 0.0:
         return input
     if p == 1.0:
-        return input * 0.0
+        return input.mul_(0.0) if inplace else input * 0.0
     dtype = input.dtype if input.dtype in (np.float32, np.float64) else np.float64
     keep = creation.default_generator().random(input.shape, dtype=dtype) >= p
     mask = (keep * (1.0 / (1.0 - p))).astype(input.dtype)
+    if inplace:  # PyTorch's dropout_: the same mask, written into the input
+        return input.mul_(_const(backend.to_device(mask, input.device)))
     return input * _const(backend.to_device(mask, input.device))
 
 

@@ -1,10 +1,14 @@
-"""Shape and indexing ops: reshape, permute, expand, getitem (basic and array indices), cat."""
+"""Shape and indexing ops: reshape, permute, expand, getitem (basic and array indices), cat.
+
+reshape (when it does not copy), permute, transpose, expand, basic getitem, narrow and select
+give views: ``views.as_view`` records them (Note [Views and in-place ops])."""
 
 import numpy as np
 
 from .. import backend
 from ..autograd.function import Function
 from ..tensor import Tensor
+from .views import as_view, shares_memory
 
 
 def wrap_dim(dim, ndim):
@@ -38,6 +42,13 @@ class Reshape(Function):
         return g.reshape(ctx.shape), None
 
 
+def reshape(x, shape):
+    out = Reshape.apply(x, shape)
+    if shares_memory(out._data, x._data):
+        return as_view(out, x, "reshape", shape)
+    return out
+
+
 class Permute(Function):
     @staticmethod
     def forward(ctx, a, dims):
@@ -52,12 +63,16 @@ class Permute(Function):
         return Permute.apply(g, ctx.inverse), None
 
 
+def permute(x, dims):
+    return as_view(Permute.apply(x, dims), x, "permute", dims)
+
+
 def transpose(x, dim0, dim1):
     dim0, dim1 = wrap_dim(dim0, x.ndim), wrap_dim(dim1, x.ndim)
     dims = list(range(x.ndim))
     if dims:  # a 0-d tensor transposes to itself
         dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
-    return Permute.apply(x, tuple(dims))
+    return permute(x, tuple(dims))
 
 
 class Expand(Function):
@@ -84,7 +99,7 @@ def expand(x, shape):
                            f"dimension {shape[:lead].index(-1)} of {list(shape)} "
                            f"(input shape {list(x.shape)})")
     shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
-    return x if shape == x.shape else Expand.apply(x, shape)
+    return x if shape == x.shape else as_view(Expand.apply(x, shape), x, "expand", shape)
 
 
 def unsqueeze(x, dim):
@@ -210,7 +225,33 @@ class IndexAdd(_Indexed):
 
 
 def getitem(x, index):
-    return GetItem.apply(x, _plain_index(index))
+    index = _plain_index(index)
+    out = GetItem.apply(x, index)
+    if _is_basic(index):  # ints, slices, None, Ellipsis: numpy gives a view
+        return as_view(out, x, "getitem", index)
+    return out
+
+
+def narrow(x, dim, start, length):
+    """``x`` along ``dim`` from ``start`` for ``length`` elements: a view, as torch.narrow."""
+    dim = wrap_dim(dim, x.ndim)
+    size = x.shape[dim]
+    if start < 0:
+        start += size
+    if not (0 <= start and length >= 0 and start + length <= size):
+        raise IndexError(f"narrow: start ({start}) + length ({length}) exceeds dimension size "
+                         f"({size}) of dim {dim}")
+    return getitem(x, (slice(None),) * dim + (slice(start, start + length),))
+
+
+def select(x, dim, index):
+    """``x`` at ``index`` along ``dim``, that dimension removed: a view, as torch.select."""
+    dim = wrap_dim(dim, x.ndim)
+    size = x.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size "
+                         f"{list(x.shape)} at dimension {dim}")
+    return getitem(x, (slice(None),) * dim + (index % size,))
 
 
 def index_select(x, dim, index):
