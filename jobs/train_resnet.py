@@ -1,0 +1,327 @@
+"""A small ResNet on scikit-learn's digits: SyncBatchNorm, ZeRO, OneCycleLR and, by flag, PowerSGD.
+
+    mpiexec -n 2 python jobs/train_resnet.py                 # train (seconds on a laptop)
+    mpiexec -n 2 python jobs/train_resnet.py --powersgd 2    # gradients sent as rank-2 P and Q
+    mpiexec -n 2 python jobs/train_resnet.py --resume        # continue from checkpoints-resnet/last.npz
+
+The network: a 3x3 stem, two residual blocks (conv-BN-ReLU-conv-BN plus the shortcut, the
+second halving the 8x8 images with a strided 1x1 projection), a global average pool and a
+linear layer. Its BatchNorm layers become SyncBatchNorm, so the batch statistics are those of
+the global batch: N ranks of --batch-size B train exactly as one rank of N B (up to rounding).
+The optimizer is ZeroRedundancyOptimizer over SGD (each rank keeps the momentum of its shard of
+the parameters), its lr and momentum driven per step by OneCycleLR (or per epoch by
+CosineAnnealingLR). --powersgd RANK registers PowerSGD as DDP's comm hook (plain all-reduce for
+the first --powersgd-start steps).
+
+Progress, checkpoints and preemption as jobs/train_ddp.py: a header with the ranks' hosts and
+pids, one line per epoch on rank 0 (and a bar on a terminal), <checkpoint-dir>/metrics.jsonl, an
+atomic checkpoint every --checkpoint-every steps and at each epoch's end (the model, the ZeRO
+state consolidated on rank 0, the scheduler and every rank's PowerSGD memory), and on
+SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step and <checkpoint-dir>/PREEMPTED, so
+--resume continues exactly where the job stopped.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from job_args import add_run_arguments, integer, training_parser
+from train_ddp import (
+    PREEMPTED,
+    EvaluationShard,
+    Preemption,
+    check_setup,
+    dist_hosts,
+    evaluate,
+    rank_places,
+)
+
+import hpcgrad as hg
+import hpcgrad.distributed as dist
+import hpcgrad.nn.functional as F
+from hpcgrad import checkpoint, nn, optim
+from hpcgrad.data import DataLoader, DistributedSampler, load_digits
+from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
+from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
+from hpcgrad.metrics import MetricsLog
+from hpcgrad.nn.parallel import DistributedDataParallel
+from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
+
+
+class BasicBlock(nn.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN plus the input (a strided 1x1 conv + BN where the shape changes)."""
+
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+def build_model(width):
+    """1x8x8 -> width x 8 x 8 -> block -> 2 width x 4 x 4 -> pool -> 10 logits."""
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        BasicBlock(width, width), BasicBlock(width, 2 * width, stride=2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
+
+
+def parse_args(argv=None):
+    p = training_parser(__doc__.splitlines()[0], epochs=6, batch_help="samples per rank and step",
+                        lr_help="OneCycleLR's max_lr (CosineAnnealingLR's initial lr)",
+                        seed_help="seed of the weights and the sampler")
+    p.add_argument("--width", type=integer(1, "channels of the first block", 16), default=16,
+                   help="channels of the first block (the second has twice as many)")
+    p.add_argument("--scheduler", choices=["onecycle", "cosine"], default="onecycle",
+                   help="OneCycleLR stepped per batch, or CosineAnnealingLR per epoch")
+    p.add_argument("--powersgd", type=integer(0, "PowerSGD's matrix_approximation_rank, 0: off",
+                                              2), default=0, metavar="RANK",
+                   help="compress gradients with PowerSGD at this rank (0: plain all-reduce)")
+    p.add_argument("--powersgd-start", type=integer(2, "plain all-reduce steps before PowerSGD",
+                                                    20), default=20,
+                   help="start_powerSGD_iter: steps of plain all-reduce first")
+    add_run_arguments(p, checkpoint_dir="checkpoints-resnet",
+                      checkpoint_help="checkpoints and metrics.jsonl of the run",
+                      resume_help="continue from <checkpoint-dir>/last.npz")
+    return p.parse_args(argv)
+
+
+def header(args, world, train, test, model):
+    places = dist_hosts()
+    hosts = sorted({host for host, _ in places})
+    params = sum(p.numel() for p in model.parameters())
+    hook = (f"PowerSGD rank {args.powersgd} from step {args.powersgd_start}" if args.powersgd
+            else "plain all-reduce")
+    return (f"hpcgrad ResNet job: {world} ranks on {len(hosts)} node(s); width {args.width} "
+            f"({params:,} parameters); SyncBatchNorm; ZeRO over SGD(momentum {args.momentum}); "
+            f"{args.scheduler} lr (max {args.lr}); gradients: {hook}; global batch "
+            f"{args.batch_size * world} ({args.batch_size} per rank); epochs {args.epochs}\n"
+            f"data: {len(train)} train / {len(test)} test samples; checkpoints and metrics.jsonl "
+            f"in {args.checkpoint_dir}\n"
+            f"ranks: {rank_places(places)}\n"
+            f"arguments: {' '.join(f'{k}={v}' for k, v in sorted(vars(args).items()))}")
+
+
+# --- PowerSGD's memory in a checkpoint ------------------------------------------------------------
+def powersgd_memory(state):
+    """This rank's PowerSGD state as JSON-able values (float32 values are exact as JSON floats)."""
+    if state is None:
+        return None
+    name, keys, pos, has_gauss, cached = state.rng.get_state()
+    arrays = {kind: {str(k): np.asarray(v).tolist() for k, v in memory.items()}
+              for kind, memory in (("error", state.error_dict), ("p", state.p_memory_dict),
+                                   ("q", state.q_memory_dict))}
+    return {"iter": state.iter, "rng": [name, keys.tolist(), pos, has_gauss, cached],
+            "numel": [state.total_numel_before_compression, state.total_numel_after_compression],
+            "next_stats_report": state.next_stats_report, **arrays}
+
+
+def restore_powersgd(state, saved, dtype):
+    state.iter = saved["iter"]
+    name, keys, pos, has_gauss, cached = saved["rng"]
+    state.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    state.total_numel_before_compression, state.total_numel_after_compression = saved["numel"]
+    state.next_stats_report = saved["next_stats_report"]
+    for kind, memory in (("error", state.error_dict), ("p", state.p_memory_dict),
+                         ("q", state.q_memory_dict)):
+        memory.clear()
+        memory.update({int(k): np.asarray(v, dtype=dtype) for k, v in saved[kind].items()})
+
+
+def restore_buckets(model, bucket_indices):
+    """Give a resumed DDP the gradient buckets the saved run had settled on.
+
+    DDP rebuilds its buckets in gradient-ready order after a process's first backward, and
+    PowerSGD keeps its error and its warm-start P and Q per bucket, laid out as the bucket is:
+    a resumed process starting from the initial buckets would add the saved error to the
+    wrong gradients. (PyTorch has the same hazard; it only requires start_powerSGD_iter > 1.)
+    """
+    if bucket_indices is not None:
+        model.reducer.initialize_buckets(bucket_indices)
+        model.reducer.has_rebuilt_buckets = True
+
+
+def saved_extra(path):
+    """The ``extra`` values of checkpoint ``path`` (its ``__meta__`` JSON), restoring nothing."""
+    with np.load(path, allow_pickle=False) as f:
+        return json.loads(f["__meta__"].tobytes().decode("utf-8"))["extra"]
+
+
+def resume_problem(meta, path, world, args):
+    """Why the checkpoint cannot continue at this world size / with these flags, or None."""
+    saved_world = int(meta.get("world_size", world))
+    saved = meta.get("args", {})
+    if saved_world != world:
+        return (f"{path} was saved by {saved_world} ranks; at {world} ranks the shards, the "
+                f"steps per epoch that {args.scheduler}'s schedule was laid out for and each "
+                f"rank's PowerSGD error differ. Resume with {saved_world} ranks, or start a new "
+                "run (another --checkpoint-dir)")
+    for flag in ("powersgd", "scheduler", "width", "batch_size", "epochs"):
+        if flag in saved and saved[flag] != getattr(args, flag):
+            return (f"{path} was saved with --{flag.replace('_', '-')} {saved[flag]}, this run "
+                    f"has {getattr(args, flag)}; resume with the same value, or start a new run")
+    return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hg.manual_seed(args.seed)
+    module = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(args.width))
+    model = DistributedDataParallel(module)
+    hook_state = None
+    if args.powersgd:
+        hook_state = PowerSGDState(None, matrix_approximation_rank=args.powersgd,
+                                   start_powerSGD_iter=args.powersgd_start, random_seed=args.seed)
+        model.register_comm_hook(hook_state, powerSGD_hook)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optim.SGD, lr=args.lr,
+                                        momentum=args.momentum)
+    train, test = load_digits("train"), load_digits("test")
+    sampler = DistributedSampler(train, seed=args.seed)
+    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
+    if args.scheduler == "onecycle":
+        scheduler = OneCycleLR(optimizer, max_lr=args.lr,
+                               total_steps=args.epochs * len(train_loader))
+    else:
+        scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
+    path = os.path.join(args.checkpoint_dir, "last.npz")
+    marker = os.path.join(args.checkpoint_dir, PREEMPTED)
+    problem = check_setup(args, world, train)
+    if problem:
+        if rank == 0:
+            print(f"train_resnet.py: error: {problem}", file=sys.stderr, flush=True)
+        dist.barrier()  # said before any rank's exit status ends the job
+        return 2
+    lines = header(args, world, train, test, module)
+    if rank == 0:
+        print(lines, flush=True)
+    step, start_epoch, skip = 0, 0, 0
+    if args.resume:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--resume: no checkpoint at {path}; run without --resume "
+                                    "first, or point --checkpoint-dir at it")
+        problem = resume_problem(saved_extra(path), path, world, args)
+        if problem:  # found before the model is loaded: another --width would not fit it
+            if rank == 0:
+                print(f"train_resnet.py: error: {problem}", file=sys.stderr, flush=True)
+            dist.barrier()
+            return 2
+        meta = checkpoint.load(path, model, optimizer)  # every rank keeps its ZeRO shard
+        step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
+        scheduler.load_state_dict(meta["scheduler"])
+        if hook_state is not None:
+            restore_powersgd(hook_state, meta["powersgd"][rank], np.float32)
+            restore_buckets(model, meta["buckets"])
+        if rank == 0:
+            print(f"resumed from {path}: epoch {start_epoch}, step {step}", flush=True)
+        if start_epoch >= args.epochs:
+            if rank == 0:
+                print(f"the run in {args.checkpoint_dir} is complete ({start_epoch} of "
+                      f"{args.epochs} epochs); nothing to train; use a new --checkpoint-dir "
+                      "for a new run", flush=True)
+                if os.path.exists(marker):
+                    os.remove(marker)
+            return 0
+    if rank == 0 and os.path.exists(marker):
+        os.remove(marker)  # this run continues the preempted one
+    preemption = Preemption()
+    metrics = MetricsLog(args.checkpoint_dir, rank)
+
+    def save(epoch, batches_done):
+        optimizer.consolidate_state_dict(to=0)  # every rank's shard of the momentum to rank 0
+        memories = [None] * world
+        dist.all_gather_object(memories, powersgd_memory(hook_state))
+        if rank == 0:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+            checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
+                            batches_done=batches_done, world_size=world, args=vars(args),
+                            scheduler=scheduler.state_dict(),
+                            powersgd=memories if hook_state is not None else None,
+                            buckets=model.reducer.bucket_indices()
+                            if model.reducer.has_rebuilt_buckets else None)
+        dist.barrier()  # nobody reads or overwrites it before it is complete
+
+    progress = None
+    if rank == 0 and not args.no_progress and sys.stdout.isatty():
+        from tqdm import tqdm
+        progress = tqdm(total=args.epochs * len(train_loader), initial=step, unit="step",
+                        dynamic_ncols=True, file=sys.stdout)
+    started = time.perf_counter()
+    try:
+        for epoch in range(start_epoch, args.epochs):
+            sampler.set_epoch(epoch)
+            losses, samples, epoch_started = [], 0, time.perf_counter()
+            for batch, (images, labels) in enumerate(train_loader):
+                if batch < skip:
+                    continue  # already trained before the checkpoint we resumed from
+                loss = F.cross_entropy(model(images), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if args.scheduler == "onecycle":
+                    scheduler.step()
+                step += 1
+                losses.append(loss.item())
+                samples += len(labels.data)
+                metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1],
+                              lr=scheduler.get_last_lr()[0])
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
+                stop = preemption.agreed() or (args.max_steps and step >= args.max_steps)
+                if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                    save(epoch, batch + 1)
+                if stop:
+                    if rank == 0:
+                        if preemption.requested or not args.max_steps or step < args.max_steps:
+                            open(marker, "w").close()  # requeue me
+                        print(f"\nstopped at step {step}; checkpoint {path}; continue with "
+                              "--resume", flush=True)
+                    return 0
+            if args.scheduler == "cosine":
+                scheduler.step()
+            elapsed = time.perf_counter() - epoch_started
+            totals = np.array([sum(losses), len(losses), samples])
+            dist.all_reduce(totals)
+            train_loss = totals[0] / max(totals[1], 1)
+            samples_per_s = totals[2] / elapsed if elapsed > 0 else float("nan")
+            test_loss, accuracy = evaluate(model, test_loader)
+            save(epoch + 1, 0)
+            partial = "" if skip == 0 else f" (steps {skip + 1}-{len(train_loader)} only: resumed)"
+            skip = 0
+            metrics.write("epoch", step, epoch + 1, time.perf_counter() - started, loss=train_loss,
+                          test_loss=test_loss, test_accuracy=accuracy,
+                          samples_per_s=samples_per_s, epoch_seconds=elapsed)
+            if rank == 0:
+                sent = ""
+                if hook_state is not None and hook_state.bytes_uncompressed_per_step:
+                    sent = (f"  sent {hook_state.bytes_per_step:,} of "
+                            f"{hook_state.bytes_uncompressed_per_step:,} bytes/step")
+                message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
+                           f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
+                           f"lr {scheduler.get_last_lr()[0]:.4g}{sent}  {elapsed:.1f} s  "
+                           f"{samples_per_s:,.0f} samples/s")
+                (progress.write if progress is not None else print)(message, flush=True)
+    finally:
+        metrics.close()
+        if progress is not None:
+            progress.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
