@@ -68,12 +68,14 @@ def test_round_trip_costs_four_messages_and_gradients_match():
     for _, theirs in everything:
         for k, v in theirs.items():
             by_kind[k] = by_kind.get(k, 0) + v
+    # A release finds no ride when no call follows within the carry's window (the last one;
+    # others too on a loaded machine): an empty "carrier" message then takes it.
     carriers = by_kind.pop("carrier", 0)
     # Per round trip: the call and its result; the gradient of y to rank 1; rank 1's "done",
     # carrying x's gradient; the context release, carried on the next call (or a carrier).
     assert by_kind == {"call": iterations, "result": iterations, "backward": iterations,
                        "done": iterations, "+release": iterations}
-    assert carriers <= 1
+    assert 1 <= carriers <= iterations
     assert total == 4 * iterations + carriers  # every payload rode inside its envelope
 
 

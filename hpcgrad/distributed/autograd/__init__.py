@@ -86,7 +86,7 @@ class _AutogradCodec(rpc.Codec):
         return attach_send(tensors)
 
     def on_receive(self, src, tensors, metadata):
-        attach_recv(tensors, metadata, src)
+        attach_recv(tensors, metadata, src, own_context=False)
 
     def serving(self, envelope):
         return context_guard(envelope.get("ctx"))
@@ -180,14 +180,16 @@ def attach_send(tensors):
     return (context_id, message_id)
 
 
-def attach_recv(tensors, ids, src):
+def attach_recv(tensors, ids, src, own_context=True):
     """On the receiver: ``tensors`` become the outputs of one RecvRpcBackward toward ``src``.
 
-    They join the current context (an RPC runs in its caller's; an SPMD rank in its own), or,
-    on a thread without one (an RPC result arriving), the sender's context.
+    With ``own_context`` (SPMD ``recv``) they join the current context (an SPMD rank's own),
+    or, on a thread without one, the sender's. Without (RPC requests and replies) they join the
+    sender's context, which is the one an RPC runs in on both sides: whichever thread decodes
+    a reply (Note [Waiting threads receive] in rpc/agent.py) and whatever its own context is.
     """
     peer_context_id, message_id = ids
-    current = current_context_id()
+    current = current_context_id() if own_context else None
     ctx = container.get_or_create(peer_context_id if current is None else current)
     if ctx is None:  # a reply after its context was left: Note [Released contexts stay released]
         return
@@ -236,7 +238,7 @@ def _send_grad(node, graph_task, arrays):
                           inline_reply=True,  # check() below is short and never blocks
                           describe=f"backward to rank {node.peer} (context "
                                    f"{node.peer_context_id})", **fields)
-    result = RpcFuture(reply.describe, state.timeout)
+    result = RpcFuture(reply.describe, state.timeout, agent=agent)
     result.message_id = reply.message_id  # agent.cancel() forgets the request
 
     def check(future):
@@ -319,7 +321,7 @@ def _wait_for_pass(state, timeout):
     pending = []
     try:
         try:  # this thread runs the gradients that come back: Note in engine.py
-            dist_engine.drive(state, left)
+            dist_engine.drive(state, left, _agent.progress_until)
         except FutureTimeoutError:
             raise _pass_timeout(state, state.take_outstanding(), timeout) from None
         except BaseException as exc:

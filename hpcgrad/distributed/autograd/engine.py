@@ -96,20 +96,31 @@ class DistEngine:
         delivered.set_result(None)
         return delivered
 
-    def drive(self, state, left):
+    def drive(self, state, left, wait_until):
         """On the thread that called backward, until its graph task completes: run each send
         function whose gradients came back (``deliver``), as the local engine's caller runs its
-        own graph. ``left()``: seconds left (None: no limit); past them FutureTimeoutError."""
+        own graph. ``left()``: seconds left (None: no limit); past them FutureTimeoutError.
+        ``wait_until(ready, timeout)``: waits for ``ready()``, receiving messages meanwhile
+        (Note [Waiting threads receive] in rpc/agent.py); returns ``ready()``."""
         graph_task, work = state.graph_task, state.driver
-        graph_task.future.add_done_callback(lambda _: work.put(None))  # wakes the loop
-        while not graph_task.future.done():
+        future = graph_task.future
+
+        def ready():
+            return not work.empty() or future.done()
+
+        while True:
             try:
-                task = work.get(timeout=left())
+                task = work.get_nowait()
             except queue.Empty:
-                raise FutureTimeoutError("backward pass") from None
+                task = None
             if task is not None:
                 self._run(task)
-        graph_task.future.result(0)  # its error, if it failed
+                continue
+            if future.done():
+                break
+            if not wait_until(ready, left()) and not ready():
+                raise FutureTimeoutError("backward pass")
+        future.result(0)  # its error, if it failed
 
     def _run(self, node_task):
         try:

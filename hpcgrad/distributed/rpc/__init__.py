@@ -267,7 +267,7 @@ def _call(to, kind, obj, timeout):
     dst = _rank_of(to)
     body, payloads = _encode(obj, dst)
     name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
-    result = RpcFuture(f"RPC {name} to {agent.names[dst]} (rank {dst})", timeout)
+    result = RpcFuture(f"RPC {name} to {agent.names[dst]} (rank {dst})", timeout, agent=agent)
     # With no callback chained to ``result`` (rpc_sync, a plain wait) the reply is decoded and
     # its waiter woken on the progress thread: Note [Replies on the callback pool].
     reply = agent.request(dst, kind, body, payloads, describe=result.describe, timeout=timeout,

@@ -31,6 +31,20 @@ Note [Replies on the callback pool]
     ``rpc_sync`` nobody chained a callback to, a distributed-autograd "done") is completed on
     the progress thread itself, and its waiter wakes straight from there.
 
+Note [Waiting threads receive]
+    A thread that waits for a reply (``RpcFuture.wait``, the thread that runs a backward pass)
+    receives and dispatches the rank's messages itself meanwhile (``progress_until``), exactly
+    as the progress thread does, instead of sleeping on an event that the progress thread
+    sets: the reply then wakes one thread, not two (the progress thread from its poll sleep,
+    then the waiter from the event), and on a loaded machine each wake-up waits for a core. A
+    lock keeps Iprobe and its Recv together on one thread. While a waiter polls (it did in the
+    last 2 ms) the progress thread leaves receiving to it, and takes over again as soon as it
+    stops: so a waiter stuck in a long callback cannot stall the rank for more than 2 ms. What
+    a waiter runs this way is what the progress thread runs: inline handlers and replies that
+    are short and never block (Note [Replies on the callback pool]), so it never waits for
+    itself. Decoding must therefore not depend on the receiving thread's state: a reply's
+    tensors join their sender's context, not the receiving thread's current one.
+
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
     queues such a message for a peer; it rides inside the envelope of the next message to that
@@ -63,14 +77,19 @@ _PAYLOAD_TAG_BASE = 2
 _IDLE_SPIN_SECONDS = 2e-3   # poll at the shortest interval this long after the last message
 _MIN_SLEEP_SECONDS = 1e-5   # then back off, doubling, to the longest
 _MAX_SLEEP_SECONDS = 5e-4
+_POLLER_GRACE_SECONDS = 2e-3  # a waiting thread that polled this recently receives alone
 
 
-def _allow_short_sleeps():
-    """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60."""
+def _allow_short_sleeps(slack_ns=1):
+    """Linux: ``slack_ns`` timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60.
+    Returns the slack it had (None where it cannot be read)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        previous = prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+        prctl(29, slack_ns, 0, 0, 0)      # PR_SET_TIMERSLACK
+        return previous if previous > 0 else None
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 class RpcError(RuntimeError):
@@ -87,9 +106,22 @@ class RpcFuture(Future):
 
     timeout_error = RpcTimeoutError
 
-    def __init__(self, describe="", timeout=None, wait_fn=None):
+    def __init__(self, describe="", timeout=None, wait_fn=None, agent=None):
         super().__init__(wait_fn=wait_fn, describe=describe)
         self.timeout = timeout
+        self._agent = agent  # whose messages the waiting thread receives itself
+
+    def wait(self, timeout=None):
+        """As Future.wait; meanwhile the waiting thread receives the agent's messages itself
+        (Note [Waiting threads receive])."""
+        agent = self._agent
+        if agent is not None and not self.done():
+            if not agent.progress_until(self.done, timeout):
+                raise self.timeout_error(f"{self.describe or 'Future'} timed out after "
+                                         f"{timeout:g} s")
+        return super().wait(timeout)
+
+    result = wait
 
     def has_callbacks(self):
         """Whether callbacks wait for its completion (a reply with none is completed inline:
@@ -134,11 +166,13 @@ class MPIRpcAgent:
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
         self.sent_by_kind = collections.Counter()  # envelopes per kind; "+kind": carried ones
-        self._carried = {}            # dst -> [(deadline, kind, fields)]: Note [Carried messages]
+        self._carried = {}            # dst -> [(kind, fields)]: Note [Carried messages]
         self._carried_lock = threading.Lock()
         self._next_carry_deadline = None
         self._soon = collections.deque()  # functions for the progress thread (call_soon)
         self._running = False
+        self._receive_lock = threading.Lock()  # one receiver at a time: Iprobe, then its Recv
+        self._polled_at = 0.0  # when a waiting thread last polled (Note [Waiting threads receive])
         self._thread = threading.Thread(target=self._progress, daemon=True,
                                         name=f"hpcgrad-rpc-progress-{self.rank}")
 
@@ -168,7 +202,8 @@ class MPIRpcAgent:
         comes; the reply then completes the future on the progress thread (Note [Replies on
         the callback pool]).
         """
-        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout)
+        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout,
+                           agent=self)
         future.inline_reply = inline_reply
         message_id = future.message_id = next(self._ids)
         with self._waiting_lock:
@@ -299,19 +334,59 @@ class MPIRpcAgent:
             if self._soon:
                 self._run_soon()
             busy = self._complete_sends()
-            if self._deadlines and self._deadlines[0][0] <= time.monotonic():
+            now = time.monotonic()
+            if self._deadlines and self._deadlines[0][0] <= now:
                 self._expire_requests()
-            if (self._next_carry_deadline is not None
-                    and self._next_carry_deadline <= time.monotonic()):
+            if self._next_carry_deadline is not None and self._next_carry_deadline <= now:
                 self.flush_carried()
-            if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
-                self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+            if now - self._polled_at > _POLLER_GRACE_SECONDS and self._poll_once(status):
                 busy = True
             if busy:
                 last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
             elif time.monotonic() - last_activity > _IDLE_SPIN_SECONDS:
                 delay = min(delay * 2, _MAX_SLEEP_SECONDS)
             time.sleep(delay)  # even when busy: Note [Progress thread and the GIL]
+
+    def _poll_once(self, status):
+        """Receive and dispatch one message if one is there (and no other thread is at it)."""
+        if not self._receive_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
+                return False
+            self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+            return True
+        finally:
+            self._receive_lock.release()
+
+    def progress_until(self, done, timeout=None):
+        """On a thread waiting for ``done()``: receive and dispatch this rank's messages itself
+        until then, or for ``timeout`` s (None: no limit; 0: one look); returns ``done()``.
+        Note [Waiting threads receive]."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
+        status = MPI.Status()
+        slack = _allow_short_sleeps()
+        try:
+            started = last = time.monotonic()
+            delay = _MIN_SLEEP_SECONDS
+            while not done():
+                if not self._running:  # stopping: nothing will arrive any more
+                    return done()
+                self._polled_at = time.monotonic()
+                if self._poll_once(status):
+                    last, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+                    continue
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return done()
+                if now - max(started, last) > _IDLE_SPIN_SECONDS:
+                    delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+                time.sleep(delay if deadline is None else min(delay, max(deadline - now, 0)))
+            return True
+        finally:
+            self._polled_at = 0.0  # the progress thread receives again at once
+            if slack is not None:
+                _allow_short_sleeps(slack)
 
     def _complete_sends(self):
         with self._send_lock:
