@@ -298,10 +298,43 @@ def test_ddp_with_powersgd_keeps_ranks_in_step_and_counts_bytes(group):
     assert (before, after) == (3 * 355, 3 * sent) and rate == pytest.approx(355 / sent)
 
 
+@mpi
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_hook_parity_with_allreduce_where_nothing_compresses(group, warm_start):
+    """PyTorch's test_ddp_hook_parity_powerSGD: Linear(1, 5) (a 5 x 1 weight, never worth
+    compressing) fed [rank]: the hooked DDP's weight gradient equals plain DDP's and the mean
+    rank at every iteration, well past start_powerSGD_iter (PyTorch: 100; here 20)."""
+    size, me = group.size(), group.rank()
+    hg.manual_seed(0)
+    hooked = DDP(nn.Linear(1, 5), process_group=group)
+    hg.manual_seed(0)
+    plain = DDP(nn.Linear(1, 5), process_group=group)
+    hooked.register_comm_hook(PowerSGDState(group, 1, start_powerSGD_iter=2,
+                                            warm_start=warm_start), powerSGD_hook)
+    expected = sum(range(size)) / size
+    for _ in range(20):
+        grads = []
+        for net in (plain, hooked):
+            net.zero_grad()
+            net(hg.tensor([[float(me)]])).sum().backward()
+            grads.append(np.array(net.module.weight.grad.data))
+        assert grads[1][0, 0] == pytest.approx(expected) and np.array_equal(grads[0], grads[1])
+
+
 # --- serial: arguments, helpers, errors --------------------------------------------------------
-def test_state_refuses_start_before_bucket_rebuild():
-    with pytest.raises(ValueError, match="start_powerSGD_iter` > 1"):
-        PowerSGDState(None, start_powerSGD_iter=1)
+@pytest.mark.parametrize("start", [0, 1])
+@pytest.mark.parametrize("use_error_feedback, warm_start", [(True, True), (True, False),
+                                                            (False, True)])
+def test_state_refuses_start_before_bucket_rebuild(start, use_error_feedback, warm_start):
+    """PyTorch's test_invalid_powerSGD_state."""
+    with pytest.raises(ValueError, match="Expect `start_powerSGD_iter` > 1 if `use_error_feedback` "
+                                         "or `warm_start` is enabled, because PowerSGD can only be "
+                                         "applied after the first two iterations in DDP"):
+        PowerSGDState(None, start_powerSGD_iter=start, use_error_feedback=use_error_feedback,
+                      warm_start=warm_start)
+
+
+def test_state_arguments():
     PowerSGDState(None, start_powerSGD_iter=1, use_error_feedback=False, warm_start=False)
     with pytest.raises(ValueError, match="matrix_approximation_rank must be a positive"):
         PowerSGDState(None, matrix_approximation_rank=0)
