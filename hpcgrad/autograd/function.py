@@ -228,7 +228,8 @@ def _record(cls, args, needs):
             metadata.append(None)
             continue
         if dirty and any(o is d for d in dirty):
-            _mark_written(node, o, i)
+            if not any(o is r for r in results):  # returned twice: one write, one place
+                _mark_written(node, o, i)
             results.append(o)
             data = o._data
             if saved and any(s is o for s in saved):  # saved as the output: version after the write
@@ -256,6 +257,7 @@ def _record(cls, args, needs):
     if non_diff_outputs:
         node._non_diff_outputs = non_diff_outputs
     if dirty:
+        del node._dirty  # the Node must not hold its outputs (a Node <-> Tensor cycle)
         _check_dirty_returned(dirty, results)
     if saved:
         saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)

@@ -226,10 +226,11 @@ class IndexAdd(_Indexed):
 
 def getitem(x, index):
     index = _plain_index(index)
-    out = GetItem.apply(x, index)
     if _is_basic(index):  # ints, slices, None, Ellipsis: numpy gives a view
-        return as_view(out, x, "getitem", index)
-    return out
+        if not any(i is Ellipsis for i in index):
+            index += (Ellipsis,)  # a view even where every dimension gets an int (not a scalar)
+        return as_view(GetItem.apply(x, index), x, "getitem", index)
+    return GetItem.apply(x, index)
 
 
 def narrow(x, dim, start, length):
