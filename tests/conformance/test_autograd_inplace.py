@@ -10,11 +10,10 @@ import math
 
 import numpy as np
 import pytest
+from autograd_helpers import assert_close, leaf, ones, randn, zeros
 
 import hpcgrad as hg
 from hpcgrad.autograd import Function, gradcheck, gradgradcheck, no_grad
-
-from autograd_helpers import assert_close, leaf, ones, randn, zeros
 
 MODIFIED = "modified by an inplace operation"
 
@@ -573,4 +572,4 @@ def test_mark_dirty_saved_input_is_checked():
     with no_grad():
         x.add_(1)
     with pytest.raises(RuntimeError, match=MODIFIED):
-        x.grad_fn.saved_tensors
+        x.grad_fn.saved_tensors  # noqa: B018  (reading it is the check)
