@@ -3,13 +3,15 @@
 Each is one multi-output Function, as PyTorch's SplitBackward / UnbindBackward: the pieces are
 views of the input (basic slices) and backward joins their gradients with one Cat (or stack),
 a missing piece's gradient materialised as zeros, instead of one zero-filled input-sized array
-per piece.
+per piece. The pieces are recorded as views made by a multi-output op (Note [Views and in-place
+ops] in views.py): writing one in place while recording a graph raises PyTorch's error.
 """
 
 import numpy as np
 
 from ..autograd.function import Function
 from .shape import Cat, stack, wrap_dim
+from .views import as_view
 
 
 class Split(Function):
@@ -75,7 +77,17 @@ def split(tensor, split_size_or_sections, dim=0):
                                f"split_sizes={sizes}")
     if not sizes:  # an empty axis split by size: one empty piece, as PyTorch
         sizes = [0]
-    return Split.apply(tensor, dim, tuple(sizes))
+    return _split_views(tensor, dim, tuple(sizes))
+
+
+def _split_views(tensor, dim, sizes):
+    pieces = Split.apply(tensor, dim, sizes)
+    lead, start, out = (slice(None),) * dim, 0, []
+    for piece, size in zip(pieces, sizes):
+        out.append(as_view(piece, tensor, "getitem", lead + (slice(start, start + size),),
+                           multi=True))
+        start += size
+    return tuple(out)
 
 
 def chunk(input, chunks, dim=0):
@@ -90,7 +102,7 @@ def chunk(input, chunks, dim=0):
     dim = wrap_dim(dim, input.ndim)
     n = input.shape[dim]
     if n == 0:  # PyTorch gives ``chunks`` empty pieces
-        return Split.apply(input, dim, (0,) * chunks)
+        return _split_views(input, dim, (0,) * chunks)
     return split(input, -(-n // chunks), dim)
 
 
@@ -99,4 +111,8 @@ def unbind(input, dim=0):
     if input.ndim == 0:
         raise RuntimeError("Dimension specified as 0 but tensor has no dimensions")
     dim = wrap_dim(dim, input.ndim)
-    return Unbind.apply(input, dim) if input.shape[dim] else ()
+    if not input.shape[dim]:
+        return ()
+    lead = (slice(None),) * dim
+    return tuple(as_view(piece, input, "getitem", lead + (i,), multi=True)
+                 for i, piece in enumerate(Unbind.apply(input, dim)))

@@ -202,6 +202,19 @@ def test_split_pieces_share_one_node():
         assert all(p.grad_fn is None for p in x.split(1))
 
 
+def test_pieces_are_views_that_refuse_in_place_writes_as_pytorch():
+    torch = pytest.importorskip("torch")
+    for lib in (hg, torch):
+        x = lib.tensor(np.arange(6.0), requires_grad=True)
+        y = x * 2
+        for pieces in (y.chunk(2), y.split([1, 5]), y.unbind()):
+            with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+                pieces[1].mul_(3)
+        with lib.no_grad():
+            y.chunk(3)[1].mul_(0)  # allowed without a graph, and writes through to y
+        np.testing.assert_array_equal(y.detach().numpy(), [0, 2, 0, 0, 8, 10])
+
+
 def test_maximum_splits_ties_and_passes_nan():
     a = hg.tensor([1.0, 2.0, np.nan], requires_grad=True)
     b = hg.tensor([1.0, 3.0, 0.0], requires_grad=True)
