@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from .. import backend, creation, ops
+from ..autograd import version_counter
 from ..tensor import Tensor
 from . import _avgpool, _functions, _maxpool
 from ._window import Im2Col, out_size
@@ -316,6 +317,9 @@ def _renorm_rows(table, indices, max_norm, norm_type):
     norms = xp.linalg.norm(table[rows], ord=norm_type, axis=1)
     scale = xp.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
     table[rows] *= scale[:, None].astype(table.dtype)
+    # An in-place write, as PyTorch's embedding_renorm_: a graph that saved the weight before
+    # this forward fails at backward with the version error instead of using the new rows.
+    version_counter.bump(table)
 
 
 # --- probabilities and losses ---------------------------------------------------------------

@@ -197,6 +197,18 @@ def test_embedding_padding_idx_and_max_norm_match_torch():
     np.testing.assert_allclose(mine.weight.grad.data, theirs.weight.grad.numpy(), rtol=1e-12)
 
 
+def test_embedding_max_norm_is_an_in_place_write_as_torch():
+    """A graph that saved the weight before a max_norm forward fails at backward, in both."""
+    torch = torch_or_skip()
+    for lib in (hg, torch):
+        emb = lib.nn.Embedding(5, 3, max_norm=0.1)
+        w = emb.weight
+        y = (w * w).sum()  # saves w
+        out = emb(lib.tensor(np.array([1, 2])))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (y + out.sum()).backward()
+
+
 def test_embedding_padding_row_zero_initialised_as_torch():
     torch = torch_or_skip()
     assert (torch.nn.Embedding(4, 2, padding_idx=1).weight[1] == 0).all()
