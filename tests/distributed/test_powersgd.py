@@ -12,6 +12,7 @@ import pytest
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 from hpcgrad import nn
+from hpcgrad.ddp import buckets
 from hpcgrad.distributed import comm_hooks
 from hpcgrad.distributed.grad_bucket import GradBucket
 from hpcgrad.distributed.powersgd_hook import (
@@ -319,6 +320,37 @@ def test_hook_parity_with_allreduce_where_nothing_compresses(group, warm_start):
             net(hg.tensor([[float(me)]])).sum().backward()
             grads.append(np.array(net.module.weight.grad.data))
         assert grads[1][0, 0] == pytest.approx(expected) and np.array_equal(grads[0], grads[1])
+
+
+@mpi
+def test_several_buckets_with_the_progress_thread(group, monkeypatch):
+    """Note [PowerSGD collectives in one order]: three buckets, the progress thread completing
+    the vanilla steps' all-reduces (and running their callbacks) while backward launches the
+    next bucket's; the compressed steps' collectives all start on the training thread. Every
+    rank ends with the gradients of the same run without the thread."""
+    monkeypatch.setattr(buckets, "DEFAULT_FIRST_BUCKET_BYTES", 100 << 10)  # as later ones
+
+    def run(thread):
+        hg.manual_seed(0)
+        net = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(),
+                            nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 10)).double()
+        ddp = DDP(net, process_group=group, bucket_cap_mb=0.1)
+        state = PowerSGDState(group, 2, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook)
+        rng = np.random.default_rng(group.rank())
+        if thread:
+            dist.start_progress_thread(interval=1e-4)
+        try:
+            for _ in range(5):
+                ddp.zero_grad()
+                (ddp(hg.tensor(rng.standard_normal((8, 32)))) ** 2).sum().backward()
+        finally:
+            dist.stop_progress_thread()
+        assert len(ddp.reducer.buckets) == 3 and state.iter == 5
+        return [np.array(p.grad.data) for p in net.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_array_equal(a, b)
 
 
 # --- serial: arguments, helpers, errors --------------------------------------------------------
