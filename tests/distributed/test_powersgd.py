@@ -487,3 +487,17 @@ def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
         assert state.compression_stats()[1:] == tstate.compression_stats()[1:] == (4 * 61, 4 * 27)
     finally:
         tdist.destroy_process_group()
+
+
+def test_state_pickles_without_its_process_group(world):
+    """As PyTorch's __getstate__: the group stays behind (None: the default group after
+    unpickling), the hyperparameters and the per-bucket memory travel."""
+    import pickle
+    state = PowerSGDState(world, 1, start_powerSGD_iter=2)
+    state.iter = 2
+    run_hook(powerSGD_hook, state, [np.arange(30.0).reshape(6, 5)])
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.process_group is None and copy.iter == 3 and copy.start_powerSGD_iter == 2
+    for a, b in ((state.error_dict, copy.error_dict), (state.q_memory_dict, copy.q_memory_dict)):
+        assert np.array_equal(a[0], b[0])
+    assert copy.rng.randint(1000) == state.rng.randint(1000)
