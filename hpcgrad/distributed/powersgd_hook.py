@@ -205,11 +205,11 @@ def powerSGD_hook(state, bucket):
     For ``state.start_powerSGD_iter`` iterations a plain averaging all-reduce. Then, as
     PyTorch's hook: the error of the last step is added to the gradient; tensors that would not
     shrink by ``min_compression_rate`` (1-D ones never do when it is >= 1) are averaged
-    uncompressed in one buffer;
-    for the others P = M Q (Q warm-started, or drawn and orthogonalized), P summed over the
-    ranks and orthogonalized, Q = M^T P summed and divided by the world size, M <- P Q^T. All
-    ranks call it for the same buckets (it is a DDP comm hook: ``register_comm_hook(state,
-    powerSGD_hook)``). Note [PowerSGD collectives in one order].
+    uncompressed in one buffer; for the others P = M Q (Q warm-started, or drawn and
+    orthogonalized), P summed over the ranks and orthogonalized, Q = M^T P summed and divided
+    by the world size, M <- P Q^T. All ranks call it for the same buckets (it is a DDP comm
+    hook: ``register_comm_hook(state, powerSGD_hook)``). Note [PowerSGD collectives in one
+    order].
     """
     _refuse_sparse(bucket, "powerSGD_hook")
     group = _group(state)
