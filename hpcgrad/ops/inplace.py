@@ -30,9 +30,13 @@ from .views import check_inplace
 _grad_state = grad_mode._state
 
 
+_TORCH_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half", "int64": "Long",
+                "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+                "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
 def _torch_type(dtype):
-    names = {"f": "Float", "i": "Long", "u": "Byte", "b": "Bool", "c": "ComplexFloat"}
-    return names.get(np.dtype(dtype).kind, str(dtype))
+    return _TORCH_NAMES.get(np.dtype(dtype).name, str(dtype))
 
 
 def _check_writable(a, result_shape=None, result_dtype=None):
