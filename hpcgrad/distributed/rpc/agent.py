@@ -115,11 +115,11 @@ class RpcFuture(Future):
         """As Future.wait; meanwhile the waiting thread receives the agent's messages itself
         (Note [Waiting threads receive])."""
         agent = self._agent
-        if agent is not None and not self.done():
-            if not agent.progress_until(self.done, timeout):
-                raise self.timeout_error(f"{self.describe or 'Future'} timed out after "
-                                         f"{timeout:g} s")
-        return super().wait(timeout)
+        if (agent is not None and not self.done() and not agent.progress_until(self.done, timeout)
+                and agent.running):
+            raise self.timeout_error(f"{self.describe or 'Future'} timed out after "
+                                     f"{timeout:g} s")
+        return super().wait(timeout)  # (a stopped agent's: as Future.wait)
 
     result = wait
 
@@ -175,6 +175,10 @@ class MPIRpcAgent:
         self._polled_at = 0.0  # when a waiting thread last polled (Note [Waiting threads receive])
         self._thread = threading.Thread(target=self._progress, daemon=True,
                                         name=f"hpcgrad-rpc-progress-{self.rank}")
+
+    @property
+    def running(self):
+        return self._running
 
     def start(self):
         """Start serving: call after every handler is registered (a message that arrives
