@@ -403,8 +403,14 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     axis = 1 if input.ndim >= 2 else 0
-    log_probs = input.log_softmax(axis)
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    if (input.ndim == 2 and weight is None and not label_smoothing and reduction == "mean"
+            and t.dtype.kind in "iu" and input.shape[0] and input.dtype.kind == "f"):
+        # the common case as one Node (Note [Where the training step goes])
+        t = backend.to_device(_class_targets(input, t, ignore_index), input.device)
+        if not bool((t == ignore_index).any()):
+            return _functions.CrossEntropy.apply(input, t)
+    log_probs = input.log_softmax(axis)
     if t.dtype.kind not in "f":
         return _pick(log_probs, t, weight, ignore_index, reduction, label_smoothing)
     if t.shape != input.shape:

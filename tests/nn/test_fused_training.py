@@ -1,0 +1,91 @@
+"""The fused Nodes of the training step (cross-entropy, convolution product) against the unfused
+graph, finite differences and PyTorch."""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+import hpcgrad.nn.functional as F
+from hpcgrad.autograd import gradcheck, gradgradcheck
+from hpcgrad.nn import _functions
+
+
+def _logits(dtype, n=7, c=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, c)).astype(dtype) * 3, rng.integers(0, c, n)
+
+
+def _loss_and_grad(x, t, **kwargs):
+    x = hg.tensor(x, requires_grad=True)
+    loss = F.cross_entropy(x, t, **kwargs)
+    loss.backward()
+    return loss.data, x.grad.data
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_cross_entropy_has_the_bits_of_the_unfused_graph(dtype):
+    x, t = _logits(dtype)
+    fused = _loss_and_grad(x, t)
+    # a weight of ones takes the general path (log_softmax, then the weighted pick)
+    general = _loss_and_grad(x, t, weight=hg.ones(5, dtype=dtype))
+    assert fused[0].dtype == dtype and fused[0].shape == ()
+    np.testing.assert_allclose(fused[0], general[0], rtol=4 * np.finfo(dtype).eps)
+    np.testing.assert_array_equal(fused[1], general[1])
+
+
+def test_fused_cross_entropy_is_one_node_only_for_the_common_case():
+    x, t = _logits(np.float64)
+    xt = hg.tensor(x, requires_grad=True)
+    assert type(F.cross_entropy(xt, t).grad_fn).__name__.startswith("CrossEntropy")
+    for kwargs in [{"weight": hg.ones(5)}, {"label_smoothing": 0.1}, {"reduction": "sum"}]:
+        assert not type(F.cross_entropy(xt, t, **kwargs).grad_fn).__name__.startswith(
+            "CrossEntropy")
+    t_ignored = t.copy()
+    t_ignored[2] = -100
+    assert not type(F.cross_entropy(xt, t_ignored).grad_fn).__name__.startswith("CrossEntropy")
+
+
+def test_fused_cross_entropy_first_and_second_derivatives():
+    x, t = _logits(np.float64, n=4, c=3)
+    x = hg.tensor(x, requires_grad=True)
+    assert gradcheck(lambda a: F.cross_entropy(a, t), (x,))
+    assert gradgradcheck(lambda a: F.cross_entropy(a, t), (x,))
+
+
+def test_fused_cross_entropy_checks_targets_as_before():
+    with pytest.raises(IndexError, match="Target 5 is out of bounds"):
+        F.cross_entropy(hg.zeros(2, 5), np.array([0, 5]))
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_cross_entropy_matches_torch(ignored):
+    torch = pytest.importorskip("torch")
+    x, t = _logits(np.float64, n=9, c=4, seed=3)
+    if ignored:
+        t[[1, 4]] = -100
+    loss, grad = _loss_and_grad(x, t)
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(xt, torch.from_numpy(t))
+    want.backward()
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-12)
+    np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_product_derivatives(bias):
+    rng = np.random.default_rng(4)
+    cols = hg.tensor(rng.standard_normal((2, 6, 5)), requires_grad=True)
+    w = hg.tensor(rng.standard_normal((3, 6)), requires_grad=True)
+    b = hg.tensor(rng.standard_normal(3), requires_grad=True) if bias else None
+    inputs = (cols, w, b) if bias else (cols, w)
+
+    def fn(c, weight, bias=None):
+        return _functions.ConvMatMul.apply(c, weight, bias)
+
+    out = fn(*inputs).data
+    want = np.einsum("ok,nkl->nol", w.data, cols.data)
+    if bias:
+        want = want + b.data[:, None]
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+    assert gradcheck(fn, inputs)
+    assert gradgradcheck(fn, inputs)
