@@ -573,3 +573,25 @@ def test_mark_dirty_saved_input_is_checked():
         x.add_(1)
     with pytest.raises(RuntimeError, match=MODIFIED):
         x.grad_fn.saved_tensors  # noqa: B018  (reading it is the check)
+
+
+def test_inplace_on_view_multiple_outputs():
+    """test_inplace_on_view_multiple_outputs: the views of unbind/chunk/split may not be written
+    in place while recording a graph (allowed under no_grad)."""
+    root = leaf(np.arange(9.0).reshape(3, 3))
+    x = root.clone()
+    for views in (x.unbind(), x.chunk(3), x.split(1)):
+        with pytest.raises(RuntimeError, match="This view is the output of a function that "
+                                               "returns multiple views"):
+            views[0].mul_(2)
+    with no_grad():
+        x.unbind()[1].mul_(2)
+    assert_close(x[1].detach(), [6.0, 8.0, 10.0])
+
+
+def test_inplace_on_view_of_multiple_output_view():
+    """test_inplace_on_view_of_multiple_output_view: a view of such a view is refused too."""
+    a = leaf(np.random.default_rng(0).random(10)).clone()
+    c = a.unbind(0)[0].view(1)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        c.mul_(2)
