@@ -6,9 +6,12 @@ give views: ``views.as_view`` records them (Note [Views and in-place ops])."""
 import numpy as np
 
 from .. import backend
+from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..tensor import Tensor
-from .views import as_view, shares_memory
+from .views import as_view, record_view, shares_memory
+
+_grad_state = grad_mode._state
 
 
 def wrap_dim(dim, ndim):
@@ -44,8 +47,8 @@ class Reshape(Function):
 
 def reshape(x, shape):
     out = Reshape.apply(x, shape)
-    if shares_memory(out._data, x._data):
-        return as_view(out, x, "reshape", shape)
+    if _grad_state.enabled and out is not x and shares_memory(out._data, x._data):
+        return record_view(out, x, "reshape", shape)
     return out
 
 

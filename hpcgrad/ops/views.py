@@ -55,6 +55,11 @@ def as_view(out, src, kind, argument, multi=False):
     """
     if out is src or not _grad_state.enabled:
         return out
+    return record_view(out, src, kind, argument, multi)
+
+
+def record_view(out, src, kind, argument, multi=False):
+    """``as_view`` without its checks (the caller read grad mode and knows out is not src)."""
     info = getattr(src, "_view", None)
     step = (kind, argument, src._data.shape)
     if info is None:
