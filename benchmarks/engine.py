@@ -55,6 +55,17 @@ except ImportError:  # the torch column is simply left out
     torch = None
 
 LIBS = ("hpcgrad", "torch")
+# The chain is also run with the plan off: "general" is hpcgrad's general engine (Note
+# [Replayed backward plans]); "hpcgrad" replays a plan, built in the warm-up.
+GENERAL = "general"
+
+
+def _hpcgrad_lib(lib):
+    """Whether ``lib`` is one of hpcgrad's variants; sets the backward plan mode it asks for."""
+    if lib not in ("hpcgrad", GENERAL):
+        return False
+    hg.autograd.set_backward_plan("off" if lib == GENERAL else "on")
+    return True
 CHAIN_SIZES = (1, 1000)
 
 
@@ -114,12 +125,14 @@ def chain_torch(size, n_ops):
 
 
 def bench_chain(lib, size, n_ops, repeats, warmup, pause_gc=True):
-    build, count, grad_fn, x_grad = (chain_hpcgrad if lib == "hpcgrad" else chain_torch)(size, n_ops)
+    ours = _hpcgrad_lib(lib)
+    build, count, grad_fn, x_grad = (chain_hpcgrad if ours else chain_torch)(size, n_ops)
     probe = build()
     nodes = count(grad_fn(probe))
     del probe
-    stats = measure(lambda s: s.backward(), setup=build, repeats=repeats, warmup=warmup,
-                    pause_gc=pause_gc)
+    # Two warm-ups at least: the plan is built at the second backward of a structure.
+    stats = measure(lambda s: s.backward(), setup=build, repeats=repeats,
+                    warmup=max(warmup, 2) if lib == "hpcgrad" else warmup, pause_gc=pause_gc)
     return {"size": size, "ops": n_ops, "nodes": nodes,
             "backward_ms": stats.as_dict(1e3),
             "us_per_node": stats.as_dict(1e6 / nodes),
@@ -190,11 +203,13 @@ def callgrind_child(lib, what, size, n_ops, reps, part):
     """
     if lib == "torch":
         torch.set_num_threads(1)
+    ours = _hpcgrad_lib(lib)
     if what == "chain":
-        build = (chain_hpcgrad if lib == "hpcgrad" else chain_torch)(size, n_ops)[0]
-        s = build()
-        s.backward()
-        del s
+        build = (chain_hpcgrad if ours else chain_torch)(size, n_ops)[0]
+        for _ in range(2):  # the second backward builds the plan (when it is on)
+            s = build()
+            s.backward()
+            del s
         for _ in range(reps):
             s = build()
             if part == "backward":
@@ -215,7 +230,7 @@ def count_instructions(lib, what, size, n_ops, reps, part):
     """Instructions callgrind collects in a child running ``callgrind_child`` (whole process)."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
            os.path.abspath(__file__), "--callgrind-child", lib, what, str(size), str(n_ops),
-           str(reps), part] + (["--no-torch"] if lib == "hpcgrad" else [])
+           str(reps), part] + (["--no-torch"] if lib != "torch" else [])
     if shutil.which("setarch"):  # no address randomization: id()-keyed dicts hash alike each run
         cmd = ["setarch", platform.machine(), "-R"] + cmd
     env = dict(os.environ, PYTHONHASHSEED="0")  # same dict layouts, same counts, run after run
@@ -231,19 +246,22 @@ def instruction_report(args, libs):
     from concurrent.futures import ThreadPoolExecutor
     reps = 2
     jobs = {}
-    for lib in libs:
+    chain_libs = libs[:1] + [GENERAL] + libs[1:]
+    for lib in chain_libs:
         for size in CHAIN_SIZES:
             for part, r in (("forward", 0), ("forward", reps), ("backward", reps)):
                 jobs[(lib, "chain", size, part, r)] = (lib, "chain", size, args.nodes, r, part)
+    for lib in libs:
         for r in (0, reps):
             jobs[(lib, "mlp", args.hidden, "step", r)] = (lib, "mlp", args.hidden, args.batch, r,
                                                           "step")
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: count_instructions(*job), jobs.values())))
-    res = {"reps": reps, "nodes_per_chain": args.nodes + 2, "chain": [], "mlp": {}}
+    res = {"reps": reps, "nodes_per_chain": args.nodes + 2, "chain": [], "mlp": {},
+           "chain_libs": chain_libs}
     for size in CHAIN_SIZES:
         row = {"size": size}
-        for lib in libs:
+        for lib in chain_libs:
             base = counts[(lib, "chain", size, "forward", 0)]
             fwd = counts[(lib, "chain", size, "forward", reps)]
             bwd = counts[(lib, "chain", size, "backward", reps)]
@@ -262,18 +280,21 @@ def print_instructions(res, args, libs):
           f"{res['reps']} repetitions each")
     print(f"1. chain of {args.nodes:,} ops (y*c, y+d), {res['nodes_per_chain']:,} Nodes: "
           f"backward per Node, forward per op (the chain's build, with .sum())")
-    head = f"   {'size':>6}" + "".join(f"  {lib + ' bwd/Node':>17} {lib + ' fwd/op':>15}"
-                                       for lib in libs)
+    print("   (hpcgrad: replayed plan; general: hpcgrad with the plan off; ratios to torch)")
+    chain_libs = res.get("chain_libs", libs)
+    head = f"   {'size':>6}" + "".join(f"  {lib + ' bwd/Node':>17}" for lib in chain_libs)
+    head += f"  {'fwd/op ' + ' '.join(libs):>22}"
     if "torch" in libs:
-        head += f"  {'bwd ratio':>9} {'fwd ratio':>9}"
+        head += f"  {'bwd ratio':>9} {'general':>8} {'fwd ratio':>9}"
     print(head)
     for row in res["chain"]:
         line = f"   {row['size']:>6}" + "".join(
-            f"  {row[lib]['backward_per_node']:>17,.0f} {row[lib]['forward_per_op']:>15,.0f}"
-            for lib in libs)
+            f"  {row[lib]['backward_per_node']:>17,.0f}" for lib in chain_libs)
+        line += f"  {' '.join(format(row[lib]['forward_per_op'], ',.0f') for lib in libs):>22}"
         if "torch" in libs:
-            h, t = row["hpcgrad"], row["torch"]
+            h, g, t = row["hpcgrad"], row[GENERAL], row["torch"]
             line += (f"  {h['backward_per_node'] / t['backward_per_node']:>8.2f}x"
+                     f" {g['backward_per_node'] / t['backward_per_node']:>7.2f}x"
                      f" {h['forward_per_op'] / t['forward_per_op']:>8.2f}x")
         print(line)
     print(f"2. MLP 784-{args.hidden}-{args.hidden}-10, batch {args.batch}: one training step "

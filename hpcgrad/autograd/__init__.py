@@ -3,7 +3,7 @@
 import numpy as np
 
 from ..backend import get_array_module
-from .engine import Engine, get_default_engine  # noqa: F401
+from .engine import Engine, get_default_engine, set_backward_plan  # noqa: F401
 from .function import Function, once_differentiable  # noqa: F401
 from .graph import GradientEdge, make_edge
 from .grad_mode import (detect_anomaly, enable_grad, is_anomaly_enabled,  # noqa: F401

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import backend
 from . import grad_mode, saved_hooks
+from . import plan as _plan
 from .graph import GraphRoot
 from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
 from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
@@ -171,6 +172,13 @@ def _call_function(fn, grads):
     return outputs
 
 
+def _is_none(value):
+    return value is None
+
+
+_GENERAL = object()  # a replayed Node that takes _call_function's path
+
+
 def _check_nan(fn, outputs):
     for i, out in enumerate(outputs):
         if out is not None and bool(backend.get_array_module(out.data).isnan(out.data).any()):
@@ -215,7 +223,12 @@ class Engine:
         single_root = len(root_edges) == 1
         graph_root = root_edges[0].node if single_root else GraphRoot(root_edges, grads)
         min_topo_nr = min((e.node.topological_nr for e in outputs), default=0)
-        self.compute_dependencies(graph_root, graph_task, min_topo_nr)
+        planned = None
+        if plans.mode == "on" and accumulate_grad and not outputs and self._can_replay():
+            planned = plans.plan_for(graph_root)  # Note [Replayed backward plans]
+        if planned is None:
+            plans.stats["general"] += 1
+            self.compute_dependencies(graph_root, graph_task, min_topo_nr)
         if outputs:
             graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
         parent = _tls.current_graph_task
@@ -230,9 +243,124 @@ class Engine:
         hooks = saved_hooks.snapshot()  # PyTorch runs backward under the caller's thread state
         try:
             with _gc_pause:
+                if planned is not None:
+                    return self.replay(graph_task, planned[0], planned[1], buffer).result()
                 return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
         finally:
             saved_hooks.restore(hooks)
+
+    def _can_replay(self):
+        """A plan runs every Node on this thread: not with GPUs (device threads run theirs), not
+        past the reentrant depth where a pool thread takes over."""
+        self._start_device_threads()
+        return not self._has_gpus and _tls.current_depth < self.max_recursion_depth
+
+    def replay(self, graph_task, plan, nodes, root_buffer):
+        """Run ``nodes`` (matched to ``plan``) in the plan's order on this thread; returns the
+        task's future. Everything but the queueing is the general engine's: _call_function
+        (hooks, validation), release, anomaly checks, errors, final callbacks."""
+        reentrant = _tls.worker_device != NO_DEVICE
+        if reentrant:
+            graph_task.owner = _tls.worker_device
+            _tls.total_depth += 1
+            _tls.current_depth += 1
+        else:
+            graph_task.owner = _tls.worker_device = CPU_DEVICE
+        state = grad_mode._state
+        previous_task, previous_mode = _tls.current_graph_task, state.enabled
+        _tls.current_graph_task = graph_task
+        state.enabled = graph_task.grad_mode
+        graph_task.outstanding_tasks = 1  # "running": what completed() reads meanwhile
+        try:
+            self._run_plan(graph_task, plan, nodes, root_buffer)
+            if not graph_task.has_error:
+                graph_task.outstanding_tasks = 0
+                graph_task.mark_as_completed_and_run_post_processing()
+        finally:
+            _tls.current_graph_task, state.enabled = previous_task, previous_mode
+            if reentrant:
+                _tls.current_depth -= 1
+                _tls.total_depth -= 1
+            else:
+                _tls.worker_device = NO_DEVICE
+        return graph_task.future
+
+    def _run_plan(self, graph_task, plan, nodes, root_buffer):
+        """The replay loop. A built-in op's Node without hooks whose gradients all arrived has
+        its formula called directly (what BackwardNode.apply does, less its checks for the
+        uncommon cases) and its outputs checked inline against the receivers' metadata; every
+        other Node goes through _call_function, as in the general engine."""
+        edges, sizes, formulas, nulls = plan.edges, plan.sizes, plan.formulas, plan.nulls
+        keep_graph = graph_task.keep_graph
+        check_nan = _anomaly.enabled and _anomaly.check_nan
+        ndarray = np.ndarray
+        slots = [None] * len(nodes)  # position -> the gradients gathered for that Node
+        slots[0] = root_buffer
+        del root_buffer  # the slot holds it alone: AccumulateGrad may adopt a root gradient
+        fn = data = None
+        try:
+            for i in plan.order:
+                fn = nodes[i]
+                grads = slots[i]
+                if grads is None:  # every gradient sent here was None
+                    grads = [None] * sizes[i]
+                else:
+                    slots[i] = None
+                formula = formulas[i]
+                if formula is not None and not fn._hooked:
+                    if len(grads) == 1:
+                        grad = grads[0]
+                        result = formula(fn, grad) if grad is not None else _GENERAL
+                        grad = None
+                    else:
+                        result = _GENERAL if None in map(_is_none, grads) else formula(fn, *grads)
+                else:
+                    result = _GENERAL
+                if result is _GENERAL:  # hooks, a custom Node, or a gradient missing
+                    outputs = _call_function(fn, grads)
+                else:
+                    spec = edges[i]
+                    if type(result) is tuple and len(result) == len(spec):
+                        outputs = list(result)
+                        for k in nulls[i]:
+                            outputs[k] = None
+                    elif type(result) is Tensor and len(spec) == 1:
+                        outputs = [result]
+                    else:
+                        outputs = fn._outputs_of(result)
+                    for output, edge in zip(outputs, spec):  # _call_function's fast check
+                        if output is None or edge is None:
+                            continue
+                        metadata = nodes[edge[0]].input_metadata[edge[1]]
+                        if metadata is None:
+                            continue
+                        data = output._data if type(output) is Tensor else output.data
+                        if (type(data) is not ndarray or data.shape != metadata[0]
+                                or (data.dtype is not metadata[1] and data.dtype != metadata[1])
+                                or metadata[2] != "cpu"):
+                            validate_outputs(fn.next_edges, outputs,
+                                             lambda msg, fn=fn: f"Function {fn.name()} returned an {msg}")
+                            break
+                del grads
+                if not keep_graph:
+                    fn.release_variables()
+                if not outputs:
+                    continue
+                if check_nan:
+                    _check_nan(fn, outputs)
+                for output, edge in zip(outputs, edges[i]):
+                    if output is None or edge is None:
+                        continue
+                    j, input_nr = edge[0], edge[1]
+                    buffer = slots[j]
+                    if buffer is None:
+                        buffer = slots[j] = [None] * sizes[j]
+                    old = buffer[input_nr]
+                    buffer[input_nr] = output if old is None else old + output
+                # Drop the loop's references, so the receiver holds its gradient alone (steal).
+                output = outputs = result = data = None
+        except BaseException as exc:
+            self.thread_on_exception(graph_task, fn, exc)
 
     def compute_dependencies(self, root, graph_task, min_topo_nr=0):
         """Count, for every Node reachable from ``root``, how many edges lead into it."""
@@ -522,6 +650,16 @@ class Engine:
 
 
 _default_engine = Engine()
+plans = _plan.PlanCache()  # Note [Replayed backward plans]
+
+
+def set_backward_plan(mode):
+    """``"on"`` (default) or ``"off"`` (or a bool); returns the previous mode.
+
+    Note [Replayed backward plans]: ``on`` runs ``backward()`` from a plan of its graph, cached
+    and replayed when the structure repeats; ``off`` uses the queue engine for everything.
+    """
+    return plans.set_mode(mode)
 
 
 def get_default_engine():

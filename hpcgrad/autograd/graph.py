@@ -80,6 +80,11 @@ class Node:
     # Rarely set, so class-level defaults: a Node is created per op and must be cheap.
     _pre_hooks = _post_hooks = _tensor_pre_hooks = _retains_grad_hooks = None
     _forward_stack = None
+    # True once any hook was registered through the methods below (it stays True if they are
+    # removed): a replayed plan reads this one flag to call a formula directly (Note [Replayed
+    # backward plans]). AccumulateGrad's tensor pre-hooks are assigned by Tensor itself, but
+    # AccumulateGrad never takes that direct path.
+    _hooked = False
 
     def __init__(self, next_edges=(), sequence_nr=None):
         self.next_edges = next_edges = list(next_edges)
@@ -137,24 +142,28 @@ class Node:
     # --- hooks ----------------------------------------------------------------------------
     def register_prehook(self, fn):
         """``fn(grad_outputs) -> new grad_outputs or None``, before the Node runs."""
+        self._hooked = True
         if self._pre_hooks is None:
             self._pre_hooks = {}
         return _add_hook(self._pre_hooks, fn)
 
     def register_hook(self, fn):
         """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None``, after the Node runs."""
+        self._hooked = True
         if self._post_hooks is None:
             self._post_hooks = {}
         return _add_hook(self._post_hooks, fn)
 
     def register_tensor_prehook(self, input_nr, fn):
         """``fn(grad) -> new grad or None`` on the gradient arriving at input ``input_nr``."""
+        self._hooked = True
         if self._tensor_pre_hooks is None:
             self._tensor_pre_hooks = {}
         return _add_hook(self._tensor_pre_hooks, fn, input_nr)
 
     def set_retains_grad_hook(self, input_nr, fn):
         """One per input, run after the tensor pre-hooks (``Tensor.retain_grad``)."""
+        self._hooked = True
         if self._retains_grad_hooks is None:
             self._retains_grad_hooks = {}
         self._retains_grad_hooks[input_nr] = fn

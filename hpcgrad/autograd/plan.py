@@ -1,0 +1,245 @@
+"""Replayed backward plans: the execution order of a graph whose structure repeats, kept and reused.
+
+Note [Replayed backward plans]
+Most training loops build the same graph every step: the same Node types, wired the same way,
+created in the same order. The general engine (engine.py) rediscovers that every backward: it
+counts dependencies into a dict, makes an InputBuffer and a NodeTask per Node, pushes and pops a
+heap under a mutex. A plan keeps what that work finds, as positions instead of Nodes:
+
+- ``types[i]``: the type of the i-th Node met breadth-first from the root (root is 0);
+- ``edges[i]``: for each of its next edges, ``(j, input_nr)`` (j: the receiving Node's position)
+  or None: this is the whole structure, sharing included (a Node reached twice has one position);
+- ``order``: the positions in the order the general engine would run them. It is computed by
+  simulating the engine's ready queue on the structure (dependency counts, then the greatest
+  sequence number first, ties in push order), so it needs nothing recorded from a run;
+- ``ranking``: the positions sorted by sequence number. The ready queue's choices depend only on
+  how the sequence numbers compare, so a graph with the same structure and the same ranking (and
+  the same count of distinct numbers, which keeps ties where they were: AccumulateGrad's are all
+  equal) is run in the same order.
+
+A later backward matches a plan by walking its graph breadth-first and comparing, Node by Node,
+type and edges with the plan; any difference ends the walk and the general engine runs it. The
+walk is the only per-Node cost left besides running the Node: no dependency counts, no ready
+queue, no NodeTask, no lock; gradients go straight into the receiving position's list.
+
+What the plan does not fix is checked as the general engine checks it, on every replay: hooks
+(a Node's hooks are looked up when it runs, so hooks added or removed between iterations, such
+as DDP's AccumulateGrad post-hooks, behave the same), gradient shapes and dtypes against the
+receiver's metadata (so input metadata need not be part of the key), anomaly mode, errors,
+final callbacks, reentrant backwards. Input metadata, hooks and saved tensors are therefore left
+out of the structural key on purpose: they change nothing about the order.
+
+Where a plan is used (engine.Engine.execute): ``backward()`` without ``inputs=`` (the common
+case; ``grad()`` and ``inputs=`` need exec_info and go to the queue engine), on a process
+without GPUs (with GPUs, CPU and device work run on different threads), outside the pool threads
+of deep reentrant backwards. There, every backward runs from a plan: a cached one its graph
+matches, else one built for it (and cached: up to 4 per root type). Building and running a plan
+once costs less than the queue engine (the walk that builds it replaces compute_dependencies,
+and the simulation is cheaper than the queue), so a graph that never repeats gains too.
+``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the queue engine only.
+
+Cost per Node (callgrind, chain of 2,000 ops y*c, y+d, size 1, one backward; the figures and
+command are in benchmarks/engine.py's --instructions report and README "Performance"): queue
+engine 45.7k instructions, plan built and run 28.8k, plan matched and replayed 23.2k (matching
+4.1k of it), PyTorch 2.13 20.1k. What is left in a replay is the formula (the op inside Mul's
+formula costs 10.3k against numpy's 3.9k for ``a * b``: Note [Ops without a graph]), the
+inline gradient check against the receiver's metadata, and the interpreter's loop.
+"""
+
+import heapq
+import os
+import threading
+
+from .function import BackwardNode
+
+MODES = ("on", "off")
+_MAX_PLANS_PER_ROOT = 4  # per root type: a loop alternating a few graphs keeps all of them
+
+
+def _mode_from_env():
+    value = os.environ.get("HPCGRAD_BACKWARD_PLAN", "on").strip().lower()
+    aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
+    value = aliases.get(value, value)
+    if value not in MODES:
+        raise ValueError(f"HPCGRAD_BACKWARD_PLAN={value!r}: expected one of {', '.join(MODES)} "
+                         "(or 1/0)")
+    return value
+
+
+class BackwardPlan:
+    """The structure and execution order of one graph, by position (see the Note above).
+
+    Besides the Note's fields: ``flat``, every Node's next edges in one list, position order,
+    as (j, input_nr) or None; ``discover[i]``, where in ``flat`` the walk meets new Nodes from
+    position i (for match); ``formulas[i]``, the formula a replay may call directly (a built-in
+    op's); ``nulls[i]``, the next edges of position i that are None (their gradients dropped).
+    """
+
+    __slots__ = ("types", "edges", "sizes", "order", "ranking", "distinct", "formulas", "nulls",
+                 "flat", "discover")
+
+    def __len__(self):
+        return len(self.types)
+
+    def __repr__(self):
+        return f"<BackwardPlan of {len(self.types)} Nodes, root {self.types[0].__name__}>"
+
+
+class _Formulas(dict):
+    """Node type -> its formula when a replay may call it directly (a built-in op whose apply is
+    BackwardNode's: its formula returns Tensors or None, one per input), else None; each type
+    looked up once."""
+
+    def __missing__(self, node_type):
+        formula = None
+        if (issubclass(node_type, BackwardNode) and node_type._builtin
+                and node_type.apply is BackwardNode.apply):
+            formula = node_type._forward_cls.backward
+        self[node_type] = formula
+        return formula
+
+
+_formulas = _Formulas()
+
+
+def _ranking(seqs):
+    return sorted(range(len(seqs)), key=seqs.__getitem__)
+
+
+def build(root):
+    """Walk the graph under ``root`` and return its plan, with the Nodes in position order."""
+    nodes, index = [root], {root: 0}
+    edges, flat, discover, nulls = [], [], [], []
+    pending = [0]  # edges into each position, for the ready-queue simulation below
+    for fn in nodes:  # the list grows as the walk finds Nodes: breadth-first
+        spec, found, null = [], [], ()
+        for edge in fn.next_edges:
+            if edge is None:
+                null += (len(spec),)
+                spec.append(None)
+                flat.append(None)
+                continue
+            node = edge[0]
+            j = index.get(node)
+            if j is None:
+                found.append(len(flat))
+                j = index[node] = len(nodes)
+                nodes.append(node)
+                pending.append(1)
+            else:
+                pending[j] += 1
+            spec.append((j, edge[1]))
+            flat.append((j, edge[1]))
+        edges.append(spec)
+        discover.append(found)
+        nulls.append(null)
+    seqs = [fn.sequence_nr for fn in nodes]
+    # Simulate the ready queue: a Node is ready when every edge into it has delivered; the
+    # greatest sequence number runs first, ties in the order they became ready.
+    heap, tiebreak, order = [(-seqs[0], 0, 0)], 1, []
+    while heap:
+        i = heapq.heappop(heap)[2]
+        order.append(i)
+        for e in edges[i]:
+            if e is not None:
+                j = e[0]
+                pending[j] -= 1
+                if pending[j] == 0:
+                    heapq.heappush(heap, (-seqs[j], tiebreak, j))
+                    tiebreak += 1
+    plan = BackwardPlan()
+    plan.types = types = list(map(type, nodes))
+    plan.edges, plan.flat, plan.discover, plan.nulls = edges, flat, discover, nulls
+    plan.sizes = [len(fn.input_metadata) for fn in nodes]
+    plan.order, plan.ranking, plan.distinct = order, _ranking(seqs), len(set(seqs))
+    plan.formulas = list(map(_formulas.__getitem__, types))
+    return plan, nodes
+
+
+def match(plan, root):
+    """The Nodes of ``root``'s graph in the plan's positions, or None if the graph differs.
+
+    The walk only follows the edges where the plan met a new Node, gathering every Node's next
+    edges into one list as it goes; then whole-list comparisons (in C) check the rest: the
+    types, and every edge against the plan's (the same Node object at the same position, the
+    same input number, None where None). Nodes must also be distinct: a graph that shares one
+    Node where the plan has two of the same type would otherwise pass."""
+    nodes, flat = [root], []
+    append, extend = nodes.append, flat.extend
+    try:
+        for fn, discover in zip(nodes, plan.discover):  # zip follows the list's growth
+            extend(fn.next_edges)
+            for k in discover:
+                append(flat[k][0])
+    except (TypeError, IndexError):  # an edge is None, or missing, where the plan has one
+        return None
+    n = len(plan.types)
+    if len(nodes) != n or list(map(type, nodes)) != plan.types or len(flat) != len(plan.flat):
+        return None
+    if flat != [None if e is None else (nodes[e[0]], e[1]) for e in plan.flat]:
+        return None
+    if len(set(nodes)) != n:
+        return None
+    seqs = [fn.sequence_nr for fn in nodes]
+    if len(set(seqs)) != plan.distinct or _ranking(seqs) != plan.ranking:
+        return None
+    return nodes
+
+
+class PlanCache:
+    """Plans by root type, most recently used first; counts what happened, for tests and benchmarks."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._plans = {}    # type of root -> [BackwardPlan, ...]
+        self.mode = _mode_from_env()
+        self.stats = {"replayed": 0, "built": 0, "general": 0}
+
+    def set_mode(self, mode):
+        if mode is True or mode is False:
+            mode = "on" if mode else "off"
+        if mode not in MODES:
+            raise ValueError(f"set_backward_plan: expected one of {', '.join(MODES)} or a bool, "
+                             f"got {mode!r}")
+        previous, self.mode = self.mode, mode
+        if mode == "off":
+            self.clear()
+        return previous
+
+    def clear(self):
+        with self._lock:
+            self._plans.clear()
+            self.stats = dict.fromkeys(self.stats, 0)
+
+    def lookup(self, root):
+        """``(plan, nodes)`` for a graph matching a cached plan, else None."""
+        plans = self._plans.get(type(root))
+        if not plans:
+            return None
+        for k, plan in enumerate(plans):
+            nodes = match(plan, root)
+            if nodes is not None:
+                if k:
+                    with self._lock:  # most recently used first
+                        if plan in plans:
+                            plans.remove(plan)
+                            plans.insert(0, plan)
+                return plan, nodes
+        return None
+
+    def plan_for(self, root):
+        """``(plan, nodes)`` for ``root``'s graph: a cached plan it matches, else a new one."""
+        found = self.lookup(root)
+        if found is not None:
+            self.stats["replayed"] += 1
+            return found
+        plan, nodes = build(root)
+        self.add(plan)
+        return plan, nodes
+
+    def add(self, plan):
+        with self._lock:
+            plans = self._plans.setdefault(plan.types[0], [])
+            plans.insert(0, plan)
+            del plans[_MAX_PLANS_PER_ROOT:]
+            self.stats["built"] += 1
