@@ -96,6 +96,7 @@ class _DDPSink(Function):
     def backward(ctx, *grads):
         reducer = ctx.reducer_ref()
         if reducer is not None:
+            reducer.queue_delay_all_reduce()  # static_graph's first iteration only
             reducer.outputs_left_out([fn for fn, g in zip(ctx.roots, grads)
                                       if g is not None and fn is not None])
         return (None,) + grads
@@ -214,10 +215,12 @@ class DistributedDataParallel(Module):
                  process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                  gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
         super().__init__()
-        if static_graph:
-            raise NotImplementedError("static_graph=True is not built yet (it lets a parameter be "
-                                      "marked ready more than once, e.g. with checkpointing); "
-                                      "leave it False")
+        if static_graph and find_unused_parameters:
+            warnings.warn("You passed find_unused_parameters=true to DistributedDataParallel, "
+                          "static_graph=True will detect unused parameters automatically, so you "
+                          "do not need to set find_unused_parameters=true, just be sure these "
+                          "unused parameters will not change during training loop while using "
+                          "static_graph (Note [Static graph]).", stacklevel=2)
         self.module = module
         self.process_group = process_group or dist.init_process_group()
         self._init_buffer_options(broadcast_buffers, forward_sync_buffers)
@@ -257,7 +260,7 @@ class DistributedDataParallel(Module):
         object.__setattr__(self, "reducer", Reducer(
             params, list(reversed(indices)), self._own_group or self.process_group,
             expect_sparse, cap, self.find_unused_parameters, self.gradient_as_bucket_view,
-            [n for n, _ in named]))
+            [n for n, _ in named], self.static_graph))
 
     def _private_group(self):
         """DDP's own communicator (Note [DDP's own communicator]), duplicated at first need."""
@@ -388,14 +391,36 @@ class DistributedDataParallel(Module):
             self._sync_buffers()
         output = self.module(*inputs, **kwargs)
         if syncing:
-            outputs = _find_tensors(output) if self.find_unused_parameters else ()
-            self.reducer.prepare_for_backward(outputs)
-            if self.find_unused_parameters:
+            # The output sink: every iteration for find_unused_parameters; the first only for
+            # static_graph, whose sink queues the delayed reduction (Note [Static graph]).
+            sink = self._dynamic_unused or (self.static_graph
+                                            and self.reducer.static_counts is None)
+            outputs = _find_tensors(output) if sink else ()
+            self.reducer.prepare_for_backward(outputs if self._dynamic_unused else ())
+            if sink:
                 output = self._through_sink(output, outputs)
             self._trained += 1
         if active is not None:
             active.wait()  # a pending request must complete even when nobody needs its value
         return output
+
+    @property
+    def _dynamic_unused(self):
+        """PyTorch's dynamic_graph_find_unused: a search for unused parameters every iteration."""
+        return self.find_unused_parameters and not self.static_graph
+
+    def _set_static_graph(self):
+        """PyTorch's older spelling of ``static_graph=True``, before the first iteration."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.",
+                          stacklevel=2)
+            return
+        if self.reducer.num_iterations:
+            raise RuntimeError("_set_static_graph() must be called before the first forward "
+                               "(the first iteration records the graph)")
+        self.static_graph = True
+        self.reducer.static_graph = True
+        self.reducer.find_unused_parameters = False
 
     def _through_sink(self, output, tensors):
         tensors = list({id(t): t for t in tensors if t.requires_grad}.values())  # once each

@@ -145,14 +145,22 @@ class Reducer:
 
     def __init__(self, params, bucket_indices, process_group, expect_sparse_gradients=None,
                  bucket_bytes_cap=25 << 20, find_unused_parameters=False,
-                 gradient_as_bucket_view=False, param_names=None):
+                 gradient_as_bucket_view=False, param_names=None, static_graph=False):
         self.params = list(params)
         self.names = list(param_names) if param_names else [f"#{i}" for i in
                                                            range(len(self.params))]
         self.process_group = process_group
         self.expect_sparse = list(expect_sparse_gradients or [False] * len(self.params))
         self.bucket_bytes_cap = bucket_bytes_cap
-        self.find_unused_parameters = find_unused_parameters
+        # Note [Static graph]: static_graph replaces the per-iteration search for unused
+        # parameters (PyTorch's dynamic_graph_find_unused is find_unused && !static_graph).
+        self.static_graph = static_graph
+        self.find_unused_parameters = find_unused_parameters and not static_graph
+        self.static_counts = None  # hooks per parameter in the first iteration, then fixed
+        self._hook_counts = np.zeros(len(params), dtype=np.int64)
+        self._remaining = None     # this iteration's hooks still to come, per parameter
+        self.static_unused = []
+        self._delay_queued = False
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self._lock = threading.RLock()  # hooks may run on a device thread
         self.expect_autograd_hooks = False
@@ -267,6 +275,13 @@ class Reducer:
             self._outer_task = None
             self._note_graph_task()
             self._comm_start = None
+            if self.static_graph:
+                if self.static_counts is None:
+                    self._hook_counts[:] = 0
+                    self.local_used[:] = 0
+                    self._delay_queued = False
+                else:
+                    self._remaining = self.static_counts.copy()
             if self.find_unused_parameters:
                 self.unused_parameters = self._unreached_from(
                     [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None])
@@ -311,6 +326,9 @@ class Reducer:
         counts as locally unused, as in the seed's hook with an undefined gradient.
         """
         with self._lock:
+            if self.static_graph:
+                self._static_hook(index, computed)
+                return
             if self.find_unused_parameters and computed:
                 self.local_used[index] = 1
             if not self.expect_autograd_hooks:
@@ -327,6 +345,74 @@ class Reducer:
                 if not computed and self.ready[index]:
                     return
             self.mark_variable_ready(index, computed)
+
+    # Note [Static graph]
+    # DistributedDataParallel(static_graph=True), as PyTorch's: the first synced iteration only
+    # counts how many times each parameter's hook fires (a parameter used by two reentrant
+    # checkpointed segments fires twice) and which parameters got a gradient; nothing is
+    # reduced while it runs. Its output sink (DDP.forward) queues delay_all_reduce on the
+    # outermost backward, which records the counts, all-reduces the used map once (a parameter
+    # unused on every rank keeps its .grad, as with find_unused_parameters) and marks every
+    # parameter ready, so the buckets go out at the end of that backward. From then on a
+    # parameter is marked ready at its last expected hook (so several hooks per parameter are
+    # allowed), the parameters unused in the first iteration at the first hook of each
+    # iteration: no traversal of the graph per iteration, no used-map all-reduce. The buckets
+    # are rebuilt in the second iteration's ready order. A graph that changes (a parameter's
+    # hook fires more often than in the first iteration) raises, as in PyTorch; one that fires
+    # less leaves its bucket unreduced, which finalize reports.
+    def _static_hook(self, index, computed):
+        if not self.expect_autograd_hooks:
+            return
+        self._note_graph_task()
+        if self.static_counts is None:  # the first iteration: count, reduce at the end
+            self._hook_counts[index] += 1
+            if computed:
+                self.local_used[index] = 1
+            return
+        left = self._remaining[index]
+        if left <= 0:
+            raise RuntimeError(
+                f"Your training graph has changed in this iteration, e.g., one parameter "
+                f"({self.names[index]}) is used in first iteration, but then got unused in the "
+                "second iteration, or its gradient hook fired more often than in the first "
+                "iteration. This is not compatible with static_graph set to True.")
+        self._remaining[index] = left - 1
+        if left > 1:
+            return  # more uses of this parameter will add to its .grad
+        if not self.has_marked_unused_parameters:
+            self.has_marked_unused_parameters = True
+            if not self.has_rebuilt_buckets:
+                self.rebuilt_param_indices.extend(self.static_unused)  # a complete order
+            for unused in self.static_unused:
+                self.mark_variable_ready(unused)
+        if not self.has_rebuilt_buckets:
+            self.rebuilt_param_indices.append(index)
+        self.mark_variable_ready(index, computed)
+
+    def queue_delay_all_reduce(self):
+        """From DDP's output sink in the first static-graph iteration: reduce at the end of
+        this (outermost) backward (Note [Static graph])."""
+        with self._lock:
+            if self.static_graph and self.static_counts is None and not self._delay_queued:
+                self._delay_queued = True
+                Engine.queue_callback(self.delay_all_reduce)
+
+    def delay_all_reduce(self):
+        """The first static-graph backward's final callback: record, then reduce everything."""
+        with self._lock:
+            if not self.expect_autograd_hooks:
+                return  # nothing of this iteration went through the hooks (no_sync, say)
+            self.static_counts = self._hook_counts.copy()
+            self.static_unused = [int(i) for i in np.flatnonzero(self.static_counts == 0)]
+            self.global_used = self.local_used.copy()
+            self.process_group.iallreduce(self.global_used, ReduceOp.SUM, blocking=True)
+            self.local_used_reduced = True
+            self.has_marked_unused_parameters = True
+            for index in range(len(self.params)):
+                if not self.ready[index]:
+                    self.mark_variable_ready(index, bool(self.static_counts[index]))
+            for index in self.static_unused:
+                self.unused_parameter_names[self.names[index]] = None
 
     def _note_graph_task(self):
         # Note [Finalize on the outermost backward]: a reentrant backward (reentrant activation
@@ -610,7 +696,7 @@ class Reducer:
 
     def _globally_unused(self, index):
         """Lazily wait for the used-map all-reduce only when a parameter was unused locally."""
-        if not self.find_unused_parameters or self.local_used[index]:
+        if not (self.find_unused_parameters or self.static_graph) or self.local_used[index]:
             return False
         if not self.local_used_reduced:
             self.local_used_work.wait()
@@ -683,8 +769,9 @@ class Reducer:
                   "use multiple `checkpoint` functions to wrap the same part of your model, it "
                   "would result in the same set of parameters been used by different reentrant "
                   "backward passes multiple times, and hence marking a variable ready multiple "
-                  "times. DDP does not support such use cases yet (static_graph is not built "
-                  "here).")
+                  "times. DDP does not support such use cases by default. You can try "
+                  "static_graph=True as a workaround if your module graph does not change over "
+                  "iterations.")
         if self.has_marked_unused_parameters:
             common += (
                 " 3) Incorrect unused parameter detection. The return value of the `forward` "

@@ -12,7 +12,7 @@ Left out, with the reason:
 - CUDA/NCCL-only: test_DistributedDataParallel (device_ids, GPU), *_non_default_stream,
   *_with_amp_and_grad_is_view, test_ddp_device, test_ddp_zero_output_features' device_ids,
   multi-device modules (test_gloo_backend_*gpu_module), test_ddp_sink_noclone (TorchDispatchMode).
-- Not built in hpcgrad: static_graph (test_*_static_graph, checkpointing twice), PowerSGD and
+- Not built in hpcgrad: PowerSGD (ported in tests/distributed/test_powersgd.py instead) and
   post-localSGD (test_ddp_hook_parity_powerSGD/post_localSGD, test_invalid_powerSGD_state),
   _register_fused_optim / apply_optim_in_backward (test_ddp_hook_with_optimizer_parity_*,
   test_ddp_apply_optim_in_backward*), native mixed precision (test_ddp_native_mixed_precision_*),
@@ -427,14 +427,21 @@ class CheckpointOnceModule(nn.Module):
         return checkpoint(self.l2, self.l1(inp))
 
 
+class CheckpointTwiceModule(CheckpointOnceModule):
+    """Runs checkpoint on the same layer twice: its parameters' hooks fire twice per backward."""
+
+    def forward(self, inp):
+        return checkpoint(self.l2, checkpoint(self.l2, self.l1(inp)))
+
+
 def _test_ddp_checkpointing(group, input_model, use_bucket_view, find_unused_parameters=False,
-                            run_checkpoint=False):
+                            run_checkpoint=False, static_graph=False):
     """_test_ddp_checkpointing: 5 iterations, MSE, zero_grad(set_to_none=False) on both; the
     DDP gradients on this rank's 16 rows equal the full batch's."""
     model = copy.deepcopy(input_model)
     ddp_model = h.ddp(copy.deepcopy(input_model), group, bucket_cap_mb=1,
                       gradient_as_bucket_view=use_bucket_view,
-                      find_unused_parameters=find_unused_parameters)
+                      find_unused_parameters=find_unused_parameters, static_graph=static_graph)
     ddp_bs = 16
     gen = h.rng(31415)
     inp = h.rand(gen, ddp_bs * group.size(), 20, requires_grad=True)
@@ -460,10 +467,23 @@ def _test_ddp_checkpointing(group, input_model, use_bucket_view, find_unused_par
 
 @mpi2
 @pytest.mark.parametrize("use_bucket_view", [False, True])
-def test_ddp_checkpointing_once(group, use_bucket_view):
-    """DDP works when a layer is checkpointed once (use_reentrant=True; static_graph: not built)."""
+@pytest.mark.parametrize("static_graph", [False, True])
+def test_ddp_checkpointing_once(group, use_bucket_view, static_graph):
+    """DDP works when a layer is checkpointed once (use_reentrant=True)."""
     model = h.seeded(CheckpointOnceModule, 31415)
-    _test_ddp_checkpointing(group, model, use_bucket_view)
+    _test_ddp_checkpointing(group, model, use_bucket_view, static_graph=static_graph)
+
+
+@mpi2
+@pytest.mark.parametrize("use_bucket_view", [False, True])
+def test_ddp_checkpointing_twice(group, use_bucket_view):
+    """A layer checkpointed twice: with static_graph its parameters become ready at their second
+    hook (Note [Static graph]); without it, the second hook is a second "ready"."""
+    model = h.seeded(CheckpointTwiceModule, 31415)
+    _test_ddp_checkpointing(group, model, use_bucket_view, static_graph=True)
+    with h.raises_on_every_rank(group, RuntimeError,
+                                match="Expected to mark a variable ready only once.*static_graph"):
+        _test_ddp_checkpointing(group, model, use_bucket_view)
 
 
 @mpi2
@@ -490,6 +510,8 @@ def test_ddp_checkpointing_weight_sharing(group, use_bucket_view):
 
     model = h.seeded(build, 31415)
     _test_ddp_checkpointing(group, model, use_bucket_view, run_checkpoint=True)
+    _test_ddp_checkpointing(group, model, use_bucket_view, run_checkpoint=True,
+                            static_graph=True)
 
 
 # --- state_dict of the wrapped module -------------------------------------------------------------

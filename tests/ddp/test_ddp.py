@@ -117,6 +117,12 @@ MODES = {
     "find_unused_parameters": Case(UNUSED, heads=True),
     "find_unused_parameters_as_view": Case({**UNUSED, **VIEW}, several_buckets=True, heads=True),
     "no_sync": Case(micro=3),
+    # Note [Static graph]: the first iteration reduces at its end, later ones per bucket.
+    "static_graph": Case({"static_graph": True}),
+    "static_graph_several_buckets_as_view": Case({"static_graph": True, **VIEW},
+                                                 several_buckets=True),
+    "static_graph_unused": Case({"static_graph": True}, several_buckets=True, heads=True),
+    "static_graph_no_sync": Case({"static_graph": True}, micro=3),
     "no_sync_as_view": Case(VIEW, micro=3),
     "allreduce_hook": Case(several_buckets=True, hook=comm_hooks.allreduce_hook),
     "hook_returning_new_array": Case(several_buckets=True, hook=allreduce_into_new_array),
@@ -267,7 +273,8 @@ def run_case(case, group, monkeypatch):
         x, y = batch(step, size, integer=case.sparse)
         mine = rows([rank])
         ddp_step(ddp, x[mine], y[mine], case.micro, forward_kwargs(case, rank))
-        if step == 0:
+        # The order the buckets are rebuilt from: static_graph records it in its second step.
+        if step == (1 if case.ddp.get("static_graph") else 0):
             first_order = [list(reducer.ready_order)]
             dist.broadcast_object_list(first_order, src=0, group=group)
             assert not reducer.has_rebuilt_buckets
@@ -419,9 +426,31 @@ def test_different_models_across_ranks_fail_on_every_rank(group, change, message
         DDP(model, process_group=group)
 
 
-def test_static_graph_is_not_built():
-    with pytest.raises(NotImplementedError, match="static_graph=True is not built"):
-        DDP(make_model(MODES["default"], 0), static_graph=True)
+@mpi
+def test_static_graph_that_changes_raises(group):
+    """test_invalid_static_graph: a parameter unused in the first iteration and used later makes
+    its hook fire more often than recorded (Note [Static graph])."""
+    case = MODES["static_graph_unused"]
+    ddp = DDP(make_model(case, 0), process_group=group, static_graph=True)
+    x, y = batch(0, group.size())
+    mine = rows([group.rank()])
+    ddp_step(ddp, x[mine], y[mine])  # head unused everywhere: recorded as unused
+    assert ddp._get_ddp_logging_data()["static_graph"]
+    assert ddp.reducer.static_unused == sorted(
+        ddp.reducer.names.index(n) for n in ("head.weight", "head.bias", "dead.weight",
+                                             "dead.bias"))
+    with pytest.raises(RuntimeError, match="Your training graph has changed in this iteration"):
+        ddp_step(ddp, x[mine], y[mine], kwargs={"use_head": True})
+
+
+def test_set_static_graph_before_the_first_forward():
+    ddp = DDP(make_model(MODES["default"], 0))
+    ddp._set_static_graph()
+    assert ddp.static_graph and ddp.reducer.static_graph
+    with pytest.warns(UserWarning, match="no need to set it again"):
+        ddp._set_static_graph()
+    with pytest.warns(UserWarning, match="static_graph=True will detect unused parameters"):
+        DDP(make_model(MODES["default"], 0), static_graph=True, find_unused_parameters=True)
 
 
 def test_module_without_trainable_parameters():
