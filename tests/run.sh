@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4. Extra args go to each pytest.
+# Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4, and
+# the engine's tests with the backward plan off. Extra args go to each pytest.
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
@@ -64,7 +65,14 @@ run() {
 }
 
 run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
-run "mpi, 1 rank" timeout -k 10 "$mpi_limit" "$python" -m pytest --with-mpi -m mpi "$@"
+# Every backward() runs from a replayed plan by default (Note [Replayed backward plans]); the
+# engine's tests, and the 1-rank run, also run on the queue engine alone.
+if [ $# -eq 0 ]; then
+    run "serial, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$serial_limit" \
+        "$python" -m pytest -q tests/autograd tests/conformance tests/utils
+fi
+run "mpi, 1 rank, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$mpi_limit" \
+    "$python" -m pytest --with-mpi -m mpi "$@"
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
         "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi \
