@@ -82,7 +82,7 @@ def hpcgrad_step(model, x, y, lr=0.01, zero_in_place=False, span=TIMELINE.span):
     return step
 
 
-def hpcgrad_figures(sizes, batch, repeats, lr=0.01, bucket_view=False):
+def hpcgrad_figures(sizes, batch, repeats, lr=0.01, bucket_view=False, static_graph=False):
     x, y = hpcgrad_batch(sizes, batch)
     mlp = functools.partial(hpcgrad_mlp, sizes)
 
@@ -90,7 +90,8 @@ def hpcgrad_figures(sizes, batch, repeats, lr=0.01, bucket_view=False):
         return hpcgrad_step(model, x, y, lr, zero_in_place, span=_no_span)
 
     compute = median_time(step_of(mlp()), repeats)
-    ddp = DistributedDataParallel(mlp(), gradient_as_bucket_view=bucket_view)
+    ddp = DistributedDataParallel(mlp(), gradient_as_bucket_view=bucket_view,
+                                  static_graph=static_graph)
     step = median_time(step_of(ddp, zero_in_place=bucket_view), repeats)
     flat = np.zeros(sum(p.data.size for p in ddp.parameters()), np.float32)
     comm = median_time(lambda: dist.all_reduce(flat), repeats)
@@ -235,10 +236,13 @@ def torch_figures(sizes, batch, repeats, lr=0.01):
 
     compute = median_time(step_of(mlp()), repeats)
     step = median_time(step_of(torch.nn.parallel.DistributedDataParallel(mlp())), repeats)
+    static = median_time(step_of(torch.nn.parallel.DistributedDataParallel(
+        mlp(), static_graph=True)), repeats)
     flat = torch.zeros(sum(p.numel() for p in mlp().parameters()))
     comm = median_time(lambda: tdist.all_reduce(flat), repeats)
     tdist.destroy_process_group()
-    return {"step": step, "compute": compute, "comm": comm, "bytes": flat.numel() * 4}
+    figures = {"step": step, "compute": compute, "comm": comm, "bytes": flat.numel() * 4}
+    return figures, {**figures, "step": static}
 
 
 def overlap(f):
@@ -263,9 +267,12 @@ def main():
         return
     results = {"hpcgrad": hpcgrad_figures(sizes, args.batch, args.repeats),
                "hpcgrad, grad as bucket view": hpcgrad_figures(sizes, args.batch, args.repeats,
-                                                               bucket_view=True)}
+                                                               bucket_view=True),
+               "hpcgrad, static_graph": hpcgrad_figures(sizes, args.batch, args.repeats,
+                                                        static_graph=True)}
     if not args.no_torch:
-        results["torch"] = torch_figures(sizes, args.batch, args.repeats)
+        results["torch"], results["torch, static_graph"] = (
+            torch_figures(sizes, args.batch, args.repeats) or (None, None))
     if COMM.Get_rank() != 0:
         return
     if args.json:
@@ -284,6 +291,9 @@ def main():
     if results.get("torch"):
         ratio = results["hpcgrad"]["step"][0] / results["torch"]["step"][0]
         print(f"step time ratio hpcgrad / torch DDP (gloo): {ratio:.2f}x")
+        ratio = (results["hpcgrad, static_graph"]["step"][0]
+                 / results["torch, static_graph"]["step"][0])
+        print(f"step time ratio with static_graph=True, hpcgrad / torch: {ratio:.2f}x")
     print(f"gradient bytes: {results['hpcgrad']['bytes'] / 1e6:.1f} MB in "
           f"{results['hpcgrad']['buckets']} buckets")
 
