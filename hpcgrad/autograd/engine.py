@@ -179,6 +179,14 @@ def _is_none(value):
 _GENERAL = object()  # a replayed Node that takes _call_function's path
 
 
+def _validated(fn, outputs, spec, edge):
+    """The output going along ``edge`` (an entry of the plan's ``spec``) after the full
+    validation of ``outputs``, whose fast check it failed: summed back to a broadcast input's
+    shape, cast, or an error. (By the edge's position: a formula may return one Tensor twice.)"""
+    validate_outputs(fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
+    return outputs[next(k for k, e in enumerate(spec) if e is edge)]
+
+
 def _check_nan(fn, outputs):
     for i, out in enumerate(outputs):
         if out is not None and bool(backend.get_array_module(out.data).isnan(out.data).any()):
@@ -307,7 +315,7 @@ class Engine:
                 else:
                     slots[i] = None
                 formula = formulas[i]
-                if formula is not None and not fn._hooked:
+                if formula is not None and not fn._hooked and not check_nan:
                     if len(grads) == 1:
                         grad = grads[0]
                         result = formula(fn, grad) if grad is not None else _GENERAL
@@ -316,9 +324,26 @@ class Engine:
                         result = _GENERAL if None in map(_is_none, grads) else formula(fn, *grads)
                 else:
                     result = _GENERAL
-                if result is _GENERAL:  # hooks, a custom Node, or a gradient missing
+                if result is _GENERAL:  # hooks, a custom Node, anomaly mode, a gradient missing
                     outputs = _call_function(fn, grads)
+                    del grads
+                    if not keep_graph:
+                        fn.release_variables()
+                    if not outputs:
+                        continue
+                    if check_nan:
+                        _check_nan(fn, outputs)
+                    for output, edge in zip(outputs, edges[i]):
+                        if output is None or edge is None:
+                            continue
+                        j, input_nr = edge[0], edge[1]
+                        buffer = slots[j]
+                        if buffer is None:
+                            buffer = slots[j] = [None] * sizes[j]
+                        old = buffer[input_nr]
+                        buffer[input_nr] = output if old is None else old + output
                 else:
+                    del grads
                     spec = edges[i]
                     if type(result) is tuple and len(result) == len(spec):
                         outputs = list(result)
@@ -328,35 +353,30 @@ class Engine:
                         outputs = [result]
                     else:
                         outputs = fn._outputs_of(result)
-                    for output, edge in zip(outputs, spec):  # _call_function's fast check
+                    # _call_function's check against the receiver's metadata, and the hand-over
+                    # of each gradient, in one pass.
+                    for output, edge in zip(outputs, spec):
                         if output is None or edge is None:
                             continue
-                        metadata = nodes[edge[0]].input_metadata[edge[1]]
-                        if metadata is None:
-                            continue
-                        data = output._data if type(output) is Tensor else output.data
-                        if (type(data) is not ndarray or data.shape != metadata[0]
-                                or (data.dtype is not metadata[1] and data.dtype != metadata[1])
-                                or metadata[2] != "cpu"):
-                            validate_outputs(fn.next_edges, outputs,
-                                             lambda msg, fn=fn: f"Function {fn.name()} returned an {msg}")
-                            break
-                del grads
-                if not keep_graph:
-                    fn.release_variables()
-                if not outputs:
-                    continue
-                if check_nan:
-                    _check_nan(fn, outputs)
-                for output, edge in zip(outputs, edges[i]):
-                    if output is None or edge is None:
-                        continue
-                    j, input_nr = edge[0], edge[1]
-                    buffer = slots[j]
-                    if buffer is None:
-                        buffer = slots[j] = [None] * sizes[j]
-                    old = buffer[input_nr]
-                    buffer[input_nr] = output if old is None else old + output
+                        j, input_nr = edge[0], edge[1]
+                        metadata = nodes[j].input_metadata[input_nr]
+                        if metadata is not None:
+                            data = output._data if type(output) is Tensor else output.data
+                            if (type(data) is not ndarray or data.shape != metadata[0]
+                                    or (data.dtype is not metadata[1]
+                                        and data.dtype != metadata[1])
+                                    or metadata[2] != "cpu"):
+                                output = _validated(fn, outputs, spec, edge)
+                        buffer = slots[j]
+                        if buffer is None:
+                            if sizes[j] == 1:
+                                slots[j] = [output]
+                                continue
+                            buffer = slots[j] = [None] * sizes[j]
+                        old = buffer[input_nr]
+                        buffer[input_nr] = output if old is None else old + output
+                    if not keep_graph:
+                        fn._saved = None  # BackwardNode.release_variables, without the call
                 # Drop the loop's references, so the receiver holds its gradient alone (steal).
                 output = outputs = result = data = None
         except BaseException as exc:
