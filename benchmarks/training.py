@@ -4,6 +4,7 @@
     python benchmarks/training.py --quick
     python benchmarks/training.py --rounds 15 --steps 5 --case MLP
     python benchmarks/training.py --cpu-time   # thread CPU time: steadier on a busy machine
+    python benchmarks/training.py --keep-freed-memory   # glibc keeps freed pages (mallopt)
 
 Step = forward and cross-entropy, zero_grad, backward, SGD(momentum) step, each phase timed.
 hpcgrad and torch run interleaved in the same process: ``--rounds`` rounds of ``--steps`` timed
@@ -18,7 +19,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ.setdefault(_var, "1")
 
 import argparse
+import ctypes
 import gc
+import resource
 import statistics
 import time
 
@@ -32,6 +35,7 @@ CASES = {  # name: (input shape without batch, layer specs)
         ("flatten",), ("linear", 16 * 7 * 7, 10)]),
 }
 PHASES = ("forward", "zero_grad", "backward", "step", "total")
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 def build(lib, specs):
@@ -58,6 +62,7 @@ def make_step(lib, shape, specs, batch, clock=time.perf_counter):
     loss_fn = lib.nn.functional.cross_entropy
 
     def step():
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = clock()
         loss = loss_fn(model(x), y)
         t1 = clock()
@@ -67,7 +72,8 @@ def make_step(lib, shape, specs, batch, clock=time.perf_counter):
         t3 = clock()
         optimizer.step()
         t4 = clock()
-        return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0, faults)
 
     return step
 
@@ -99,7 +105,16 @@ def summarize(times):
         flat = [t[k] for rnd in times for t in rnd]
         per_round = [statistics.median(t[k] for t in rnd) for rnd in times]
         out[phase] = (statistics.median(flat), min(flat), per_round)
+    out["faults"] = statistics.median(t[len(PHASES)] for rnd in times for t in rnd)
     return out
+
+
+def keep_freed_memory():
+    """glibc: serve every array from the heap and never give freed memory back to the kernel,
+    so a step reuses pages instead of faulting fresh ones in (both libraries, same process)."""
+    libc = ctypes.CDLL(None)
+    if not (libc.mallopt(M_MMAP_THRESHOLD, 256 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        raise RuntimeError("mallopt refused M_MMAP_THRESHOLD/M_TRIM_THRESHOLD (not glibc?)")
 
 
 def main():
@@ -111,9 +126,14 @@ def main():
     p.add_argument("--cpu-time", action="store_true",
                    help="time with the thread's CPU clock instead of the wall clock: on a shared, "
                         "oversubscribed machine it leaves out the time the step waited for a core")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="glibc mallopt: no mmap'd arrays and no heap trimming (see "
+                        "Note [Where the training step goes]); default: glibc's own policy")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     args = p.parse_args()
+    if args.keep_freed_memory:
+        keep_freed_memory()
     import hpcgrad
     libs = [hpcgrad]
     if not args.no_torch:
@@ -148,6 +168,8 @@ def main():
             label = name if k == 0 else ""
             size = f"{batch:6d}" if k == 0 else " " * 6
             print(f"{label:42}{size}{phase:>10}{cells}{ratio}")
+        print(f"{'':48}{'faults':>10}" + "".join(f"{s['faults']:18.0f}" for s in stats)
+              + "   (minor page faults per step, median)")
 
 
 if __name__ == "__main__":

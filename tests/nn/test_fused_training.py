@@ -89,3 +89,46 @@ def test_conv_product_derivatives(bias):
     np.testing.assert_allclose(out, want, rtol=1e-12)
     assert gradcheck(fn, inputs)
     assert gradgradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2, "same"])
+def test_stride1_conv_node_first_and_second_derivatives(padding):
+    rng = np.random.default_rng(5)
+    x = hg.tensor(rng.standard_normal((2, 2, 5, 4)), requires_grad=True)
+    w = hg.tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=True)
+    b = hg.tensor(rng.standard_normal(3), requires_grad=True)
+    fn = lambda x, w, b: F.conv2d(x, w, b, padding=padding)
+    assert type(fn(x, w, b).grad_fn).__name__.startswith("Conv2d")
+    assert gradcheck(fn, (x, w, b))
+    assert gradgradcheck(fn, (x, w, b))
+
+
+def test_stride1_conv_node_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    x, w, b = rng.standard_normal((3, 4, 7, 6)), rng.standard_normal((5, 4, 3, 3)), \
+        rng.standard_normal(5)
+    hx, hw, hb = (hg.tensor(a, requires_grad=True) for a in (x, w, b))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = F.conv2d(hx, hw, hb, padding=1)
+    want = torch.nn.functional.conv2d(tx, tw, tb, padding=1)
+    np.testing.assert_allclose(out.data, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    v = rng.standard_normal(out.shape)
+    (out * hg.tensor(v)).sum().backward()
+    (want * torch.from_numpy(v)).sum().backward()
+    for h, t in [(hx, tx), (hw, tw), (hb, tb)]:
+        np.testing.assert_allclose(h.grad.data, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_stride1_conv_input_gradient_in_chunks_equals_in_one_go(monkeypatch):
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((5, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+
+    def input_grad():
+        hx = hg.tensor(x, requires_grad=True)
+        F.conv2d(hx, hg.tensor(w), padding=1).sum().backward()
+        return hx.grad.data
+
+    whole = input_grad()
+    monkeypatch.setattr(_functions, "_CHUNK_ELEMENTS", 1000)  # one sample (4*9*36 columns) a chunk
+    np.testing.assert_allclose(input_grad(), whole, rtol=1e-13, atol=1e-13)
