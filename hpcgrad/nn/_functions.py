@@ -4,6 +4,64 @@ Each forward works on arrays in one or two numpy calls; each backward is written
 differentiable ops (so ``create_graph=True`` works), except the sparse embedding gradient.
 """
 
+# Note [Where the training step goes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Issue 16's training step: forward + cross_entropy, zero_grad, backward, SGD(momentum=0.9)
+# step, float32, one thread, beside torch 2.13 CPU in the same process (``python
+# benchmarks/training.py``: interleaved rounds, per phase, ratios; ``--cpu-time`` for the
+# thread's CPU clock, ``--keep-freed-memory`` for the allocator experiment below). Profiles:
+# cProfile, a per-Function timer (each Function's forward wrapped), torch.profiler for torch,
+# ru_minflt for page faults.
+#
+# MLP 784-1024-1024-10, batch 256. BLAS is 27.5 of its ~30 ms in both libraries (torch:
+# addmm 10.1 + mm 16.9 ms a step; here Linear.forward 11.0 + MatMul in backward 16.1).
+# numpy's OpenBLAS 0.3.31 (SkylakeX kernels; one thread, as torch: OPENBLAS_NUM_THREADS=1,
+# checked with threadpoolctl) against torch's MKL 2024.2, CPU ms, min of 25: forward x @ W.T
+# 4.47 / 5.90 (784->1024 / 1024->1024) vs torch's addmm 4.24 / 5.70; the backward products
+# g.T @ x and g @ W are OpenBLAS's to win (4.08 vs 4.40, 9.5 vs 10.2 wall). Layouts: every
+# operand reaches BLAS with a transpose flag, no copies. scipy.linalg.blas.sgemm (scipy's own
+# OpenBLAS 0.3.30; scipy is not a dependency) with the bias as C (beta=1) is no faster
+# (4.33 / 6.07). (W @ x.T).T runs OpenBLAS's faster orientation (4.28 / 5.58, and half the
+# time at batch 16) but comes out F-ordered; reordering it (bias added into a C-ordered
+# result) costs what it saves at batch 256 (4.92 / 6.18) and wins only at batch <= 64
+# (1.18 vs 1.36, 1.56 vs 2.05 ms): not done. What was not BLAS:
+# - relu's backward was where(~(y <= 0), g, 0): two mask passes, a copy of the mask and
+#   np.where with a data-dependent mask, which branches per element: 0.97 ms per 256x1024
+#   layer (torch's threshold_backward: 0.075). Now ops.ThresholdBackward, one numba pass
+#   (kernels/cpu.py threshold_backward): 0.037 ms; 1.9 ms a step.
+# - cross_entropy was log_softmax and eight small ops (nine Nodes); its common case is now
+#   CrossEntropy, one Node with the unfused graph's gradient bits (seeded training runs
+#   stay on their path; see its backward).
+# - SGD(momentum) is already one numba pass per parameter (optim/sgd.py): 0.8 ms vs torch's
+#   1.3-1.4; zero_grad (set_to_none) 0.01 vs 0.16 ms. The engine and Function.apply are not
+#   the bottleneck here: ~13 Nodes a step, ~0.2 ms of Python in all.
+#
+# CNN (conv8-pool-conv16-pool-fc), batch 64. Forward is already faster than torch (3.1-3.5 vs
+# 4.6-5.2 ms: torch's single-thread max_pool2d_with_indices takes 1.9 ms of it); backward
+# was 2-3x torch's. Its parts (per-Function timer, CPU ms in the step): col2im of the second
+# conv's input gradient 1.2-1.7 (kh*kw strided adds of 14-element rows), weight^T @ g 0.6-1.8,
+# im2col 0.3-1.3 (the same copies take 0.1-0.3 ms alone: in the step they run out of cache,
+# on a machine shared with other jobs), relu's np.where 0.8 + 2.1 (fixed as above). Now a
+# stride-1 conv2d is one Node (Conv2d) whose input gradient is the flipped-kernel
+# convolution of g (im2col of g and one batched product, a few samples at a time), which
+# never materialises weight^T @ g: 2.12 -> 1.68 ms for the second conv (median, caches
+# flushed between runs). Tried and dropped: numba im2col/col2im kernels (slower than numpy's
+# strided copies: 0.94 vs 0.40 and 0.92 vs 1.19 ms, short rows), a col2im that adds long
+# flat runs (bit-identical and 1.17 -> 0.84 ms alone, but 1.7 -> 3.5 ms in the step: its 4 MB
+# buffer), chunking weight^T @ g + col2im over samples (1.79 vs 1.71 ms).
+#
+# Page faults decide the rest. With glibc's default policy a process either settles at ~0
+# minor faults a step or at ~1,700-2,800 (hpcgrad's CNN step; torch's: 0-200): arrays above
+# the dynamic mmap threshold are fresh mmaps, and a heap top freed at the end of a step is
+# trimmed, so the next step faults its pages in again (2-3 us each in this VM, zeroing
+# included: ~5 ms of a 7 ms step). Which state a process lands in depends on the history of
+# its allocations (torch's included). benchmarks/training.py prints the faults per step; with
+# ``--keep-freed-memory`` (mallopt: M_MMAP_THRESHOLD 256 MB, M_TRIM_THRESHOLD 1 GB: nothing
+# mmapped, nothing trimmed) every process runs at 0 faults and the figures stop jumping.
+# Whether hpcgrad should set that itself (it keeps the peak of freed memory in the process,
+# as a caching allocator does) is a decision outside this module; fewer and smaller
+# temporaries (the chunked input gradient: 1,928 -> 1,738 faults a step) help either way.
+
 from .. import backend
 from ..autograd import grad_mode
 from ..autograd.function import Function
