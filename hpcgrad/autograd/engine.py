@@ -59,7 +59,8 @@ _anomaly = grad_mode._anomaly
 # 11,173 instructions, down from 20,529; numpy's own ``a * b`` costs 4,291 (size 1; Note [Ops
 # without a graph]).
 # So what remains is the general engine's bookkeeping per Node in Python (~35k), which only a
-# plan that skips it (issue 16: a replayed backward) or fewer Python frames per Node removes.
+# plan that skips it or fewer Python frames per Node removes: Note [Replayed backward plans]
+# (plan.py) now does, 19.4k instructions per Node replayed, 25.0k for a plan built and run once.
 
 
 class _CyclicGCPause:

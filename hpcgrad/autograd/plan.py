@@ -38,12 +38,17 @@ once costs less than the queue engine (the walk that builds it replaces compute_
 and the simulation is cheaper than the queue), so a graph that never repeats gains too.
 ``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the queue engine only.
 
-Cost per Node (callgrind, chain of 2,000 ops y*c, y+d, size 1, one backward; the figures and
-command are in benchmarks/engine.py's --instructions report and README "Performance"): queue
-engine 45.7k instructions, plan built and run 28.8k, plan matched and replayed 23.2k (matching
-4.1k of it), PyTorch 2.13 20.1k. What is left in a replay is the formula (the op inside Mul's
-formula costs 10.3k against numpy's 3.9k for ``a * b``: Note [Ops without a graph]), the
-inline gradient check against the receiver's metadata, and the interpreter's loop.
+Cost per Node (callgrind instructions, one backward of a chain of 2,000 ops y*c, y+d, float32,
+size 1 / size 1,000; collected only inside the backward call; PyTorch 2.13 counted the same way):
+
+    queue engine (plan off)        45,950 / 47,300
+    plan built and run once        25,001            (a graph that never repeats)
+    plan matched and replayed      19,373 / 20,463   (matching is ~4,070 of it)
+    PyTorch 2.13                   20,068 / 20,104
+
+What is left in a replay is mostly the formulas themselves (Mul's formula runs a no-grad
+Tensor multiply: 10.3k instructions against numpy's 3.9k for ``a * b``, Note [Ops without a
+graph]) and the interpreter's loop; the command is in README "Performance".
 """
 
 import heapq
