@@ -132,3 +132,21 @@ def test_stride1_conv_input_gradient_in_chunks_equals_in_one_go(monkeypatch):
     whole = input_grad()
     monkeypatch.setattr(_functions, "_CHUNK_ELEMENTS", 1000)  # one sample (4*9*36 columns) a chunk
     np.testing.assert_allclose(input_grad(), whole, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("batch, bias", [(2, True), (2, False), (40, True)])
+def test_linear_small_batch_orientation_has_the_same_bits(batch, bias):
+    # weight @ x.T for batches up to out_features / 8, x @ weight.T above: one result
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((batch, 24)).astype(np.float32)
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    hx = hg.tensor(x, requires_grad=True)
+    out = F.linear(hx, hg.tensor(w), hg.tensor(b) if bias else None)
+    want = x @ w.T
+    if bias:
+        want += b
+    assert out.data.flags.c_contiguous and out.dtype == np.float32
+    np.testing.assert_array_equal(out.data, want)
+    out.sum().backward()
+    np.testing.assert_allclose(hx.grad.data, np.broadcast_to(w.sum(0), x.shape), rtol=1e-6)
