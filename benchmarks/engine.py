@@ -19,8 +19,9 @@ Usage:
 
 Figures are medians of ``--repeats`` runs after a warm-up (min beside them); the machine is noisy.
 ``--instructions`` counts instructions instead (``valgrind --tool=callgrind``, deterministic and
-unmoved by other load): each figure is the difference of two child runs that do the same setup
-and warm-up and differ only in the part measured, divided by the Nodes (or ops, or steps) it ran.
+unmoved by other load): each child does its setup and warm-up, then runs the measured part inside
+functools.reduce, the one function callgrind collects in (--toggle-collect); the count is divided
+by the Nodes (or ops, or steps) it ran. Cyclic GC is off in the children.
 """
 
 import os
@@ -31,6 +32,8 @@ for _name in THREAD_ENV:
     os.environ[_name] = "1"
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
@@ -195,26 +198,34 @@ def bench_mlp(lib, init, repeats, warmup, lr=0.01, pause_gc=True):
 
 # --- instruction counts (callgrind) -------------------------------------------------------------
 
-def callgrind_child(lib, what, size, n_ops, reps, part):
-    """What one callgrind child runs: setup and one warm-up, then ``reps`` times ``part``.
+def _measured(run):
+    """Run ``run()`` inside functools.reduce: the one C function callgrind collects in
+    (``--toggle-collect=functools_reduce``), so a count covers exactly the measured part."""
+    functools.reduce(lambda _, __: run(), [0, 1])
 
-    ``what`` is "chain" (``part``: "forward" builds the chain, "backward" builds it and runs
-    backward) or "mlp" (``size`` is the hidden width, ``n_ops`` the batch; ``part`` "step").
+
+def callgrind_child(lib, what, size, n_ops, reps, part):
+    """What one callgrind child runs: setup and warm-up, then ``reps`` times ``part``, measured.
+
+    ``what`` is "chain" (``part``: "forward" builds the chain, "backward" runs backward on
+    chains built before, unmeasured) or "mlp" (``size`` is the hidden width, ``n_ops`` the
+    batch; ``part`` "step").
     """
     if lib == "torch":
         torch.set_num_threads(1)
     ours = _hpcgrad_lib(lib)
+    gc.disable()  # as in a backward (Note [Backward and the cyclic GC]): no collection inside
     if what == "chain":
         build = (chain_hpcgrad if ours else chain_torch)(size, n_ops)[0]
         for _ in range(2):  # the second backward builds the plan (when it is on)
             s = build()
             s.backward()
             del s
-        for _ in range(reps):
-            s = build()
-            if part == "backward":
-                s.backward()
-            del s
+        if part == "forward":
+            _measured(lambda: [build() for _ in range(reps)])
+        else:
+            roots = [build() for _ in range(reps)]
+            _measured(lambda: [s.backward() for s in roots])
     else:
         step, _ = mlp_step_factory(lib, mlp_init([784, size, size, 10], n_ops), 0.01)
 
@@ -222,13 +233,15 @@ def callgrind_child(lib, what, size, n_ops, reps, part):
             def lap(self, name):
                 pass
 
-        for _ in range(1 + reps):
+        for _ in range(2):
             step(_NoClock())
+        _measured(lambda: [step(_NoClock()) for _ in range(reps)])
 
 
 def count_instructions(lib, what, size, n_ops, reps, part):
-    """Instructions callgrind collects in a child running ``callgrind_child`` (whole process)."""
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+    """Instructions callgrind collects in the measured part of a ``callgrind_child``."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+           "--toggle-collect=functools_reduce", sys.executable,
            os.path.abspath(__file__), "--callgrind-child", lib, what, str(size), str(n_ops),
            str(reps), part] + (["--no-torch"] if lib != "torch" else [])
     if shutil.which("setarch"):  # no address randomization: id()-keyed dicts hash alike each run
@@ -249,12 +262,11 @@ def instruction_report(args, libs):
     chain_libs = libs[:1] + [GENERAL] + libs[1:]
     for lib in chain_libs:
         for size in CHAIN_SIZES:
-            for part, r in (("forward", 0), ("forward", reps), ("backward", reps)):
-                jobs[(lib, "chain", size, part, r)] = (lib, "chain", size, args.nodes, r, part)
+            for part in ("forward", "backward"):
+                jobs[(lib, "chain", size, part)] = (lib, "chain", size, args.nodes, reps, part)
     for lib in libs:
-        for r in (0, reps):
-            jobs[(lib, "mlp", args.hidden, "step", r)] = (lib, "mlp", args.hidden, args.batch, r,
-                                                          "step")
+        jobs[(lib, "mlp", args.hidden, "step")] = (lib, "mlp", args.hidden, args.batch, reps,
+                                                   "step")
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: count_instructions(*job), jobs.values())))
     res = {"reps": reps, "nodes_per_chain": args.nodes + 2, "chain": [], "mlp": {},
@@ -262,22 +274,19 @@ def instruction_report(args, libs):
     for size in CHAIN_SIZES:
         row = {"size": size}
         for lib in chain_libs:
-            base = counts[(lib, "chain", size, "forward", 0)]
-            fwd = counts[(lib, "chain", size, "forward", reps)]
-            bwd = counts[(lib, "chain", size, "backward", reps)]
-            row[lib] = {"backward_per_node": (bwd - fwd) / (reps * (args.nodes + 2)),
-                        "forward_per_op": (fwd - base) / (reps * args.nodes)}
+            row[lib] = {"backward_per_node": counts[(lib, "chain", size, "backward")]
+                        / (reps * (args.nodes + 2)),
+                        "forward_per_op": counts[(lib, "chain", size, "forward")]
+                        / (reps * args.nodes)}
         res["chain"].append(row)
     for lib in libs:
-        res["mlp"][lib] = (counts[(lib, "mlp", args.hidden, "step", reps)]
-                           - counts[(lib, "mlp", args.hidden, "step", 0)]) / reps
+        res["mlp"][lib] = counts[(lib, "mlp", args.hidden, "step")] / reps
     return res
 
 
 def print_instructions(res, args, libs):
-    print(f"Instructions (valgrind --tool=callgrind, PYTHONHASHSEED=0, setarch -R), differences "
-          f"of runs, "
-          f"{res['reps']} repetitions each")
+    print(f"Instructions (valgrind --tool=callgrind, PYTHONHASHSEED=0, setarch -R), collected "
+          f"only in the measured part, {res['reps']} repetitions each")
     print(f"1. chain of {args.nodes:,} ops (y*c, y+d), {res['nodes_per_chain']:,} Nodes: "
           f"backward per Node, forward per op (the chain's build, with .sum())")
     print("   (hpcgrad: replayed plan; general: hpcgrad with the plan off; ratios to torch)")
