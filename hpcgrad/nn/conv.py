@@ -9,25 +9,25 @@ from ._factory import parameter
 from .module import Module
 
 
-class Conv2d(Module):
-    """weight (out_channels, in_channels, kh, kw), bias (out_channels,), PyTorch's default init.
+class _ConvNd(Module):
+    """What Conv1d and Conv2d share: checks, parameters, PyTorch's default init, the repr.
 
+    A subclass says how its arguments become tuples (``_tuples``) and how it runs (``forward``).
     Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                 groups, bias, padding_mode, device, dtype):
         super().__init__()
+        name = type(self).__name__
         if groups != 1:
-            raise NotImplementedError("Conv2d: groups != 1 is not implemented")
+            raise NotImplementedError(f"{name}: groups != 1 is not implemented")
         if padding_mode != "zeros":
-            raise NotImplementedError(f"Conv2d: padding_mode {padding_mode!r} is not "
+            raise NotImplementedError(f"{name}: padding_mode {padding_mode!r} is not "
                                       "implemented; only 'zeros'")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size = F._pair(kernel_size, "kernel_size")
-        self.stride, self.dilation = F._pair(stride, "stride"), F._pair(dilation, "dilation")
-        self.padding = padding if isinstance(padding, str) else F._pair(padding, "padding")
-        F._conv_padding(self.padding, self.kernel_size, self.stride, self.dilation)  # validate
+        self.kernel_size, self.stride, self.padding, self.dilation = self._tuples(
+            kernel_size, stride, padding, dilation)
         self.groups, self.padding_mode = groups, padding_mode
         self.weight = parameter((out_channels, in_channels) + self.kernel_size, dtype, device)
         if bias:
@@ -43,22 +43,42 @@ class Conv2d(Module):
             bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
             init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation)
-
     def extra_repr(self):
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
              f"stride={self.stride}")
-        if self.padding != (0, 0):
+        if self.padding != (0,) * len(self.kernel_size):
             s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
+        if self.dilation != (1,) * len(self.kernel_size):
             s += f", dilation={self.dilation}"
         if self.bias is None:
             s += ", bias=False"
         return s
 
 
-class Conv1d(Module):
+class Conv2d(_ConvNd):
+    """weight (out_channels, in_channels, kh, kw), bias (out_channels,), PyTorch's default init.
+
+    Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode, device, dtype)
+
+    @staticmethod
+    def _tuples(kernel_size, stride, padding, dilation):
+        kernel_size = F._pair(kernel_size, "kernel_size")
+        stride, dilation = F._pair(stride, "stride"), F._pair(dilation, "dilation")
+        padding = padding if isinstance(padding, str) else F._pair(padding, "padding")
+        F._conv_padding(padding, kernel_size, stride, dilation)  # validate
+        return kernel_size, stride, padding, dilation
+
+    def forward(self, input):
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+
+class Conv1d(_ConvNd):
     """weight (out_channels, in_channels, k), bias (out_channels,), PyTorch's default init.
 
     Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
@@ -66,39 +86,17 @@ class Conv1d(Module):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros", device=None, dtype=None):
-        super().__init__()
-        if groups != 1:
-            raise NotImplementedError("Conv1d: groups != 1 is not implemented")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"Conv1d: padding_mode {padding_mode!r} is not "
-                                      "implemented; only 'zeros'")
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size = (F._single(kernel_size, "kernel_size"),)
-        self.stride, self.dilation = (F._single(stride, "stride"),), (F._single(dilation,
-                                                                                "dilation"),)
-        self.padding = padding if isinstance(padding, str) else (F._single(padding, "padding"),)
-        F._conv_padding(self.padding if isinstance(self.padding, str) else (0, self.padding[0]),
-                        (1,) + self.kernel_size, (1,) + self.stride, (1,) + self.dilation)
-        self.groups, self.padding_mode = groups, padding_mode
-        self.weight = parameter((out_channels, in_channels) + self.kernel_size, dtype, device)
-        if bias:
-            self.bias = parameter((out_channels,), dtype, device)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode, device, dtype)
 
-    reset_parameters = Conv2d.reset_parameters
+    @staticmethod
+    def _tuples(kernel_size, stride, padding, dilation):
+        kernel_size = (F._single(kernel_size, "kernel_size"),)
+        stride, dilation = (F._single(stride, "stride"),), (F._single(dilation, "dilation"),)
+        padding = padding if isinstance(padding, str) else (F._single(padding, "padding"),)
+        F._conv_padding(padding if isinstance(padding, str) else (0, padding[0]),
+                        (1,) + kernel_size, (1,) + stride, (1,) + dilation)  # validate
+        return kernel_size, stride, padding, dilation
 
     def forward(self, input):
         return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation)
-
-    def extra_repr(self):
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}")
-        if self.padding != (0,):
-            s += f", padding={self.padding}"
-        if self.dilation != (1,):
-            s += f", dilation={self.dilation}"
-        if self.bias is None:
-            s += ", bias=False"
-        return s
