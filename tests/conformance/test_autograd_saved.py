@@ -10,8 +10,9 @@ index_select, max(dim)) and where's condition are saved tensors: freed like the 
 Ports (in our words): TestAutograd.test_free_unneeded_tensor (CUDA memory counters there, weakrefs
 here), test_backward_twice_with_saved_values, test_backward_twice_retained_graph_with_saved_values,
 test_backward_twice_without_saved_values, test_backward_twice_retained_graph_without_saved_values
-(``c[[1, 2]] = b[[1, 1]]`` there: in-place index assignment is not built, ``b[[1, 1]]`` here).
-Left out: test_no_unnecessary_save (needs in-place ops and version counters, not built).
+(``c[[1, 2]] = b[[1, 1]]`` there, ``b[[1, 1]]`` here: written before in-place ops existed; they are
+tested in test_autograd_inplace.py).
+Left out: test_no_unnecessary_save (not ported yet).
 """
 
 import gc

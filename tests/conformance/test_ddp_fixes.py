@@ -6,7 +6,8 @@ torch/testing/_internal/distributed/distributed_test.py. Every multi-rank test r
 communicator with a timeout, so a hang fails (CommTimeoutError) instead of stalling the run.
 
 Left out: the use_reentrant=False and static_graph=True variants of the checkpointing tests
-(static_graph is not built), test_ddp_checkpointing_dynamic_* (non-reentrant only), the
+(static_graph's checkpointing is tested in test_ddp_pytorch_training.py),
+test_ddp_checkpointing_dynamic_* (non-reentrant only), the
 GPU-only comm hook tests (future_passing_gpu_*), and the authoritative-rank/logging checks of
 _run_uneven_inputs_test (hpcgrad keeps no DDP logging data).
 """

@@ -11,8 +11,9 @@ Left out, with the reason:
   test_ddp_control_flow_*_across_ranks and test_ddp_multiple_nested_unused_params_error),
   outputs left out of the loss (test_output_unused_in_loss_*), dataclass outputs
   (test_dataclass_output*), forward-only ranks (test_ddp_inference), test_ddp_has_finalized.
-- not built in hpcgrad: static_graph (test_invalid_static_graph, test_detect_ddp_is_actually_static,
-  the static_graph variants), ignoring parameters (_set_params_and_buffers_to_ignore_for_model:
+- static_graph is tested in tests/ddp/test_ddp.py (test_static_graph_that_changes_raises ports
+  test_invalid_static_graph); not ported here: test_detect_ddp_is_actually_static and the
+  static_graph variants; not built: ignoring parameters (_set_params_and_buffers_to_ignore_for_model:
   test_ddp_ignore_params_arg, test_ddp_multiple_nested_unused_params_err_ignore_params),
   skip_all_reduce_unused_params, UndefinedGrad (test_undefined_grad_parity_unused_parameters),
   error logging (verify_ddp_error_logged, test_ddp_python_error_logged), the debug
@@ -345,7 +346,7 @@ def test_ignored_output_with_unused_parameters(group):
 @mpi2
 @pytest.mark.parametrize("find_unused", [True, False])
 def test_ddp_returns_tensor_with_no_grad(group, find_unused):
-    """forward returns a detached tensor beside one that requires grad (static_graph: not built)."""
+    """forward returns a detached tensor beside one that requires grad (its static_graph variant: not ported)."""
 
     class MyModel(nn.Module):
         def __init__(self):
@@ -372,7 +373,7 @@ def test_ddp_returns_tensor_with_no_grad(group, find_unused):
 @pytest.mark.parametrize("find_unused", [True, False])
 def test_ddp_new_tensor_in_fwd(group, find_unused):
     """Tensors created in forward (alone and inside a dict) come out with no grad_fn, and the
-    backward of the used output still syncs (broadcast_buffers=False; static_graph: not built)."""
+    backward of the used output still syncs (broadcast_buffers=False; its static_graph variant: not ported)."""
 
     class MyModel(nn.Module):
         def __init__(self):
