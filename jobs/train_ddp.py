@@ -70,6 +70,14 @@ class Preemption:
     def _handle(self, signum, frame):
         self.requested = True
 
+    @staticmethod
+    def ignore_from_now():
+        """The run is over: a preemption notice arriving now (SLURM's USR1 shortly before the
+        time limit, a TERM) must not turn a finished job into a failed one, as it would while the
+        interpreter shuts down, once Python's handlers are gone."""
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+
     def agreed(self):
         flag = np.array([1.0 if self.requested else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -297,4 +305,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    Preemption.ignore_from_now()
+    sys.exit(status)

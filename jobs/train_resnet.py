@@ -324,4 +324,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    Preemption.ignore_from_now()
+    sys.exit(status)

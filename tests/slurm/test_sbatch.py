@@ -28,13 +28,17 @@ def test_preempted_job_requeues_itself_and_finishes_like_an_uninterrupted_run(tm
     """scancel --signal=USR1 (what --signal=USR1@120 sends before the time limit): every rank
     checkpoints, the script requeues the same job id, and the next run resumes and finishes with
     the parameters of an uninterrupted run, bit for bit, with no second sbatch."""
-    epochs = "6"
+    # An epoch takes ~0.05 s since 2026-11-26: the signal goes at the first step's metrics line
+    # (every rank past its handler's set-up), with 20 epochs still ahead; at "epoch 2/" of 6, as
+    # before, it came after the run had ended.
+    epochs = "20"
     job = submit(tmp_path, "--epochs", epochs)
-    deadline = time.monotonic() + 90  # signal once training is under way
-    while "epoch 2/" not in output(tmp_path, job):
+    metrics = tmp_path / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + 90
+    while not (metrics.exists() and '"kind": "step"' in metrics.read_text()):
         assert time.monotonic() < deadline, "the job did not start training"
         assert job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), output(tmp_path, job)
-        time.sleep(0.3)
+        time.sleep(0.02)
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     wait_completed(tmp_path, job, timeout=360)
     log = output(tmp_path, job)  # --open-mode=append: both runs of the job in one file
