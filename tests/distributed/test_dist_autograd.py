@@ -125,3 +125,71 @@ def test_root_validation(case):
         with pytest.raises(RuntimeError, match=message):
             dist_autograd.backward(ctx, make_roots())
         assert dist_autograd._get_debug_info()["num_current_backward_passes"] == 0
+
+
+# --- Note [Stolen gradients] (distributed/autograd/engine.py) ------------------------------------
+# The context keeps a leaf's gradient by reference when nothing else can see it; these are the
+# cases where something can, each on every rank's own local pass: the context's gradient must
+# then be a copy (equal values, its own memory), and none is ever written to afterwards.
+
+def _shared(a, b):
+    return np.shares_memory(np.asarray(a.data), np.asarray(b.data))
+
+
+@pytest.mark.mpi
+def test_context_copies_a_gradient_a_leaf_hook_kept():
+    w = hg.tensor(np.arange(4.0), requires_grad=True)
+    kept = []
+    w.register_hook(lambda g: kept.append(g))
+    with dist_autograd.context() as ctx:
+        dist_autograd.backward(ctx, [(w * w).sum()])
+        grad = dist_autograd.get_gradients(ctx)[w]
+    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+    assert len(kept) == 1 and not _shared(grad, kept[0])
+    kept[0].data[...] = -1.0  # the hook's owner writes to what it kept
+    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+
+
+@pytest.mark.mpi
+def test_context_copies_a_gradient_shared_by_two_leaves_and_a_hook():
+    w = hg.tensor(np.arange(3.0), requires_grad=True)
+    b = hg.tensor(np.ones(3), requires_grad=True)
+    kept = []
+    y = w + b  # AddBackward hands one gradient Tensor to both leaves
+    y.register_hook(lambda g: kept.append(g))
+    with dist_autograd.context() as ctx:
+        dist_autograd.backward(ctx, [(y * y).sum()])
+        grads = dist_autograd.get_gradients(ctx)
+    expected = 2 * (np.arange(3.0) + 1)
+    np.testing.assert_array_equal(grads[w].data, expected)
+    np.testing.assert_array_equal(grads[b].data, expected)
+    assert not _shared(grads[w], grads[b])
+    assert not _shared(grads[w], kept[0]) and not _shared(grads[b], kept[0])
+
+
+@pytest.mark.mpi
+def test_context_copies_a_gradient_a_node_pre_hook_saw():
+    w = hg.tensor(np.arange(4.0), requires_grad=True)
+    y = w * w
+    accumulator = y.grad_fn.next_functions[0][0]
+    kept = []
+    accumulator.register_prehook(lambda grads: kept.append(grads[0]))
+    with dist_autograd.context() as ctx:
+        dist_autograd.backward(ctx, [y.sum()])
+        grad = dist_autograd.get_gradients(ctx)[w]
+    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+    assert len(kept) == 1 and not _shared(grad, kept[0])
+
+
+@pytest.mark.mpi
+def test_context_gradient_returned_earlier_is_not_written_by_a_later_pass():
+    w = hg.tensor(np.arange(4.0), requires_grad=True)
+    y = (w * w).sum()
+    with dist_autograd.context() as ctx:
+        dist_autograd.backward(ctx, [y], retain_graph=True)
+        first = dist_autograd.get_gradients(ctx)[w]
+        dist_autograd.backward(ctx, [y])
+        total = dist_autograd.get_gradients(ctx)[w]
+    np.testing.assert_array_equal(first.data, 2 * np.arange(4.0))  # kept (stolen) as it was
+    np.testing.assert_array_equal(total.data, 4 * np.arange(4.0))
+    assert w.grad is None  # never .grad

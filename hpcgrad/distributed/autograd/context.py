@@ -72,12 +72,17 @@ class DistAutogradContext:
         with self._lock:
             return list(self.send_functions.values())
 
-    def accumulate_grad(self, variable, grad):
-        """Sum ``grad`` into this context's gradient for ``variable`` (never into ``.grad``)."""
+    def accumulate_grad(self, variable, grad, steal=False):
+        """Sum ``grad`` into this context's gradient for ``variable`` (never into ``.grad``);
+        ``steal``: nothing else holds ``grad``, so the first one is kept as it is, not copied
+        (Note [Stolen gradients] in engine.py). Sums are new Tensors: a stolen one is never
+        written to."""
         with self._lock:
             old = self._grads.get(variable)
-            self._grads[variable] = (grad.detach_copy() if old is None else
-                                     Tensor._make(old.data + grad.data, False, None, 0))
+            if old is not None:
+                self._grads[variable] = Tensor._make(old.data + grad.data, False, None, 0)
+            else:
+                self._grads[variable] = grad if steal else grad.detach_copy()
 
     def gradients(self):
         with self._lock:

@@ -38,7 +38,8 @@ class SendRpcBackward(Node):
     def apply(self, grads):
         if self.grads is None:
             raise RuntimeError("SendRpcBackward ran without the gradients from its peer")
-        return list(self.grads)
+        grads, self.grads = self.grads, None  # handed on, not kept: a lone gradient can be
+        return grads                          # stolen by the context (Note [Stolen gradients])
 
 
 class RecvRpcBackward(Node):
