@@ -58,12 +58,14 @@ class Permute(Function):
         if sorted(dims) != list(range(a.data.ndim)):
             raise RuntimeError(f"permute: dims {list(dims)} are not a permutation of the "
                                f"{a.data.ndim} dimensions of the input")
-        ctx.inverse = tuple(np.argsort(dims))
+        if ctx.needs_input_grad:  # only a recorded op needs the inverse (not np.argsort: 17 us)
+            ctx.dims = dims
         return a.data.transpose(dims)
 
     @staticmethod
     def backward(ctx, g):
-        return Permute.apply(g, ctx.inverse), None
+        dims = ctx.dims
+        return Permute.apply(g, tuple(sorted(range(len(dims)), key=dims.__getitem__))), None
 
 
 def permute(x, dims):
