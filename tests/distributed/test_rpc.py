@@ -46,6 +46,10 @@ def _values():
         "empty array": np.zeros((0, 3), np.int32),
         "strided array": strided,
         "uint8 array": np.arange(10, dtype=np.uint8).reshape(2, 5),
+        # Note [Broadcast payloads]: these travel as their distinct elements
+        "broadcast tensor": hg.tensor(np.arange(6, dtype=np.float32)).expand((40, 6)),
+        "partly broadcast array": np.broadcast_to(np.arange(3.0)[:, None, None], (3, 4, 2)),
+        "broadcast scalar": np.broadcast_to(np.float64(2.5), (5, 5)),
         "nested": {"a": [np.arange(3.0), (hg.tensor([1.0, 2.0]), "text")],
                    "b": (1, None, {"c": np.ones((2, 2), np.float32)}), 3: [[], ()]},
     }
@@ -81,6 +85,27 @@ def test_round_trips_are_exact():
     for name, value in values.items():
         assert_same(rpc.rpc_sync(1, cases.echo, args=(value,)), value, name)
     assert_same(rpc.rpc_sync(1, cases.echo, args=(values,)), values, "all at once")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_arrays_send_only_their_distinct_elements():
+    """Note [Broadcast payloads]: the gradient of a sum, 1 MB as elements, is one envelope."""
+    if not driver():
+        return
+    agent = rpc._require_agent()
+    ones = hg.tensor(np.ones((), np.float32)).expand((256, 1024))
+    row = np.broadcast_to(np.arange(1024, dtype=np.float32), (256, 1024))
+    for value in (ones, row):
+        sent = agent.messages_sent
+        back = rpc.rpc_sync(1, cases.echo, args=(value,))
+        assert agent.messages_sent - sent == 1  # the call's envelope, no payload message
+        assert_same(back, value)
+        data = back.data if isinstance(back, hg.Tensor) else back
+        assert 0 in data.strides and not data.flags.writeable  # still a broadcast view
+    plain = np.ones((256, 1024), np.float32)  # the same bytes, not broadcast: a payload of its own
+    sent = agent.messages_sent
+    assert_same(rpc.rpc_sync(1, cases.echo, args=(plain,)), plain)
+    assert agent.messages_sent - sent == 2
 
 
 @pytest.mark.mpi(min_size=2)

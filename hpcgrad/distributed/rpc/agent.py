@@ -30,6 +30,14 @@ Note [A poll is several probes]
     there). On benchmarks/dist_autograd.py's 256x1024 round trip the four hops went from
     ~1.35 ms each to ~0.25 ms; on the 1x8 one, whose receivers poll every 10 us, by tens of us.
 
+Note [Broadcast payloads]
+    An array with broadcast axes (stride 0: ``np.broadcast_to``, ``expand``, the gradient
+    of a ``sum`` or ``mean``) travels as its distinct elements and the shape to broadcast them
+    to, and arrives as the same read-only broadcast view; as PyTorch's RPC sends an expanded
+    tensor's storage, not its elements. The gradient of ``y.sum()`` for a 256x1024 ``y`` was 1 MB
+    on the wire, copied once to make it contiguous and once more into a fresh receive buffer;
+    now it is 4 bytes inside the envelope.
+
 Note [Replies on the callback pool]
     A reply completes its future on a small pool of its own (never on the request pool), unless
     its request said the reply is cheap to complete (``request(..., inline_reply=...)``): its
@@ -112,6 +120,17 @@ def _allow_short_sleeps():
     if _prctl is not None and not getattr(_short_sleeps, "set", False):
         _prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
         _short_sleeps.set = True
+
+
+def unbroadcast(array):
+    """(``array`` without its broadcast axes, the shape it had), or (``array``, None) when no
+    axis of it is broadcast (stride 0): Note [Broadcast payloads]."""
+    strides = array.strides
+    if 0 not in strides or array.size <= 1:
+        return array, None
+    small = array[tuple(slice(0, 1) if stride == 0 else slice(None)
+                        for stride in strides)]
+    return small, tuple(array.shape)
 
 
 class RpcError(RuntimeError):
@@ -247,8 +266,18 @@ class MPIRpcAgent:
     def _send_with_id(self, message_id, dst, kind, body, payloads, reply_to, fields):
         if not 0 <= dst < self.size:
             raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        specs = []
+        if payloads:  # Note [Broadcast payloads]: a broadcast array sends its distinct elements
+            sent = []
+            for a in payloads:
+                small, shape = unbroadcast(a)
+                if shape is not None and not small.flags.c_contiguous:
+                    small = np.ascontiguousarray(small)
+                sent.append(small)
+                specs.append((small.shape, small.dtype.str, shape))
+            payloads = sent
         envelope = dict(fields, kind=kind, id=message_id, reply_to=reply_to, body=body,
-                        specs=[(a.shape, a.dtype.str) for a in payloads])
+                        specs=specs)
         if self._carried:
             carried = self._take_carried(dst)
             if carried:
@@ -440,14 +469,17 @@ class MPIRpcAgent:
         inline = envelope.pop("inline", None)
         if inline is not None:  # writable arrays of their own (bytearray), like received ones
             payloads = [np.frombuffer(bytearray(raw), np.dtype(dtype)).reshape(shape)
-                        for raw, (shape, dtype) in zip(inline, envelope["specs"])]
+                        for raw, (shape, dtype, _) in zip(inline, envelope["specs"])]
         else:
             tag = self._payload_tag(envelope["id"])
             payloads = []
-            for shape, dtype in envelope["specs"]:
+            for shape, dtype, _ in envelope["specs"]:
                 array = np.empty(shape, np.dtype(dtype))
                 self.comm.Recv(MessageBuffer(array, writable=True).spec, source=src, tag=tag)
                 payloads.append(array)
+        for i, (_, _, shape) in enumerate(envelope["specs"]):
+            if shape is not None:  # Note [Broadcast payloads]
+                payloads[i] = np.broadcast_to(payloads[i], shape)
         reply_to = envelope.get("reply_to")
         if reply_to is not None:
             with self._waiting_lock:

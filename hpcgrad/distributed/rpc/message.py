@@ -14,6 +14,7 @@ import numpy as np
 
 from ... import backend
 from ...tensor import Tensor
+from .agent import unbroadcast
 
 
 class ArrayRef:
@@ -102,7 +103,12 @@ def decode(header, payloads, on_receive=None):
 
 
 def host_array(array):
-    """``array`` as a C-contiguous host array (what MPI sends): copied only when it is not."""
-    array = backend.to_device(array, backend.CPU)
+    """``array`` on the host as the agent sends it: C-contiguous (copied only when it is not),
+    or, when it has broadcast axes, a broadcast view of its distinct elements (which are all
+    that is copied or sent: Note [Broadcast payloads] in agent.py)."""
+    small, shape = unbroadcast(array)
+    small = backend.to_device(small, backend.CPU)
     # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
-    return array if array.flags.c_contiguous else np.array(array, order="C")
+    if not small.flags.c_contiguous:
+        small = np.array(small, order="C")
+    return small if shape is None else np.broadcast_to(small, shape)
