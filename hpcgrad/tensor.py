@@ -572,6 +572,8 @@ for _name in ("add_", "sub_", "mul_", "div_", "pow_", "clamp_", "clamp_min_", "c
 del _name
 
 # The operators' Functions, bound once: ``_ops.Mul.apply`` looked up per call cost a module and
-# a class attribute lookup and a new bound method (Note [Ops without a graph]).
-_add, _sub, _mul, _div, _neg = (op.apply for op in (_ops.Add, _ops.Sub, _ops.Mul, _ops.Div,
-                                                    _ops.Neg))
+# a class attribute lookup and a new bound method; and an apply for exactly their Tensor
+# arguments, without Function.apply's ``*args`` (Note [Ops without a graph]).
+_add, _sub, _mul, _div = (_function._tensor_apply(op, 2) for op in (_ops.Add, _ops.Sub,
+                                                                    _ops.Mul, _ops.Div))
+_neg = _function._tensor_apply(_ops.Neg, 1)

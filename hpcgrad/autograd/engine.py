@@ -300,6 +300,7 @@ class Engine:
         uncommon cases) and its outputs checked inline against the receivers' metadata; every
         other Node goes through _call_function, as in the general engine."""
         edges, sizes, formulas, nulls = plan.edges, plan.sizes, plan.formulas, plan.nulls
+        live = plan.live
         keep_graph = graph_task.keep_graph
         check_nan = _anomaly.enabled and _anomaly.check_nan
         ndarray = np.ndarray
@@ -347,19 +348,18 @@ class Engine:
                     del grads
                     spec = edges[i]
                     if type(result) is tuple and len(result) == len(spec):
-                        outputs = list(result)
-                        for k in nulls[i]:
-                            outputs[k] = None
+                        outputs = result  # indexed by live edges only: None edges never read
                     elif type(result) is Tensor and len(spec) == 1:
-                        outputs = [result]
+                        outputs = (result,)
                     else:
                         outputs = fn._outputs_of(result)
                     # _call_function's check against the receiver's metadata, and the hand-over
-                    # of each gradient, in one pass.
-                    for output, edge in zip(outputs, spec):
-                        if output is None or edge is None:
+                    # of each gradient, in one pass over the edges that are not None (no zip,
+                    # no list of the outputs: a Node of a chain has one such edge).
+                    for k, j, input_nr in live[i]:
+                        output = outputs[k]
+                        if output is None:
                             continue
-                        j, input_nr = edge[0], edge[1]
                         metadata = nodes[j].input_metadata[input_nr]
                         if metadata is not None:
                             data = output._data if type(output) is Tensor else output.data
@@ -367,7 +367,10 @@ class Engine:
                                     or (data.dtype is not metadata[1]
                                         and data.dtype != metadata[1])
                                     or metadata[2] != "cpu"):
-                                output = _validated(fn, outputs, spec, edge)
+                                outputs = list(outputs)
+                                for n in nulls[i]:
+                                    outputs[n] = None
+                                output = _validated(fn, outputs, spec, spec[k])
                         buffer = slots[j]
                         if buffer is None:
                             if sizes[j] == 1:

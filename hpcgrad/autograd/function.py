@@ -462,6 +462,58 @@ class Function(metaclass=_FunctionMeta):
         return _wrap_plain(out)
 
 
+def _tensor_apply(cls, arity):
+    """``cls.apply`` for ``arity`` (1 or 2) Tensor arguments: what Function.apply does, for
+    Tensor's operators (tensor.py binds them once). Without ``*args`` both calls (this one, and
+    forward) are the interpreter's inlined calls instead of two C-level calls through
+    _PyEval_Vector each, which a backward formula's ``g * b`` paid on every Mul Node (Note
+    [Ops without a graph]). The arguments must be Tensors (Tensor's operators make them so)."""
+    forward = cls.forward
+
+    if arity == 1:
+        def apply(a):
+            if _grad_state.enabled:
+                if a._requires_grad:
+                    return _record(cls, (a,), (True,))
+                _grad_state.enabled = False
+                try:
+                    out = forward(_NULL_CTX, a)
+                finally:
+                    _grad_state.enabled = True
+            else:
+                out = forward(_NULL_CTX, a)
+            if type(out) is np.ndarray:
+                t = _new_object(Tensor)
+                t._data, t._requires_grad, t._grad_fn, t._output_nr = out, False, None, 0
+                t._grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
+                t._retains_grad = False
+                return t
+            return _wrap_plain(out)
+    elif arity == 2:
+        def apply(a, b):
+            if _grad_state.enabled:
+                if a._requires_grad or b._requires_grad:
+                    return _record(cls, (a, b), (a._requires_grad, b._requires_grad))
+                _grad_state.enabled = False
+                try:
+                    out = forward(_NULL_CTX, a, b)
+                finally:
+                    _grad_state.enabled = True
+            else:
+                out = forward(_NULL_CTX, a, b)
+            if type(out) is np.ndarray:  # Function.apply's common case, inline
+                t = _new_object(Tensor)
+                t._data, t._requires_grad, t._grad_fn, t._output_nr = out, False, None, 0
+                t._grad = t._grad_accumulator = t._hooks = t._post_acc_hooks = None
+                t._retains_grad = False
+                return t
+            return _wrap_plain(out)
+    else:
+        raise ValueError(f"_tensor_apply: arity 1 or 2, got {arity}")
+    apply.__qualname__ = f"{cls.__name__}.apply"
+    return apply
+
+
 _ONCE_MSG = "trying to differentiate twice a function that was marked with @once_differentiable"
 
 

@@ -77,11 +77,13 @@ class BackwardPlan:
     Besides the Note's fields: ``flat``, every Node's next edges in one list, position order,
     as (j, input_nr) or None; ``discover[i]``, where in ``flat`` the walk meets new Nodes from
     position i (for match); ``formulas[i]``, the formula a replay may call directly (a built-in
-    op's); ``nulls[i]``, the next edges of position i that are None (their gradients dropped).
+    op's); ``nulls[i]``, the next edges of position i that are None (their gradients dropped);
+    ``live[i]``, the others, as (k, j, input_nr): edge k of position i goes to input input_nr
+    of position j (what a replay hands gradients along).
     """
 
     __slots__ = ("types", "edges", "sizes", "order", "ranking", "distinct", "formulas", "nulls",
-                 "flat", "discover")
+                 "flat", "discover", "live")
 
     def __len__(self):
         return len(self.types)
@@ -155,6 +157,8 @@ def build(root):
     plan = BackwardPlan()
     plan.types = types = list(map(type, nodes))
     plan.edges, plan.flat, plan.discover, plan.nulls = edges, flat, discover, nulls
+    plan.live = [tuple((k, e[0], e[1]) for k, e in enumerate(spec) if e is not None)
+                 for spec in edges]
     plan.sizes = [len(fn.input_metadata) for fn in nodes]
     plan.order, plan.ranking, plan.distinct = order, _ranking(seqs), len(set(seqs))
     plan.formulas = list(map(_formulas.__getitem__, types))

@@ -266,3 +266,43 @@ def test_env_mode(monkeypatch):
     monkeypatch.setenv("HPCGRAD_BACKWARD_PLAN", "maybe")
     with pytest.raises(ValueError, match="HPCGRAD_BACKWARD_PLAN='maybe'"):
         plan_mod.PlanCache()
+
+
+def test_replay_sums_broadcast_gradient_beside_dropped_edge():
+    # Add, Mul and Sub Nodes whose other input is a constant (a None edge) while the live
+    # edge's gradient must be summed back to a broadcast shape: the replay's slow path.
+    d = np.arange(4.0).reshape(4, 1)
+    for mode in ("on", "off"):
+        hg.autograd.set_backward_plan(mode)
+        engine.plans.clear()
+        w = hg.tensor(np.ones((1, 3)), requires_grad=True)
+        c = hg.tensor(np.full((4, 3), 2.0))
+        for _ in range(3):
+            w.grad = None
+            (((w + c) * hg.tensor(d)) - c).sum().backward()
+            # d/dw sum((w + c) * d - c) = the column sums of d, in every column
+            np.testing.assert_array_equal(w.grad.numpy(), np.full((1, 3), d.sum()))
+        if mode == "on":
+            assert engine.plans.stats["replayed"] == 2
+
+
+def test_tensor_operators_record_as_function_apply():
+    # Tensor's operators call an apply made for their two (or one) Tensor arguments
+    # (function._tensor_apply): the same graph and results as Function.apply.
+    x = hg.tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
+    y = hg.tensor(np.array([4.0, 5.0, -6.0]))
+    out = (x * y) + (x - y) / 2.0 - (-x) * 3
+    assert type(out.grad_fn).__name__ == "SubBackward"
+    out.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), y.numpy() + 0.5 + 3.0)
+    assert (y * y).grad_fn is None and not (y * y).requires_grad
+    with hg.no_grad():
+        z = x * y - x
+        assert z.grad_fn is None and not z.requires_grad
+    xv = x.detach().numpy()
+    np.testing.assert_array_equal(z.numpy(), xv * y.numpy() - xv)
+    # create_graph=True records the formulas' operators: a second derivative
+    x.grad = None
+    (g,) = hg.autograd.grad((x * x * x).sum(), x, create_graph=True)
+    g.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 6 * xv)
