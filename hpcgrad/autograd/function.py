@@ -409,7 +409,11 @@ class _FunctionMeta(type):
 # (20,000 calls minus none, setarch -R, PYTHONHASHSEED=0; +-150). With grad mode on and no
 # input requiring grad, 25,036 -> 14,787 (without setarch): the two thread-local stores
 # around forward. Thread-local stores (grad mode, the engine's _tls) cost ~580
-# instructions, reads ~260, so the hot paths read before they write.
+# instructions, reads ~260, so the hot paths read before they write. Tensor's operators
+# (+ - * / and unary -) then skip Function.apply's ``*args``: _tensor_apply makes an apply
+# for exactly their Tensor arguments, whose call and forward's are inlined by the interpreter
+# instead of each entering _PyEval_Vector from C: ``ta * tb`` under no_grad 10,454 -> 9,043
+# instructions (numpy 3,682; 20,000 calls minus none, setarch -R, PYTHONHASHSEED=0).
 
 
 class Function(metaclass=_FunctionMeta):

@@ -41,14 +41,17 @@ and the simulation is cheaper than the queue), so a graph that never repeats gai
 Cost per Node (callgrind instructions, one backward of a chain of 2,000 ops y*c, y+d, float32,
 size 1 / size 1,000; collected only inside the backward call; PyTorch 2.13 counted the same way):
 
-    queue engine (plan off)        45,950 / 47,300
-    plan built and run once        25,001            (a graph that never repeats)
-    plan matched and replayed      19,373 / 20,463   (matching is ~4,070 of it)
-    PyTorch 2.13                   20,068 / 20,104
+    queue engine (plan off)        45,236 / 46,236
+    plan built and run once        25,001            (a graph that never repeats; before the
+                                                      cuts below, not measured again)
+    plan matched and replayed      15,607 / 16,651   (matching is ~4,070 of it)
+    PyTorch 2.13                   19,849 / 20,141
 
 What is left in a replay is mostly the formulas themselves (Mul's formula runs a no-grad
-Tensor multiply: 10.3k instructions against numpy's 3.9k for ``a * b``, Note [Ops without a
-graph]) and the interpreter's loop; the command is in README "Performance".
+Tensor multiply: 9.0k instructions against numpy's 3.7k for ``a * b``, Note [Ops without a
+graph]) and the interpreter's loop; the replay hands gradients along ``live`` (no list, no
+zip per Node: 3k instructions a Node less; Note [Where a Node's backward goes] in engine.py);
+the command is in README "Performance".
 """
 
 import heapq
