@@ -143,3 +143,78 @@ def test_reply_with_a_chained_callback_runs_off_the_progress_thread():
         plus_one_remotely)
     assert chained.wait(WAIT_LIMIT) == "woke!"
     assert nested.wait(WAIT_LIMIT) == 4
+
+
+# --- Note [Serving threads] in rpc/agent.py ------------------------------------------------------
+_threads_of_w = []  # rank 1: the threads that ran W's gradient hook
+_hooked = []        # rank 1: the weight that hook is on
+
+
+def thread_name():
+    import threading
+    return threading.current_thread().name
+
+
+def tanh_stage_recording_threads(x):
+    """tanh_stage, noting which thread runs W's part of the backward pass."""
+    w = cases.owned_weight("round_trip_w")
+    if not any(h is w for h in _hooked):
+        w.register_hook(lambda g: _threads_of_w.append(thread_name()))
+        _hooked.append(w)
+    return (x @ w).tanh(), thread_name()
+
+
+def threads_of_w():
+    names = list(_threads_of_w)
+    _threads_of_w.clear()
+    return names
+
+
+def until_rank_1_serves():
+    """Until rank 1 has reached the test's closing barrier (it serves there from then on)."""
+    deadline = time.monotonic() + WAIT_LIMIT / 2
+    while rpc.rpc_sync(1, thread_name, timeout=WAIT_LIMIT) != "MainThread":
+        assert time.monotonic() < deadline, "rank 1 never served on its main thread"
+        time.sleep(1e-3)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_waiting_in_shutdown_serves_on_that_thread():
+    """Rank 1 waits where rpc.shutdown() waits (the test's closing barrier): the call it gets
+    and its part of the backward pass run on that thread, its main thread, not a pool's."""
+    rank, _ = rank_and_size()
+    if rank != 0:
+        return
+    x_value = np.linspace(-1, 1, cases.FEATURES).reshape(1, -1)
+    x = hg.tensor(x_value, requires_grad=True)
+    until_rank_1_serves()
+    for _ in range(3):
+        with dist_autograd.context() as ctx:
+            y, where = rpc.rpc_sync(1, tanh_stage_recording_threads, args=(x,),
+                                    timeout=WAIT_LIMIT)
+            dist_autograd.backward(ctx, [y.sum()], timeout=WAIT_LIMIT)
+            np.testing.assert_allclose(dist_autograd.get_gradients(ctx)[x].numpy(),
+                                       local_gradient(x_value), rtol=1e-5, atol=1e-6)
+        assert where == "MainThread"
+        assert rpc.rpc_sync(1, threads_of_w, timeout=WAIT_LIMIT) == ["MainThread"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_serving_thread_that_blocks_does_not_stall_its_rank():
+    """Rank 1's serving thread runs a call that blocks until woken; meanwhile its other calls
+    are still answered (by the pool, the progress thread receiving), including the one that
+    wakes it."""
+    rank, _ = rank_and_size()
+    if rank != 0:
+        return
+    rpc.rpc_sync(1, cases.reset_wake, timeout=WAIT_LIMIT)
+    until_rank_1_serves()
+    blocked = rpc.rpc_async(1, cases.sleep_until_woken, args=(WAIT_LIMIT,), timeout=WAIT_LIMIT)
+    time.sleep(0.05)  # it has reached rank 1 and blocks there
+    started = time.monotonic()
+    names = [rpc.rpc_sync(1, thread_name, timeout=WAIT_LIMIT) for _ in range(5)]
+    assert not blocked.done()
+    assert all(name.startswith("hpcgrad-rpc-1") for name in names), names
+    rpc.rpc_sync(1, cases.wake, timeout=WAIT_LIMIT)
+    assert blocked.wait(WAIT_LIMIT) == "woke"
+    assert time.monotonic() - started < WAIT_LIMIT / 2  # nobody waited for the sleep to end

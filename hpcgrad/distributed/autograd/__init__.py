@@ -37,7 +37,7 @@ from ...futures import Future, FutureTimeoutError
 from ...tensor import Tensor
 from .. import rpc
 from ..rpc import message
-from ..rpc.agent import RpcError, RpcFuture, RpcTimeoutError
+from ..rpc.agent import RpcError, RpcFuture, RpcTimeoutError, run_here_later
 from .context import PassState, container, current_context_id, set_current
 from .engine import dist_engine
 from .functions import RecvRpcBackward, SendRpcBackward
@@ -362,16 +362,19 @@ def _node_error(exc):
 
 
 def _serve_backward(src, envelope, payloads):
-    """A gradient from ``src``, on the progress thread: one for the pass this rank's backward()
+    """A gradient from ``src``, on the receiving thread: one for the pass this rank's backward()
     runs goes straight to that thread, any other to the engine's pool, where it runs its part
-    of the pass (Note [The distributed-autograd round trip] in engine.py)."""
+    of the pass (Note [The distributed-autograd round trip] in engine.py), or to the receiving
+    thread itself once it has stopped receiving, if it serves (Note [Serving threads] in
+    rpc/agent.py)."""
     answer = _Answer(src, envelope)
     try:
         ctx = container.retrieve(envelope["context_id"])
         running = ctx.current_pass
         if (running is None or running.driver is None
                 or running.pass_id != envelope["pass_id"]):
-            dist_engine.submit(_run_backward, ctx, envelope, payloads, answer)
+            if not run_here_later(_run_backward, ctx, envelope, payloads, answer):
+                dist_engine.submit(_run_backward, ctx, envelope, payloads, answer)
             return
         send_function = ctx.send_functions[envelope["message_id"]]
         send_function.set_grads(payloads, lambda a: Tensor._make(a, False, None, 0))

@@ -62,6 +62,22 @@ Note [Waiting threads receive]
     itself. Decoding must therefore not depend on the receiving thread's state: a reply's
     tensors join their sender's context, not the receiving thread's current one.
 
+Note [Serving threads]
+    A thread with nothing else to do while it waits (``rpc.shutdown()`` waiting for every
+    rank: ``join``) serves: it receives the rank's messages (Note [Waiting threads receive])
+    and runs what they ask for itself (a request's user function, a reply's callbacks, a
+    peer's part of a backward pass), instead of handing it to a pool thread. A rank that only
+    serves (rank 1 of benchmarks/dist_autograd.py; every callee of PyTorch's RPC examples, its
+    main thread parked in ``rpc.shutdown()``) then wakes no other thread per message: on a
+    2-core machine each of those hops cost ~100 us of a 1x8 round trip, and the woken pool
+    thread kept a core that the caller's poller needed. The work runs after the receive lock
+    is released, and as for any waiter stuck in a callback, when it lasts longer than the
+    grace (2 ms) the progress thread takes over receiving (handing what comes meanwhile to
+    the pools, as before): so work that blocks or runs long, even one waiting for a nested
+    RPC, stalls the rank's other messages by at most ~2.5 ms, and short work (a reply a few
+    microseconds later) is not raced by a second receiver. Any other thread (a caller waiting
+    for its reply, the progress thread) hands such work on.
+
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
     queues such a message for a peer; it rides inside the envelope of the next message to that
@@ -111,6 +127,18 @@ _prctl = _find_prctl()
 
 
 _short_sleeps = threading.local()
+_serving = threading.local()  # .work: a serving thread's list of deferred work, while it receives
+
+
+def run_here_later(fn, *args):
+    """On a serving thread that is receiving a message: queue ``fn(*args)`` to run on it once it
+    has stopped receiving, and return True; elsewhere False (the caller hands it to a pool).
+    Note [Serving threads]."""
+    work = getattr(_serving, "work", None)
+    if work is None:
+        return False
+    work.append((fn, args))
+    return True
 
 
 def _allow_short_sleeps():
@@ -388,39 +416,51 @@ class MPIRpcAgent:
         while self._running:
             if self._soon:
                 self._run_soon()
-            busy = self._complete_sends()
+            # Reaping sent buffers is bookkeeping, not activity: MPI moves the data inside any
+            # call of any thread, so it does not keep this thread polling at the short interval
+            self._complete_sends()
             now = time.monotonic()
             if self._deadlines and self._deadlines[0][0] <= now:
                 self._expire_requests()
             if self._next_carry_deadline is not None and self._next_carry_deadline <= now:
                 self.flush_carried()
-            if now - self._polled_at > _POLLER_GRACE_SECONDS and self._poll_once(status):
-                busy = True
-            if busy:
+            if now - self._polled_at <= _POLLER_GRACE_SECONDS:
+                # a waiting thread receives: look again at the longest interval, leaving the
+                # cores to it and the rank's work (Note [Waiting threads receive])
+                delay = _MAX_SLEEP_SECONDS
+            elif self._poll_once(status):
                 last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
-            elif time.monotonic() - last_activity > _IDLE_SPIN_SECONDS:
+            elif now - last_activity > _IDLE_SPIN_SECONDS:
                 delay = min(delay * 2, _MAX_SLEEP_SECONDS)
             time.sleep(delay)  # even when busy: Note [Progress thread and the GIL]
 
-    def _poll_once(self, status):
-        """Receive and dispatch one message if one is there (and no other thread is at it)."""
+    def _poll_once(self, status, work=None):
+        """Receive and dispatch one message if one is there (and no other thread is at it).
+        ``work``: a list, on a serving thread, that gets the work the message asks for instead
+        of a pool (Note [Serving threads])."""
         if not self._receive_lock.acquire(blocking=False):
             return False
         try:
             for _ in range(_PROBES_PER_POLL):  # Note [A poll is several probes]
                 if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
-                    self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+                    outer, _serving.work = getattr(_serving, "work", None), work
+                    try:
+                        self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+                    finally:
+                        _serving.work = outer
                     return True
             return False
         finally:
             self._receive_lock.release()
 
-    def progress_until(self, done, timeout=None):
+    def progress_until(self, done, timeout=None, serve=False):
         """On a thread waiting for ``done()``: receive and dispatch this rank's messages itself
         until then, or for ``timeout`` s (None: no limit; 0: one look); returns ``done()``.
-        Note [Waiting threads receive]."""
+        Note [Waiting threads receive]. ``serve``: also run the work they ask for, on this
+        thread (Note [Serving threads])."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
         status = MPI.Status()
+        work = [] if serve else None
         _allow_short_sleeps()
         try:
             started = last = time.monotonic()
@@ -429,7 +469,9 @@ class MPIRpcAgent:
                 if not self._running:  # stopping: nothing will arrive any more
                     return done()
                 self._polled_at = time.monotonic()
-                if self._poll_once(status):
+                if self._poll_once(status, work):
+                    if work:  # past the grace the progress thread receives meanwhile
+                        self._run_work(work)
                     last, delay = time.monotonic(), _MIN_SLEEP_SECONDS
                     continue
                 now = time.monotonic()
@@ -441,6 +483,15 @@ class MPIRpcAgent:
             return True
         finally:
             self._polled_at = 0.0  # the progress thread receives again at once
+
+    @staticmethod
+    def _run_work(work):
+        while work:
+            fn, args = work.pop(0)
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001  (as a pool thread would: print, keep serving)
+                traceback.print_exc()
 
     def _complete_sends(self):
         with self._send_lock:
@@ -489,7 +540,7 @@ class MPIRpcAgent:
             inline_reply = future.inline_reply  # Note [Replies on the callback pool]
             if inline_reply is True or (inline_reply is not None and inline_reply()):
                 self._resolve(future, src, envelope, payloads)
-            else:
+            elif not run_here_later(self._resolve, future, src, envelope, payloads):
                 self._callback_pool.submit(self._resolve, future, src, envelope, payloads)
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
@@ -500,7 +551,7 @@ class MPIRpcAgent:
             return
         if inline:
             self._run_handler(handler, src, envelope, payloads)
-        else:
+        elif not run_here_later(self._run_handler, handler, src, envelope, payloads):
             self._pool.submit(self._run_handler, handler, src, envelope, payloads)
 
     def _resolve(self, future, src, envelope, payloads):
@@ -517,12 +568,10 @@ class MPIRpcAgent:
         """Every rank reaches this point (others' requests keep being served meanwhile)."""
         self.flush_carried()  # Note [Carried messages]: nothing is left behind at shutdown
         request = self.comm.Ibarrier()
-        deadline = time.monotonic() + timeout if timeout else None
-        while not request.Test():
-            if deadline is not None and time.monotonic() > deadline:
-                raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
-                                      f"within {timeout:g} s")
-            time.sleep(1e-4)
+        # Note [Serving threads]: meanwhile this thread runs the rank's requests itself
+        if not self.progress_until(request.Test, timeout or None, serve=True):
+            raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
+                                  f"within {timeout:g} s")
 
     def stop(self):
         self._running = False
