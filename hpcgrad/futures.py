@@ -37,7 +37,11 @@ class Future:
         self._wait_fn = wait_fn      # drives completion from the waiting thread, once
         self.describe = describe     # names the operation in timeout messages
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._done = False
+        # made by the first thread that blocks in wait(): most futures are completed before
+        # anyone waits, or waited on by a thread that receives their reply itself, and an
+        # Event (a Condition and its lock) cost more than the rest of the future
+        self._event = None
         self._value = self._error = None
         self._callbacks = []
 
@@ -69,11 +73,14 @@ class Future:
 
     def _complete(self, value, error):
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return False
             self._value, self._error = value, error
-            self._event.set()
+            self._done = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
+        if event is not None:
+            event.set()
         for callback in callbacks:
             self._run(callback)
         return True
@@ -88,16 +95,28 @@ class Future:
 
     # --- reading ------------------------------------------------------------------------------
     def done(self):
-        return self._event.is_set()
+        return self._done
+
+    def _wait_done(self, timeout):
+        """Block until completed or ``timeout`` s passed; whether it completed."""
+        if self._done:
+            return True
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def wait(self, timeout=None):
         """The value once completed (raises its error); ``timeout`` in seconds bounds the wait."""
-        if not self._event.is_set() and self._wait_fn is not None:
+        if not self._done and self._wait_fn is not None:
             wait_fn, self._wait_fn = self._wait_fn, None
             wait_fn()
-            if not self._event.is_set() and timeout is None:
+            if not self._done and timeout is None:
                 raise RuntimeError(f"{self!r}: its producer returned without completing it")
-        if not self._event.wait(timeout):
+        if not self._wait_done(timeout):
             raise self.timeout_error(f"{self.describe or 'Future'} timed out after {timeout:g} s")
         if self._error is not None:
             raise self._error
@@ -107,7 +126,7 @@ class Future:
 
     def value(self):
         """The value of a completed future (raises its error); RuntimeError if still pending."""
-        if not self._event.is_set():
+        if not self._done:
             raise RuntimeError(f"{self!r}: value() before completion; call wait()")
         return self.wait()
 
@@ -127,7 +146,7 @@ class Future:
         if not callable(callback):
             raise TypeError(f"add_done_callback() expects a callable, got {type(callback).__name__}")
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(callback)
                 return
         self._run(callback)
