@@ -4,13 +4,17 @@
     mpiexec -n 2 python benchmarks/dist_autograd.py --quick     # a smoke run, seconds
     mpiexec -n 2 python benchmarks/dist_autograd.py --no-torch  # hpcgrad only
     mpiexec -n 2 python benchmarks/dist_autograd.py --profile prof.out   # cProfile of rank 0's part
+    mpiexec -n 2 python benchmarks/dist_autograd.py --malloc-default     # glibc's malloc untouched
 
 One iteration, timed on rank 0: in a fresh autograd context, ``y = rpc_sync(worker1, stage, x)``
 where rank 1 computes ``tanh(x @ W)`` with its own W (requires grad), then ``y.sum()`` and
 ``dist_autograd.backward(ctx, [loss])``, which sends the gradient of y to rank 1 and brings the
 gradient of x back; leaving the context releases it on both ranks. Sizes: x 1x8 with W 8x8 (the
 latency of the machinery) and x 256x1024 with W 1024x1024, float32 (1 MB each way, twice).
-Rank 1 only serves. One BLAS/OpenMP thread per rank (two ranks on two cores).
+Rank 1 only serves, waiting where ``rpc.shutdown()`` waits (Note [Serving threads] in
+rpc/agent.py). One BLAS/OpenMP thread per rank (two ranks on two cores), and glibc's malloc
+keeping freed memory in both processes (Note [Keeping freed memory] in utils/memory.py; both
+libraries run in them, so it applies to both alike; ``--malloc-default`` leaves it).
 
 Both RPC systems run at once and take turns: each of ``--rounds`` rounds times a block of
 iterations of each library (which goes first alternates), so a change in the machine's load
@@ -40,6 +44,7 @@ import hpcgrad as hg  # noqa: E402
 import hpcgrad.distributed.autograd as hg_autograd  # noqa: E402
 import hpcgrad.distributed.rpc as hg_rpc  # noqa: E402
 from hpcgrad.comm.mpi import comm_world  # noqa: E402
+from hpcgrad.utils.memory import keep_freed_memory  # noqa: E402
 
 try:
     import torch
@@ -219,6 +224,9 @@ def parse_args(argv=None):
     p.add_argument("--large-iterations", type=int, default=10,
                    help="256x1024 iterations per turn")
     p.add_argument("--profile", metavar="FILE", help="cProfile rank 0's hpcgrad round trips")
+    p.add_argument("--malloc-default", action="store_true",
+                   help="leave glibc's malloc as it is (by default both libraries' processes "
+                        "keep freed memory: hpcgrad.utils.keep_freed_memory)")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.tiny_iterations, args.large_iterations = 2, 50, 3
@@ -246,6 +254,9 @@ def report(results, libs, messages, args):
     print(f"dist_autograd round trip, rank 0 -> rank 1 -> rank 0 (forward + backward); "
           f"torch {torch.__version__ if both else 'not run'}; {args.rounds} rounds of "
           f"{args.iterations} iterations per library, taking turns")
+    print("malloc: " + ("glibc keeps freed memory in both libraries' processes "
+                        "(hpcgrad.utils.keep_freed_memory; --malloc-default: not)"
+                        if args.kept_memory else "glibc's defaults"))
     header = (f"{'input':<9} {'':<10} {'hpcgrad':>20} {'PyTorch (TensorPipe)':>22} "
               f"{'ratio':>6} {'rounds':>13} {'target':>6}")
     print(header)
@@ -289,6 +300,8 @@ def main(argv=None):
                   file=sys.stderr)
         return 2
     libs = ["hpcgrad"] + ([] if args.no_torch or torch is None else ["torch"])
+    # Process-wide, so for both libraries alike: Note [Keeping freed memory]
+    args.kept_memory = not args.malloc_default and keep_freed_memory()
     for lib in libs:
         start_rpc(lib, rank)
     results = run_rounds(libs, args) if rank == 0 else None
