@@ -42,7 +42,9 @@ class ReadyQueue:
     def __init__(self):
         self._heap = []
         self._lock = threading.Lock()
-        self._not_empty = threading.Condition(self._lock)
+        # made by the first consumer that has to sleep: most queues (one per backward call)
+        # never do, and a Condition cost more than the rest of the queue
+        self._not_empty = None
         self._waiters = 0
         self._tiebreak = itertools.count()
 
@@ -89,6 +91,8 @@ class ReadyQueue:
                 pass
         with self._lock:
             while not self._heap:
+                if self._not_empty is None:
+                    self._not_empty = threading.Condition(self._lock)
                 self._waiters += 1
                 self._not_empty.wait()
                 self._waiters -= 1
