@@ -218,3 +218,38 @@ def test_a_serving_thread_that_blocks_does_not_stall_its_rank():
     rpc.rpc_sync(1, cases.wake, timeout=WAIT_LIMIT)
     assert blocked.wait(WAIT_LIMIT) == "woke"
     assert time.monotonic() - started < WAIT_LIMIT / 2  # nobody waited for the sleep to end
+
+
+_serving_in_test = []  # rank 1: set while the next test serves on its main thread
+
+
+def interrupt_the_server():
+    """Ctrl-C as it lands on the serving main thread of the test below; anywhere else (a pool
+    thread, or the barrier before that test) a no."""
+    if thread_name() != "MainThread" or not _serving_in_test:
+        return "not there"
+    raise KeyboardInterrupt("Ctrl-C")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ctrl_c_in_a_served_call_answers_the_caller_and_stops_serving():
+    rank, _ = rank_and_size()
+    if rank == 1:
+        _serving_in_test.append(True)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                rpc._require_agent().progress_until(lambda: False, WAIT_LIMIT, serve=True)
+        finally:
+            _serving_in_test.clear()
+        return
+    if rank != 0:
+        return
+    deadline = time.monotonic() + WAIT_LIMIT / 2
+    while True:
+        try:
+            assert rpc.rpc_sync(1, interrupt_the_server, timeout=WAIT_LIMIT) == "not there"
+        except rpc.RpcError as exc:
+            assert "KeyboardInterrupt on worker1 (rank 1): Ctrl-C" in str(exc)
+            break
+        assert time.monotonic() < deadline, "rank 1 never ran the call on its serving thread"
+        time.sleep(1e-3)

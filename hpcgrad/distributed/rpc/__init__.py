@@ -317,6 +317,8 @@ def _serve_call(src, envelope, payloads):
         agent.reply(src, envelope["id"], "result", body, out)
     except BaseException as exc:
         agent.reply(src, envelope["id"], "error", **error_fields(exc, f"an RPC from rank {src}"))
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C on a serving main thread: the caller
+            raise                               # has its answer; this rank stops serving
 
 
 # --- remote references --------------------------------------------------------------------------

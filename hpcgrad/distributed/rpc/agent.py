@@ -95,9 +95,11 @@ Note [Serving threads]
     is released, and as for any waiter stuck in a callback, when it lasts longer than the
     grace (2 ms) the progress thread takes over receiving (handing what comes meanwhile to
     the pools, as before): so work that blocks or runs long, even one waiting for a nested
-    RPC, stalls the rank's other messages by at most ~2.5 ms, and short work (a reply a few
+    RPC, stalls the rank's other messages by at most ~2 ms, and short work (a reply a few
     microseconds later) is not raced by a second receiver. Any other thread (a caller waiting
-    for its reply, the progress thread) hands such work on.
+    for its reply, the progress thread) hands such work on. A user function then runs on the
+    main thread, where Ctrl-C lands: the caller gets the KeyboardInterrupt as the call's error
+    and ``rpc.shutdown()`` raises it, as it did when Ctrl-C met its wait.
 
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
@@ -526,6 +528,8 @@ class MPIRpcAgent:
             fn, args = work.pop(0)
             try:
                 fn(*args)
+            except KeyboardInterrupt:  # Ctrl-C on a serving main thread: stop serving
+                raise
             except BaseException:  # noqa: BLE001  (as a pool thread would: print, keep serving)
                 traceback.print_exc()
 
@@ -596,6 +600,8 @@ class MPIRpcAgent:
     def _run_handler(self, handler, src, envelope, payloads):
         try:
             handler(src, envelope, payloads)
+        except KeyboardInterrupt:  # Ctrl-C on a serving main thread (Note [Serving threads])
+            raise
         except BaseException:
             traceback.print_exc()  # handlers reply with errors themselves; this is a bug
 
