@@ -79,9 +79,10 @@ Note [The distributed-autograd round trip]
     - Replies whose callbacks are short are completed on the thread that receives them, and a
       thread waiting for a reply receives it itself (Notes [Replies on the callback pool] and
       [Waiting threads receive] in rpc/agent.py).
-    - What is left: on the callee, the request pool (user functions may block, so they never
-      run on the receiving thread) and the launch pool (nor do backward Nodes); and each hop's
-      wait for a core. Timeline after, same machine and load: 8.7 ms (11.1 before); PyTorch
+    - What was left then: on the callee, the request pool (user functions may block, so they
+      never ran on the receiving thread) and the launch pool (nor did backward Nodes); and
+      each hop's wait for a core. A callee that serves on a thread of its own now has neither
+      (below). Timeline after, same machine and load: 8.7 ms (11.1 before); PyTorch
       over TensorPipe on the same machine: see benchmarks/dist_autograd.py's output.
 
     Measured again later the same day on a quiet machine, with a timeline of both ranks (the
@@ -105,6 +106,32 @@ Note [The distributed-autograd round trip]
     the hops shrank, but the two threads it woke on a 2-core machine cost more than it saved
     (round trips 0.82-1.13x PyTorch with it, 0.65-0.77x without, taking turns), so it is not
     built.
+
+    A third time, the same evening: the pool hops, and the threads that took the cores and the
+    GIL from the two that do the work.
+    - Rank 1 parks where ``rpc.shutdown()`` waits, and that thread serves: it receives the call
+      and runs it, receives the gradient and runs its part of the pass, with no hand-off
+      (Note [Serving threads] in rpc/agent.py). On the timeline, "received" to "stage
+      starts" went from 91 to 35 us and "received" to "graph runs" from 115 to 51 us.
+    - The progress threads of both ranks had looked every 10 us whenever a send completed,
+      and every 0.5 ms while a waiter received; each look took the GIL from the working
+      thread at its next MPI call. Reaping sends is no longer activity, and while a waiter
+      receives the progress thread sleeps until it might have to take over (2 ms). The
+      caller's notice of a reply went from 80-100 us to 15-40 us.
+    - Waiters yield instead of sleeping for 0.5 ms after a message (Note [How long a waiter
+      sleeps] in rpc/agent.py): each notice now ~3 us.
+    1x8 now (us, instrumented, a quiet machine): rank 0 encodes and sends the call 80; rank 1
+    receives it 30 (with the release it carries), decodes 25-45, runs the stage 40-47, encodes
+    and replies 50; rank 0 receives and decodes 45; ``y.sum()`` 25; its backward reaches the
+    send 135 (roots 10, dependencies 27, the engine's start 20-35, Sum's backward 20, the
+    send function 17) and sends 25; rank 1 receives 40, computes dependencies 31, runs the
+    graph 105-146 (Tanh's and MatMul's backward 21 and 26), answers 26; rank 0 receives 45
+    and runs x's send function 36: ~0.6-0.9 ms, all of it Python's work, none waiting.
+    benchmarks/dist_autograd.py: 0.42-0.45x PyTorch over TensorPipe (three runs).
+    At 256x1024 the called rank took ~900 page faults per round trip: glibc handed its freed
+    arrays back to the kernel (Note [Keeping freed memory] in utils/memory.py). What is left
+    there: three 1 MB receives at ~0.25 ms (0.11 ms in a small test of the same Recv), and
+    Python steps 2-3x slower than at 1x8 after the matmuls have evicted them from the caches.
 """
 
 import concurrent.futures
