@@ -74,7 +74,9 @@ Note [How long a waiter sleeps]
     per message; on benchmarks/dist_autograd.py's 1x8 round trip (4 messages) yielding took the
     median from 0.71-0.74 ms to 0.58-0.69 ms (0.55x -> 0.48x PyTorch, taking turns). Any other
     runnable thread on the core goes first, and Python threads of the rank that want the GIL
-    wait at most the window. Then it polls every 10 us until 2 ms have passed, then backs off,
+    wait at most the window. Where a node has more ranks than cores (tests at 3 and 4 ranks on
+    2 cores) waiters do not yield but sleep: there the yielding made the 3-rank test run take
+    62 s instead of 58 s. Then it polls every 10 us until 2 ms have passed, then backs off,
     doubling, to 0.1 ms until it has waited 0.1 s, and only then to the progress thread's
     0.5 ms. A reply that takes a few
     milliseconds (a 256x1024 stage of benchmarks/dist_autograd.py: 7 ms forward, 15 ms
@@ -243,6 +245,10 @@ class MPIRpcAgent:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.name = name
         self.names = self.comm.allgather(name)
+        # Note [How long a waiter sleeps]: yield only where every rank of the node has a core
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self._yield_seconds = _YIELD_SECONDS if node.Get_size() <= (os.cpu_count() or 1) else 0.0
+        node.Free()
         if len(set(self.names)) != self.size:
             repeated = sorted({n for n in self.names if self.names.count(n) > 1})
             raise RuntimeError(f"init_rpc: worker name {repeated[0]!r} is not unique (names by "
@@ -511,7 +517,7 @@ class MPIRpcAgent:
                 if deadline is not None and now >= deadline:
                     return done()
                 quiet = now - max(started, last)
-                if quiet < _YIELD_SECONDS:  # Note [How long a waiter sleeps]
+                if quiet < self._yield_seconds:  # Note [How long a waiter sleeps]
                     _yield_core()
                     continue
                 if quiet > _IDLE_SPIN_SECONDS:  # Note [How long a waiter sleeps]
