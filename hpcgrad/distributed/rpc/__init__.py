@@ -1,7 +1,8 @@
 """torch.distributed.rpc on MPI: init_rpc, rpc_sync, rpc_async, remote/RRef, shutdown.
 
-Functions run on the callee's pool threads; a remote exception is raised in the caller with
-the remote rank and traceback, and logged on the rank where it happened.
+Functions run on the callee's pool threads, or on its thread parked in ``shutdown()`` (Note
+[Serving threads] in agent.py); a remote exception is raised in the caller with the remote rank
+and traceback, and logged on the rank where it happened.
 
 Note [RPC codec]
     RPC knows nothing of autograd. One codec rides along with every message: ``on_send`` gets
