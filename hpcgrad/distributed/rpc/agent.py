@@ -76,14 +76,15 @@ Note [How long a waiter sleeps]
     runnable thread on the core goes first, and Python threads of the rank that want the GIL
     wait at most the window. Where a node has more ranks than cores (tests at 3 and 4 ranks on
     2 cores) waiters do not yield but sleep: there the yielding made the 3-rank test run take
-    62 s instead of 58 s. Then it polls every 10 us until 2 ms have passed, then backs off,
+    62 s instead of 58 s.
+    After the window a waiter polls every 10 us until 2 ms have passed, then backs off,
     doubling, to 0.1 ms until it has waited 0.1 s, and only then to the progress thread's
-    0.5 ms. A reply that takes a few
-    milliseconds (a 256x1024 stage of benchmarks/dist_autograd.py: 7 ms forward, 15 ms
-    backward) was noticed ~0.3 ms late on average with 0.5 ms sleeps, twice per round trip;
-    with 0.1 ms at most it is ~0.05 ms, for a poll (~5 us of a core) every 0.1 ms meanwhile.
-    A thread that waits for long (a slow remote function, a rank parked in ``rpc.shutdown()``)
-    costs as little as the progress thread.
+    0.5 ms. A reply that takes a few milliseconds (a 256x1024 stage of
+    benchmarks/dist_autograd.py: 7 ms forward, 15 ms backward) was noticed ~0.3 ms late on
+    average with 0.5 ms sleeps, twice per round trip; with 0.1 ms at most it is ~0.05 ms, for
+    a poll (~5 us of a core) every 0.1 ms meanwhile. A thread that waits for long (a slow
+    remote function, a rank parked in ``rpc.shutdown()``) costs as little as the progress
+    thread.
 
 Note [Serving threads]
     A thread with nothing else to do while it waits (``rpc.shutdown()`` waiting for every
@@ -526,7 +527,7 @@ class MPIRpcAgent:
                 time.sleep(delay if deadline is None else min(delay, max(deadline - now, 0)))
             return True
         finally:
-            self._polled_at = 0.0  # the progress thread receives again at once
+            self._polled_at = 0.0  # the progress thread receives again when it next wakes
 
     @staticmethod
     def _run_work(work):
