@@ -253,3 +253,46 @@ def test_ctrl_c_in_a_served_call_answers_the_caller_and_stops_serving():
             break
         assert time.monotonic() < deadline, "rank 1 never ran the call on its serving thread"
         time.sleep(1e-3)
+
+
+def interrupt_backward_on_the_server(grad):
+    """A hook on rank 1's output: Ctrl-C as it lands while the serving main thread runs rank
+    1's part of a backward pass; anywhere else a no."""
+    if thread_name() == "MainThread" and _serving_in_test:
+        raise KeyboardInterrupt("Ctrl-C")
+    return grad
+
+
+def hooked_stage(x):
+    y = x * 2.0
+    y.register_hook(interrupt_backward_on_the_server)
+    return y
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ctrl_c_in_a_served_backward_answers_the_origin_and_stops_serving():
+    rank, _ = rank_and_size()
+    if rank == 1:
+        _serving_in_test.append(True)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                rpc._require_agent().progress_until(lambda: False, WAIT_LIMIT, serve=True)
+        finally:
+            _serving_in_test.clear()
+        return
+    if rank != 0:
+        return
+    x = hg.ones((1, 3), requires_grad=True)
+    deadline = time.monotonic() + WAIT_LIMIT / 2
+    while True:
+        with dist_autograd.context() as ctx:
+            loss = rpc.rpc_sync(1, hooked_stage, args=(x,), timeout=WAIT_LIMIT).sum()
+            try:
+                dist_autograd.backward(ctx, [loss], timeout=WAIT_LIMIT)
+            except RuntimeError as exc:
+                assert "Error on Node 1" in str(exc) and "Ctrl-C" in str(exc), str(exc)
+                break
+            np.testing.assert_array_equal(dist_autograd.get_gradients(ctx)[x].numpy(),
+                                          np.full((1, 3), 2.0))
+        assert time.monotonic() < deadline, "rank 1 never ran backward on its serving thread"
+        time.sleep(1e-3)

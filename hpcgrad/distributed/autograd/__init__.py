@@ -437,6 +437,10 @@ def _run_backward(ctx, envelope, payloads, answer):
         for dst, fields, arrays in held:
             _agent.send(dst, "backward", payloads=arrays, answer=False, **fields)
     answered.add_done_callback(answer)
+    error = answered.exception() if answered.done() else None
+    if (isinstance(error, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()):
+        raise error  # Ctrl-C on a serving main thread: the peer has its answer; stop serving
 
 
 def _fail_running_pass(envelope, error):

@@ -100,9 +100,10 @@ Note [Serving threads]
     the pools, as before): so work that blocks or runs long, even one waiting for a nested
     RPC, stalls the rank's other messages by at most ~2 ms, and short work (a reply a few
     microseconds later) is not raced by a second receiver. Any other thread (a caller waiting
-    for its reply, the progress thread) hands such work on. A user function then runs on the
-    main thread, where Ctrl-C lands: the caller gets the KeyboardInterrupt as the call's error
-    and ``rpc.shutdown()`` raises it, as it did when Ctrl-C met its wait.
+    for its reply, the progress thread) hands such work on. A user function (or a part of a
+    backward pass) then runs on the main thread, where Ctrl-C lands: the caller gets the
+    KeyboardInterrupt as the call's error (the pass's origin, as the pass's) and
+    ``rpc.shutdown()`` raises it, as it did when Ctrl-C met its wait.
 
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
