@@ -18,12 +18,20 @@ libraries run in them, so it applies to both alike; ``--malloc-default`` leaves 
 
 Both RPC systems run at once and take turns: each of ``--rounds`` rounds times a block of
 iterations of each library (which goes first alternates), so a change in the machine's load
-hits both alike. Figures: medians of every timed iteration (minimum beside them); the ratio is
-the median over rounds of (hpcgrad's median / PyTorch's median) in that round, with the range
-of those per-round ratios. "local" is the same forward and backward in one process (no RPC),
-and "overhead" the round trip minus it: what the communication adds. The message count is of
-hpcgrad's MPI messages, both ranks, per 1x8 round trip, by kind ("+kind": messages carried
-inside another one, costing no MPI message: Note [Carried messages] in rpc/agent.py).
+hits both alike. Inside a block every round trip is followed by one "local" iteration: the same
+forward and backward in one process (no RPC). Figures: medians of every timed iteration
+(minimum beside them); the ratio is the median over rounds of (hpcgrad's median / PyTorch's
+median) in that round, with the range of those per-round ratios. "overhead", what the
+communication adds, is the median over all of a library's iterations of (round trip - the local
+iteration right after it): pairs, because the compute of a 256x1024 iteration moves by a
+millisecond or more from one second to the next on a shared machine, far more than the
+overhead. Its ratio is that of the two libraries' medians over all rounds (a round's median
+of 20 differences can be near zero or below it: their ratios, in the range column, are too
+noisy to take a median of); "unpaired" is the overhead as it was taken before: per round the
+difference of the two medians, and the median of their ratios.
+The message count is of hpcgrad's MPI messages, both ranks, per 1x8 round trip, by kind
+("+kind": messages carried inside another one, costing no MPI message: Note [Carried messages]
+in rpc/agent.py).
 """
 
 import os
@@ -107,16 +115,19 @@ def local_iteration(lib, x, w):
     return x.grad
 
 
-def time_iterations(step, iterations, warmup):
-    """Seconds of each of ``iterations`` calls of ``step()`` after ``warmup`` untimed ones."""
+def time_pairs(first, second, iterations, warmup):
+    """Seconds of ``first()`` and of ``second()`` right after it, ``iterations`` times each,
+    after ``warmup`` untimed pairs: two lists."""
     for _ in range(warmup):
-        step()
+        first()
+        second()
     gc.collect()
-    times = []
+    times = ([], [])
     for _ in range(iterations):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+        for step, out in ((first, times[0]), (second, times[1])):
+            t0 = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - t0)
     return times
 
 
@@ -172,14 +183,14 @@ def run_rounds(libs, args):
                 x, w = data[lib][size]
                 if profiler is not None and lib == "hpcgrad":
                     profiler.enable()
-                times = time_iterations(lambda lib=lib, x=x, size=size: iteration[lib](x, size),
-                                        iters, max(iters // 10, 2))
+                trips, local = time_pairs(
+                    lambda lib=lib, x=x, size=size: iteration[lib](x, size),
+                    lambda lib=lib, x=x, w=w: local_iteration(lib, x, w),
+                    iters, max(iters // 10, 2))
                 if profiler is not None:
                     profiler.disable()
-                results.setdefault((lib, "round trip", size), []).append(times)
-                times = time_iterations(lambda lib=lib, x=x, w=w: local_iteration(lib, x, w),
-                                        iters, max(iters // 10, 2))
-                results.setdefault((lib, "local", size), []).append(times)
+                results.setdefault((lib, "round trip", size), []).append(trips)
+                results.setdefault((lib, "local", size), []).append(local)
     if profiler is not None:
         profiler.dump_stats(args.profile)
     return results
@@ -221,7 +232,7 @@ def parse_args(argv=None):
     p.add_argument("--no-torch", action="store_true", help="hpcgrad only")
     p.add_argument("--rounds", type=int, default=7, help="rounds of turns (default 7)")
     p.add_argument("--tiny-iterations", type=int, default=300, help="1x8 iterations per turn")
-    p.add_argument("--large-iterations", type=int, default=10,
+    p.add_argument("--large-iterations", type=int, default=20,
                    help="256x1024 iterations per turn")
     p.add_argument("--profile", metavar="FILE", help="cProfile rank 0's hpcgrad round trips")
     p.add_argument("--malloc-default", action="store_true",
@@ -251,6 +262,11 @@ def report(results, libs, messages, args):
             rounds = [a - med(b) for a, b in zip(rounds, results[lib, minus, size])]
         return rounds
 
+    def differences(lib, size):
+        """Per round: each round trip minus the local iteration right after it."""
+        return [[a - b for a, b in zip(trips, local)] for trips, local in
+                zip(results[lib, "round trip", size], results[lib, "local", size])]
+
     print(f"dist_autograd round trip, rank 0 -> rank 1 -> rank 0 (forward + backward); "
           f"torch {torch.__version__ if both else 'not run'}; {args.rounds} rounds of "
           f"{args.iterations} iterations per library, taking turns")
@@ -262,8 +278,22 @@ def report(results, libs, messages, args):
     print(header)
     print("-" * len(header))
     for size in SIZES:
-        for what in ("round trip", "local", "overhead"):
-            if what == "overhead":
+        for what in ("round trip", "local", "overhead", "unpaired"):
+            target = TARGETS.get((size, what))
+            if what == "overhead":  # medians of the pairs' differences, pooled and per round
+                ours = [med(r) for r in differences("hpcgrad", size)]
+                ours_all = [d for r in differences("hpcgrad", size) for d in r]
+                row = f"{size:<9} {what:<10} {fmt(med(ours_all)):>20}"
+                if both:
+                    theirs = [med(r) for r in differences("torch", size)]
+                    theirs_all = [d for r in differences("torch", size) for d in r]
+                    ratios = [a / b for a, b in zip(ours, theirs)]
+                    row += (f" {fmt(med(theirs_all)):>22} {med(ours_all) / med(theirs_all):>5.2f}x"
+                            f" {min(ratios):>5.2f}-{max(ratios):<5.2f}x"
+                            f" {'' if target is None else f'{target:.1f}x':>6}")
+                print(row)
+                continue
+            if what == "unpaired":  # the overhead as it was taken before: medians' difference
                 ours = per_round("hpcgrad", "round trip", size, minus="local")
                 row = f"{size:<9} {what:<10} {fmt(med(ours)):>20}"
             else:
@@ -272,7 +302,7 @@ def report(results, libs, messages, args):
                 row = (f"{size:<9} {what:<10} {fmt(med(ours_all)):>10} "
                        f"({fmt(min(ours_all)):>7})")
             if both:
-                if what == "overhead":
+                if what == "unpaired":
                     theirs = per_round("torch", "round trip", size, minus="local")
                     row += f" {fmt(med(theirs)):>22}"
                 else:
@@ -280,12 +310,12 @@ def report(results, libs, messages, args):
                     theirs = per_round("torch", what, size)
                     row += f" {fmt(med(theirs_all)):>12} ({fmt(min(theirs_all)):>7})"
                 ratios = [a / b for a, b in zip(ours, theirs)]
-                target = TARGETS.get((size, what))
                 row += (f" {med(ratios):>5.2f}x {min(ratios):>5.2f}-{max(ratios):<5.2f}x"
                         f" {'' if target is None else f'{target:.1f}x':>6}")
             print(row)
     total, kinds = messages
-    detail = ", ".join(f"{k} {v:g}" for k, v in sorted(kinds.items(), key=lambda kv: kv[0][:1] == "+"))
+    detail = ", ".join(f"{k} {v:g}" for k, v in sorted(kinds.items(),
+                                                         key=lambda kv: kv[0][:1] == "+"))
     print(f"hpcgrad MPI messages per 1x8 round trip (both ranks): {total:g}"
           + (f" ({detail})" if detail else ""))
 

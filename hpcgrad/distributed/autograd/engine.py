@@ -129,9 +129,23 @@ Note [The distributed-autograd round trip]
     and runs x's send function 36: ~0.6-0.9 ms, all of it Python's work, none waiting.
     benchmarks/dist_autograd.py: 0.42-0.45x PyTorch over TensorPipe (three runs).
     At 256x1024 the called rank took ~900 page faults per round trip: glibc handed its freed
-    arrays back to the kernel (Note [Keeping freed memory] in utils/memory.py). What is left
-    there: three 1 MB receives at ~0.25 ms (0.11 ms in a small test of the same Recv), and
-    Python steps 2-3x slower than at 1x8 after the matmuls have evicted them from the caches.
+    arrays back to the kernel (Note [Keeping freed memory] in utils/memory.py).
+
+    What is left at 256x1024, measured once more (a timeline of both ranks with kept memory,
+    and benchmarks/cold_steps.py, 2026-11-26): ~2.9 ms beyond compute on the instrumented
+    timeline, of which ~1.0 ms is the three 1 MB receives and ~1.9 ms the same ~20 Python steps
+    that take ~0.5 ms at 1x8. Neither is much further to cut on this machine:
+    - a 1 MB array that one rank has just computed reaches the other in ~0.2 ms, by MPI (CMA,
+      one copy) or any other way. Reading it in place from a shared-memory window instead was
+      measured: the sender's copy into the window costs what the receiver's copy saved (182 us
+      a message against 198-221 us), so it is not built;
+    - a Python step runs 10-20x slower the first time after a few milliseconds of other work:
+      an RPC encode takes 7 us in a loop and ~110 us after a 6 ms matmul, or after a 10 ms
+      Python loop that touches almost no memory (a 3 MB sweep of the caches costs it only
+      4 us, so it is the machine, not our data, that evicts it), and 20 PyTorch additions go
+      from 35 to ~90-140 us alike. Each step of the round trip meets it after a matmul or a wait
+      of milliseconds: ~1.4 ms of the 1.9. PyTorch pays it too; its overhead here is ~3 ms.
+    So the 256x1024 overhead stays at 0.6-1.0x PyTorch's on this machine, short of 0.5x.
 """
 
 import concurrent.futures
