@@ -135,17 +135,18 @@ Note [The distributed-autograd round trip]
     and benchmarks/cold_steps.py, 2026-11-26): ~2.9 ms beyond compute on the instrumented
     timeline, of which ~1.0 ms is the three 1 MB receives and ~1.9 ms the same ~20 Python steps
     that take ~0.5 ms at 1x8. Neither is much further to cut on this machine:
-    - a 1 MB array that one rank has just computed reaches the other in ~0.2 ms, by MPI (CMA,
-      one copy) or any other way. Reading it in place from a shared-memory window instead was
-      measured: the sender's copy into the window costs what the receiver's copy saved (182 us
-      a message against 198-221 us), so it is not built;
+    - a 1 MB array that one rank has just computed reaches the other in ~0.2 ms by MPI.
+      Reading it in place from a shared-memory window instead was measured: the sender's copy
+      into the window costs what the receiver's copy saved (182 us a message against 198-221
+      us), so it is not built;
     - a Python step runs 10-20x slower the first time after a few milliseconds of other work:
-      an RPC encode takes 7 us in a loop and ~110 us after a 6 ms matmul, or after a 10 ms
+      an RPC encode takes 7-9 us in a loop and 90-140 us after a 6 ms matmul, or after a 10 ms
       Python loop that touches almost no memory (a 3 MB sweep of the caches costs it only
       4 us, so it is the machine, not our data, that evicts it), and 20 PyTorch additions go
-      from 35 to ~90-140 us alike. Each step of the round trip meets it after a matmul or a wait
-      of milliseconds: ~1.4 ms of the 1.9. PyTorch pays it too; its overhead here is ~3 ms.
-    So the 256x1024 overhead stays at 0.6-1.0x PyTorch's on this machine, short of 0.5x.
+      from 35-50 to 90-140 us alike. Each step of the round trip meets it after a matmul or a
+      wait of milliseconds: ~1.4 ms of the 1.9. PyTorch pays it too (its overhead: 2.7-4.4 ms).
+    So the 256x1024 overhead stays at 0.44-1.01x PyTorch's (median 0.60x, six runs of
+    benchmarks/dist_autograd.py) on this machine, short of 0.5x.
 """
 
 import concurrent.futures
