@@ -181,22 +181,29 @@ def until_rank_1_serves():
 @pytest.mark.mpi(min_size=2)
 def test_a_rank_waiting_in_shutdown_serves_on_that_thread():
     """Rank 1 waits where rpc.shutdown() waits (the test's closing barrier): the call it gets
-    and its part of the backward pass run on that thread, its main thread, not a pool's."""
+    and its part of the backward pass run on that thread, its main thread, not a pool's.
+
+    Not every time: when that thread has not looked for 2 ms (descheduled, with more ranks
+    than cores) the progress thread hands what comes to the pools, by design (Note [Serving
+    threads]). So round trips repeat until one ran wholly on the main thread; without serving
+    threads none ever does."""
     rank, _ = rank_and_size()
     if rank != 0:
         return
     x_value = np.linspace(-1, 1, cases.FEATURES).reshape(1, -1)
     x = hg.tensor(x_value, requires_grad=True)
     until_rank_1_serves()
-    for _ in range(3):
+    seen = []
+    deadline = time.monotonic() + WAIT_LIMIT / 2
+    while seen[-1:] != [("MainThread", ["MainThread"])]:
+        assert time.monotonic() < deadline, f"never all on rank 1's main thread: {seen}"
         with dist_autograd.context() as ctx:
             y, where = rpc.rpc_sync(1, tanh_stage_recording_threads, args=(x,),
                                     timeout=WAIT_LIMIT)
             dist_autograd.backward(ctx, [y.sum()], timeout=WAIT_LIMIT)
             np.testing.assert_allclose(dist_autograd.get_gradients(ctx)[x].numpy(),
                                        local_gradient(x_value), rtol=1e-5, atol=1e-6)
-        assert where == "MainThread"
-        assert rpc.rpc_sync(1, threads_of_w, timeout=WAIT_LIMIT) == ["MainThread"]
+        seen.append((where, rpc.rpc_sync(1, threads_of_w, timeout=WAIT_LIMIT)))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -231,8 +238,9 @@ def interrupt_the_server():
     raise KeyboardInterrupt("Ctrl-C")
 
 
-@pytest.mark.mpi(min_size=2)
-def test_ctrl_c_in_a_served_call_answers_the_caller_and_stops_serving():
+def serve_until_ctrl_c():
+    """On rank 1: serve on the main thread, as ``rpc.shutdown()`` does, until Ctrl-C stops
+    it (the tests below fail if it never does). Returns the rank."""
     rank, _ = rank_and_size()
     if rank == 1:
         _serving_in_test.append(True)
@@ -241,8 +249,12 @@ def test_ctrl_c_in_a_served_call_answers_the_caller_and_stops_serving():
                 rpc._require_agent().progress_until(lambda: False, WAIT_LIMIT, serve=True)
         finally:
             _serving_in_test.clear()
-        return
-    if rank != 0:
+    return rank
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ctrl_c_in_a_served_call_answers_the_caller_and_stops_serving():
+    if serve_until_ctrl_c() != 0:
         return
     deadline = time.monotonic() + WAIT_LIMIT / 2
     while True:
@@ -271,16 +283,7 @@ def hooked_stage(x):
 
 @pytest.mark.mpi(min_size=2)
 def test_ctrl_c_in_a_served_backward_answers_the_origin_and_stops_serving():
-    rank, _ = rank_and_size()
-    if rank == 1:
-        _serving_in_test.append(True)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                rpc._require_agent().progress_until(lambda: False, WAIT_LIMIT, serve=True)
-        finally:
-            _serving_in_test.clear()
-        return
-    if rank != 0:
+    if serve_until_ctrl_c() != 0:
         return
     x = hg.ones((1, 3), requires_grad=True)
     deadline = time.monotonic() + WAIT_LIMIT / 2
