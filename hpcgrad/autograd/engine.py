@@ -343,7 +343,7 @@ class Engine:
                         result = formula(fn, grad) if grad is not None else _GENERAL
                         grad = None
                     else:
-                        result = _GENERAL if None in map(_is_none, grads) else formula(fn, *grads)
+                        result = _GENERAL if True in map(_is_none, grads) else formula(fn, *grads)
                 else:
                     result = _GENERAL
                 if result is _GENERAL:  # hooks, a custom Node, anomaly mode, a gradient missing
@@ -698,7 +698,7 @@ plans = _plan.PlanCache()  # Note [Replayed backward plans]
 
 
 def set_backward_plan(mode):
-    """``"on"`` (default) or ``"off"`` (or a bool); returns the previous mode.
+    """``"on"`` or ``"off"`` (the default; or a bool); returns the previous mode.
 
     Note [Replayed backward plans]: ``on`` runs ``backward()`` from a plan of its graph, cached
     and replayed when the structure repeats; ``off`` uses the queue engine for everything.

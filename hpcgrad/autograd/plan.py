@@ -36,7 +36,9 @@ of deep reentrant backwards. There, every backward runs from a plan: a cached on
 matches, else one built for it (and cached: up to 4 per root type). Building and running a plan
 once costs less than the queue engine (the walk that builds it replaces compute_dependencies,
 and the simulation is cheaper than the queue), so a graph that never repeats gains too.
-``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the queue engine only.
+Plans are opt-in (``set_backward_plan("on")`` or ``HPCGRAD_BACKWARD_PLAN=1``): issue 25 found
+graphs a plan matched although they differed in a Node's input count (a split into 2, then 3
+pieces), so they stay off by default until the differential fuzzer (tests/fuzz.py) proves them.
 
 Cost per Node (callgrind instructions, one backward of a chain of 2,000 ops y*c, y+d, float32,
 size 1 / size 1,000; collected only inside the backward call; PyTorch 2.13 counted the same way):
@@ -65,7 +67,7 @@ _MAX_PLANS_PER_ROOT = 4  # per root type: a loop alternating a few graphs keeps 
 
 
 def _mode_from_env():
-    value = os.environ.get("HPCGRAD_BACKWARD_PLAN", "on").strip().lower()
+    value = os.environ.get("HPCGRAD_BACKWARD_PLAN", "off").strip().lower()
     aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
     value = aliases.get(value, value)
     if value not in MODES:
@@ -191,6 +193,10 @@ def match(plan, root):
     if flat != [None if e is None else (nodes[e[0]], e[1]) for e in plan.flat]:
         return None
     if len(set(nodes)) != n:
+        return None
+    # A Node's input count is structure too: a split into 3 pieces has a SplitBackward of 3
+    # inputs where the plan's had 2, with the same edges out of it.
+    if [len(fn.input_metadata) for fn in nodes] != plan.sizes:
         return None
     seqs = [fn.sequence_nr for fn in nodes]
     if len(set(seqs)) != plan.distinct or _ranking(seqs) != plan.ranking:

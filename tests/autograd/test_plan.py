@@ -306,3 +306,42 @@ def test_tensor_operators_record_as_function_apply():
     (g,) = hg.autograd.grad((x * x * x).sum(), x, create_graph=True)
     g.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 6 * xv)
+
+
+# Issue 25: graphs that a plan matched although they differ in what changes the result.
+
+def test_unused_piece_of_chunk_split_unbind():
+    for make in (lambda x: x.chunk(2), lambda x: x.split(3), lambda x: x.unbind(0)):
+        for _ in range(2):  # built, then replayed
+            x = hg.tensor(np.arange(6.0), requires_grad=True)
+            pieces = make(x)
+            pieces[0].sum().backward()
+            want = np.zeros(6)
+            want[:pieces[0].numel()] = 1.0
+            np.testing.assert_array_equal(x.grad.numpy(), want)
+
+
+def test_split_into_two_then_three_pieces():
+    for n in (2, 3, 2, 3):
+        x = hg.tensor(np.arange(6.0), requires_grad=True)
+        sum((p * p).sum() for p in x.chunk(n)).backward()
+        np.testing.assert_array_equal(x.grad.numpy(), 2 * np.arange(6.0))
+
+
+class _Mean(Function):
+    """n copies of x; backward averages the n output gradients (so dx = mean of them)."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        return tuple(x * 1.0 for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return sum(g for g in grads if g is not None) / len(grads), None
+
+
+def test_custom_function_with_two_then_three_outputs():
+    for n in (2, 3, 2):
+        x = hg.tensor(np.ones(1), requires_grad=True)
+        _Mean.apply(x, n)[0].sum().backward()  # one output used: dx = 1/n
+        np.testing.assert_allclose(x.grad.numpy(), [1.0 / n])
