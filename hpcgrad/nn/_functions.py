@@ -202,7 +202,7 @@ class Conv2d(Function):
         x, weight, saved_cols = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         (out_ch, in_ch, kh, kw), (top, bottom, left, right) = ctx.geometry
-        g3 = g.reshape(g.shape[0], out_ch, -1)
+        g3 = g.reshape(g.shape[0], out_ch, g.shape[2] * g.shape[3])  # not -1: N may be 0
         grad_x = grad_w = None
         if need_x:
             flipped = weight[:, :, ::-1, ::-1].transpose(0, 1)  # (C, O, kh, kw)
@@ -278,6 +278,81 @@ class CrossEntropy(Function):
         delta = xp.exp(log_probs) * s
         delta[rows, target] -= s
         return _const(delta), None
+
+
+class BatchNorm(Function):
+    """Batch normalisation of x (N, C, ...) over every axis but 1, then ``* weight + bias``
+    (each (C,) or None), as one Node that saves x, as PyTorch's native_batch_norm: writing x in
+    place after the forward makes backward raise instead of differentiating other values.
+
+    ``training``: the batch's mean and biased variance, and ``running_mean``/``running_var``
+    (Tensors or None) updated in place (the variance unbiased); else the running statistics.
+    An input with no elements gives an empty output and leaves the running statistics alone.
+    Backward is written with differentiable ops of x (the batch statistics recomputed from x
+    under ``create_graph``), so it differentiates again.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+        a = x.data
+        xp = backend.get_array_module(a)
+        channels = a.shape[1]
+        dims = (0,) + tuple(range(2, a.ndim))
+        shape = (1, channels) + (1,) * (a.ndim - 2)
+        if not training:
+            mean = running_mean.data.astype(a.dtype, copy=False).reshape(shape)
+            inv_std = (1 / xp.sqrt(running_var.data + eps)).astype(a.dtype, copy=False)
+            inv_std = inv_std.reshape(shape)
+            out = (a - mean) * inv_std
+        elif a.size == 0:  # no statistics to take (PyTorch: an empty output, buffers untouched)
+            mean, inv_std, out = None, None, a.copy()
+        else:
+            mean = a.mean(dims, keepdims=True)
+            centred = a - mean
+            var = (centred * centred).mean(dims, keepdims=True)
+            std = xp.sqrt(var + eps)
+            out, inv_std = centred / std, 1 / std
+            count = a.size // channels
+            if running_mean is not None:
+                running_mean.data[...] = ((1 - momentum) * running_mean.data
+                                          + momentum * mean.reshape(channels))
+            if running_var is not None:
+                running_var.data[...] = ((1 - momentum) * running_var.data
+                                         + momentum * var.reshape(channels)
+                                         * (count / (count - 1)))
+        if weight is not None:
+            out = out * weight.data.reshape(shape)
+        if bias is not None:
+            out = out + bias.data.reshape(shape)
+        ctx.save_for_backward(x, weight)
+        ctx.stats = (mean, inv_std, training, eps, dims, shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        mean, inv_std, training, eps, dims, shape = ctx.stats
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_b = g.sum(dims) if need_b else None
+        if x.numel() == 0:  # an empty batch: zeros of each shape, as PyTorch's
+            return (g * 1 if need_x else None, (g * 0).sum(dims) if need_w else None, grad_b,
+                    None, None, None, None, None)
+        if training and grad_mode.is_grad_enabled():  # create_graph: statistics as functions of x
+            centred = x - x.mean(dims, keepdim=True)
+            inv = 1 / ((centred * centred).mean(dims, keepdim=True) + eps).sqrt()
+            x_hat = centred * inv
+        else:
+            inv = _const(inv_std)
+            x_hat = (x - _const(mean)) * inv
+        grad_x = None
+        if need_x:
+            gy = g if weight is None else g * weight.reshape(shape)
+            if training:
+                gy = gy - gy.mean(dims, keepdim=True) \
+                    - x_hat * (gy * x_hat).mean(dims, keepdim=True)
+            grad_x = gy * inv
+        grad_w = (g * x_hat).sum(dims) if need_w else None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class ConstantPad(Function):

@@ -259,36 +259,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if input.ndim < 2:
         raise ValueError(f"batch_norm: expected an input with a channel axis (N, C, ...), got "
                          f"shape {list(input.shape)}")
-    channels = input.shape[1]
-    dims = (0,) + tuple(range(2, input.ndim))
-    shape = (1, channels) + (1,) * (input.ndim - 2)
     if training:
-        count = input.numel() // channels
-        if count <= 1:
+        count = input.numel() // input.shape[1] if input.shape[1] else 0
+        if count == 1:  # PyTorch's check: none of a single value (an empty batch passes)
             raise ValueError(f"Expected more than 1 value per channel when training, got input "
                              f"size {list(input.shape)}")
-        mean = input.mean(dims, keepdim=True)
-        centred = input - mean
-        var = (centred * centred).mean(dims, keepdim=True)
-        out = centred / (var + eps).sqrt()
-        if running_mean is not None:
-            running_mean.data[...] = ((1 - momentum) * running_mean.data
-                                      + momentum * mean.data.reshape(channels))
-        if running_var is not None:
-            running_var.data[...] = ((1 - momentum) * running_var.data
-                                     + momentum * var.data.reshape(channels)
-                                     * (count / (count - 1)))
-    else:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: running_mean and running_var are needed when not "
-                             "training")
-        xp = backend.get_array_module(running_var.data)
-        inv_std = (1 / xp.sqrt(running_var.data + eps)).astype(input.dtype, copy=False)
-        out = ((input - _const(running_mean.data.astype(input.dtype, copy=False).reshape(shape)))
-               * _const(inv_std.reshape(shape)))
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    return out if bias is None else out + bias.reshape(shape)
+    elif running_mean is None or running_var is None:
+        raise ValueError("batch_norm: running_mean and running_var are needed when not "
+                         "training")
+    return _functions.BatchNorm.apply(input, weight, bias, running_mean, running_var,
+                                      bool(training), momentum, eps)
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
