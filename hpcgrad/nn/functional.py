@@ -52,8 +52,8 @@ def pad(input, pad, mode="constant", value=0.0):
         input = input[tuple(slice(-min(b, 0), n + min(a, 0) if a < 0 else None)
                             for n, (b, a) in zip(input.shape, widths))]
         widths = [(max(b, 0), max(a, 0)) for b, a in widths]
-    if not any(b or a for b, a in widths):
-        return input
+    # Always a new array, also when nothing grows (PyTorch's constant_pad_nd clones): the
+    # input itself, or a view of it, would let an in-place write to the result reach it.
     return _functions.ConstantPad.apply(input, tuple(widths), value)
 
 

@@ -16,6 +16,11 @@ class Softmax(Function):
     def forward(ctx, a, dim):
         xp = backend.get_array_module(a.data)
         dim = _axis(dim, a.data.ndim)
+        ctx.dim = dim
+        if a.data.size == 0:  # no maximum to take; PyTorch returns an empty tensor
+            out = a.data.copy()
+            ctx.save_for_backward(out)
+            return out
         shifted = a.data - a.data.max(axis=dim, keepdims=True)
         e = xp.exp(shifted)
         out = e / e.sum(axis=dim, keepdims=True)
@@ -34,6 +39,11 @@ class LogSoftmax(Function):
     def forward(ctx, a, dim):
         xp = backend.get_array_module(a.data)
         dim = _axis(dim, a.data.ndim)
+        ctx.dim = dim
+        if a.data.size == 0:  # no maximum to take; PyTorch returns an empty tensor
+            out = a.data.copy()
+            ctx.save_for_backward(out)
+            return out
         shifted = a.data - a.data.max(axis=dim, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=dim, keepdims=True))
         ctx.dim = dim
