@@ -3,7 +3,7 @@
 import math
 
 from .. import backend
-from .optimizer import Optimizer, check_nonnegative, update_direction
+from .optimizer import Optimizer, check_nonnegative, update_direction, written
 
 
 class Adam(Optimizer):
@@ -43,6 +43,7 @@ class Adam(Optimizer):
             for p in group["params"]:
                 if p.grad is not None:
                     self._update(p, group)
+                    written(p)
         return loss
 
     def _update(self, p, group):

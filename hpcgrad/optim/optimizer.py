@@ -8,6 +8,9 @@ Follows ``torch.optim.Optimizer``: ``param_groups`` is a list of dicts (``"param
 
 State buffers are arrays (numpy or cupy, like the parameters), scalars stay Python numbers.
 Updates happen in place on ``p.data``: other code (a DDP reducer, a model) holds those arrays.
+Each step counts as one in-place write of every parameter it changes (``written``), as PyTorch's
+``p.add_(...)`` does: a graph built before ``step()`` and differentiated after it then raises
+"modified by an inplace operation" instead of silently using the new weights.
 """
 
 import copy
@@ -16,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import backend
-from ..autograd import enable_grad
+from ..autograd import enable_grad, version_counter
 from ..tensor import Tensor
 
 
@@ -103,6 +106,7 @@ class Optimizer:
                         p.grad = p.grad.detach()
                     p.grad.requires_grad = False
                     p.grad.data[...] = 0
+                    written(p.grad)  # PyTorch's grad.zero_() counts as a write
 
     def step(self, closure=None):
         raise NotImplementedError(f"{type(self).__name__} must implement step()")
@@ -184,6 +188,11 @@ def _state_value(p, index, name, value):
     value = backend.to_device(value, p.device)
     dtype = p.data.dtype if value.dtype.kind == "f" and p.data.dtype.kind == "f" else value.dtype
     return value.astype(dtype, copy=True)
+
+
+def written(p):
+    """Count one in-place write of ``p``'s memory (its views and saved copies see it too)."""
+    version_counter.bump(p.data)
 
 
 def update_direction(p, grad, weight_decay, maximize):

@@ -3,7 +3,8 @@
 import numpy as np
 
 from .. import backend
-from .optimizer import Optimizer, add_scaled, check_nonnegative, dense_grad, update_direction
+from .optimizer import (Optimizer, add_scaled, check_nonnegative, dense_grad, update_direction,
+                        written)
 
 
 class SGD(Optimizer):
@@ -42,6 +43,7 @@ class SGD(Optimizer):
                     _sparse_step(p, group["lr"], group["maximize"])
                 else:
                     self._dense_step(p, group)
+                written(p)
         return loss
 
     def _dense_step(self, p, group):
