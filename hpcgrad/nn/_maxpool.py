@@ -72,7 +72,10 @@ class MaxPool2d(Function):
             padded[..., ph:ph + height, pw:pw + width] = a
         win = windows(padded, kernel, stride, dilation)
         best, idx = _window_max(win, kernel, stride, dilation)
-        ctx.save_for_backward(idx)  # saved, so freed after backward as PyTorch's indices
+        # idx saved, so freed after backward as PyTorch's indices; x saved as PyTorch's
+        # max_pool2d_with_indices saves self: backward refuses an x written in place since
+        # (the gradient's positions came from the values the forward saw)
+        ctx.save_for_backward(idx, x)
         ctx.args = (padded.shape, kernel, stride, dilation)
         ctx.crop = (..., slice(ph, ph + height), slice(pw, pw + width)) if padded is not a \
             else None
@@ -87,7 +90,7 @@ class MaxPool2d(Function):
 
     @staticmethod
     def backward(ctx, g, *unused):
-        (idx,) = ctx.saved_tensors
+        idx, _ = ctx.saved_tensors  # the version check of x happens here
         grad = Scatter.apply(g, idx.data, *ctx.args)
         grad = grad if ctx.crop is None else GetItem.apply(grad, ctx.crop)
         return grad, None, None, None, None, None, None
