@@ -3,7 +3,7 @@
 import math
 
 from .. import backend
-from .optimizer import Optimizer, check_nonnegative, update_direction, written
+from .optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction, written
 
 
 class Adam(Optimizer):
@@ -23,7 +23,7 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, maximize=False):
-        check_nonnegative(lr, "learning rate")
+        check_lr(lr)
         check_nonnegative(eps, "epsilon value")
         for i, beta in enumerate(betas):
             if not 0.0 <= beta < 1.0:
@@ -48,7 +48,7 @@ class Adam(Optimizer):
 
     def _update(self, p, group):
         xp = backend.get_array_module(p.data)
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        lr, (beta1, beta2), eps = scalar(group["lr"]), group["betas"], group["eps"]
         state = self.state[p]
         if not state:
             state["step"] = 0

@@ -6,6 +6,11 @@ Each scheduler rewrites ``group["lr"]`` of its optimizer's param_groups on ``ste
 PyTorch's recursive ("chainable") formulas, in PyTorch's order of floating-point operations, so
 that the learning rates equal torch's step by step (tests/optim/test_lr_scheduler.py). Call
 ``scheduler.step()`` after ``optimizer.step()``; the reverse order warns, as in PyTorch.
+
+A learning rate may be a 0-d Tensor, as in PyTorch: a scheduler then writes the new value into
+that Tensor in place (``fill_``: the optimizer and the user keep holding it), and what it keeps
+(``base_lrs``, ``initial_lr``, ``get_last_lr()``) are clones, so a later write into the user's
+Tensor does not move the schedule.
 """
 
 import math
@@ -16,6 +21,7 @@ from bisect import bisect_right
 from collections import Counter
 from functools import wraps
 
+from ..tensor import Tensor
 from .optimizer import Optimizer
 
 __all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
@@ -61,6 +67,28 @@ def _track_step_called(optimizer):
     optimizer.step = wrapper
 
 
+def _copy(value):
+    """A Tensor hyper-parameter cloned (PyTorch's ``_format_param``): the schedule's own value."""
+    return value.clone() if isinstance(value, Tensor) else value
+
+
+def _group_values(optimizer, key):
+    """``group[key]`` of every param group, Tensors cloned (PyTorch's _param_groups_val_list)."""
+    return [_copy(group[key]) for group in optimizer.param_groups]
+
+
+def _set_group_value(group, key, value):
+    """``group[key] = value``, except that a Tensor there is written in place (PyTorch's
+    _update_param_group_val), since the optimizer and the user hold that Tensor."""
+    current = group[key]
+    if isinstance(current, Tensor):
+        if isinstance(value, Tensor) and value.ndim != 0:
+            value = value.reshape(())  # PyTorch's _to_scalar: a 1-element Tensor
+        current.fill_(value)
+    else:
+        group[key] = value
+
+
 class LRScheduler:
     """Base class: subclasses compute the next learning rates in ``get_lr()``.
 
@@ -78,14 +106,14 @@ class LRScheduler:
         self.optimizer = optimizer
         if last_epoch == -1:
             for group in optimizer.param_groups:
-                group.setdefault("initial_lr", group["lr"])
+                group.setdefault("initial_lr", _copy(group["lr"]))
         else:
             for i, group in enumerate(optimizer.param_groups):
                 if "initial_lr" not in group:
                     raise KeyError(f"param 'initial_lr' is not specified in param_groups[{i}] "
                                    f"when resuming scheduler with last_epoch >= 0 (load the "
                                    f"optimizer's state_dict first, or start with last_epoch=-1)")
-        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        self.base_lrs = _group_values(optimizer, "initial_lr")
         self.last_epoch = last_epoch
         _track_step_called(optimizer)
         self._initial_step()
@@ -137,11 +165,11 @@ class LRScheduler:
         finally:
             self._get_lr_called_within_step = False
         for group, lr in zip(self.optimizer.param_groups, values):
-            group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+            _set_group_value(group, "lr", lr)
+        self._last_lr = self._lrs()
 
     def _lrs(self):
-        return [group["lr"] for group in self.optimizer.param_groups]
+        return _group_values(self.optimizer, "lr")
 
     def _warn_outside_step(self):
         if not self._get_lr_called_within_step:
@@ -150,14 +178,15 @@ class LRScheduler:
 
 
 def _per_group(name, optimizer, value):
-    """One value per param group: a list/tuple of that length, or one value for all."""
+    """One value per param group: a list/tuple of that length, or one value for all (Tensors
+    cloned, PyTorch's _format_param)."""
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
             raise ValueError(f"{name} must have the same length as optimizer.param_groups. "
                              f"{name} has {len(value)} values, param_groups has "
                              f"{len(optimizer.param_groups)}.")
-        return list(value)
-    return [value] * len(optimizer.param_groups)
+        return [_copy(v) for v in value]
+    return [_copy(value) for _ in optimizer.param_groups]
 
 
 class LambdaLR(LRScheduler):
@@ -421,7 +450,7 @@ class SequentialLR(LRScheduler):
         self.optimizer = optimizer
         # The schedulers' constructors each took a step: undo them, then start the first.
         for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"]
+            _set_group_value(group, "lr", group["initial_lr"])
         self._undo(self)
         idx = bisect_right(self._milestones, 0)
         self._schedulers[idx]._initial_step()
@@ -544,7 +573,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         finally:
             self._get_lr_called_within_step = False
         for group, lr in zip(self.optimizer.param_groups, values):
-            group["lr"] = lr
+            _set_group_value(group, "lr", lr)
         self._last_lr = self._lrs()
 
 
@@ -722,7 +751,7 @@ class ReduceLROnPlateau(LRScheduler):
             old = float(group["lr"])
             new = max(old * self.factor, min_lr)
             if old - new > self.eps:
-                group["lr"] = new
+                _set_group_value(group, "lr", new)
 
     @property
     def in_cooldown(self):

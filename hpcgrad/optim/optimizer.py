@@ -191,7 +191,7 @@ def _state_value(p, index, name, value):
 
 
 def written(p):
-    """Count one in-place write of ``p``'s memory (its views and saved copies see it too)."""
+    """Count one in-place write of ``p``'s memory (seen through its views and saved tensors)."""
     version_counter.bump(p.data)
 
 
@@ -226,6 +226,18 @@ def dense_grad(p):
     if getattr(grad, "is_sparse", False):
         grad = grad.to_dense()
     return grad.data if isinstance(grad, Tensor) else grad
+
+
+def check_lr(lr):
+    """A float, or a 1-element Tensor (PyTorch's Tensor lr, which schedulers write in place)."""
+    if isinstance(lr, Tensor) and lr.data.size != 1:
+        raise ValueError(f"Tensor lr must be 1-element, got a Tensor of shape {list(lr.shape)}")
+    check_nonnegative(float(lr), "learning rate")
+
+
+def scalar(value):
+    """A hyper-parameter as a number: a Tensor lr is read at each step (it may change)."""
+    return float(value) if isinstance(value, Tensor) else value
 
 
 def check_nonnegative(value, what):

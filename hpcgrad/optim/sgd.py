@@ -3,8 +3,8 @@
 import numpy as np
 
 from .. import backend
-from .optimizer import (Optimizer, add_scaled, check_nonnegative, dense_grad, update_direction,
-                        written)
+from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, dense_grad, scalar,
+                        update_direction, written)
 
 
 class SGD(Optimizer):
@@ -22,7 +22,7 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
                  *, maximize=False):
-        check_nonnegative(lr, "learning rate")
+        check_lr(lr)
         check_nonnegative(momentum, "momentum value")
         check_nonnegative(weight_decay, "weight_decay value")
         if nesterov and (momentum <= 0 or dampening != 0):
@@ -40,14 +40,14 @@ class SGD(Optimizer):
                     continue
                 if (getattr(p.grad, "is_sparse", False) and group["momentum"] == 0
                         and group["weight_decay"] == 0):
-                    _sparse_step(p, group["lr"], group["maximize"])
+                    _sparse_step(p, scalar(group["lr"]), group["maximize"])
                 else:
                     self._dense_step(p, group)
                 written(p)
         return loss
 
     def _dense_step(self, p, group):
-        lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
+        lr, momentum, dampening = scalar(group["lr"]), group["momentum"], group["dampening"]
         if self._fused_step(p, group):
             return
         d, owned = update_direction(p.data, dense_grad(p), group["weight_decay"], group["maximize"])
@@ -87,7 +87,7 @@ class SGD(Optimizer):
             if buf is None:
                 return False  # the first step copies the gradient: the numpy path does it
         from ..kernels.cpu import sgd_step
-        sgd_step(p.data, grad, buf, group["lr"], group["momentum"], group["dampening"])
+        sgd_step(p.data, grad, buf, scalar(group["lr"]), group["momentum"], group["dampening"])
         return True
 
 

@@ -133,3 +133,127 @@ def test_zero_grad_in_place_counts_as_a_write_like_torch():
     v = q.grad._version
     torch.optim.SGD([q], lr=0.1).zero_grad(set_to_none=False)
     assert q.grad._version - v == 1
+
+
+# --- a Tensor learning rate in the schedulers ---------------------------------------------------
+SCHEDULERS = [
+    ("StepLR", {"step_size": 2, "gamma": 0.5}),
+    ("ExponentialLR", {"gamma": 0.9}),
+    ("MultiStepLR", {"milestones": [2, 4], "gamma": 0.3}),
+    ("CosineAnnealingLR", {"T_max": 4, "eta_min": 0.01}),
+    ("CosineAnnealingWarmRestarts", {"T_0": 3, "eta_min": 0.01}),
+    ("LinearLR", {"start_factor": 0.5, "total_iters": 3}),
+    ("PolynomialLR", {"total_iters": 4, "power": 2.0}),
+    ("ConstantLR", {"factor": 0.5, "total_iters": 2}),
+    ("LambdaLR", {"lr_lambda": lambda epoch: 1.0 / (epoch + 1)}),
+]
+
+
+def _tensor_lr_schedule(lib, name, options, steps=6):
+    """SGD with a 0-d Tensor lr under a scheduler; the user writes that Tensor in place after
+    the scheduler took its copy. Per step: the lr, the scheduler's base_lrs and last lr, whether
+    the group still holds the user's Tensor; and the parameters at the end."""
+    if lib == "torch":
+        import torch as mod
+        from torch.optim import SGD as sgd
+    else:
+        mod = hpcgrad
+        sgd = SGD
+    scheduler_cls = getattr(mod.optim.lr_scheduler, name)
+    lr = mod.tensor(0.1)
+    p = mod.tensor(np.ones(3), requires_grad=True)
+    opt = sgd([p], lr=lr, momentum=0.5)
+    scheduler = scheduler_cls(opt, **options)
+    group = opt.param_groups[0]
+    aliases = [group["initial_lr"] is lr, scheduler.base_lrs[0] is lr]
+    lr.mul_(3.0)  # the user's write: moves group["lr"] (the same Tensor), not the schedule
+    seen = []
+    for _ in range(steps):
+        p.grad = mod.tensor(np.arange(3.0))
+        opt.step()
+        scheduler.step()
+        seen.append((float(group["lr"]), float(scheduler.base_lrs[0]),
+                     float(scheduler.get_last_lr()[0]), group["lr"] is lr,
+                     scheduler.get_last_lr()[0] is lr))
+    params = p.detach().numpy() if lib == "torch" else p.data
+    return aliases, seen, params.copy()
+
+
+@pytest.mark.parametrize(("name", "options"), SCHEDULERS, ids=[n for n, _ in SCHEDULERS])
+def test_scheduler_keeps_a_copy_of_a_tensor_lr_as_torch(name, options):
+    aliases, seen, params = _tensor_lr_schedule("hpcgrad", name, options)
+    assert aliases == [False, False]
+    assert all(still and not last_is for *_, still, last_is in seen)
+    pytest.importorskip("torch")
+    t_aliases, t_seen, t_params = _tensor_lr_schedule("torch", name, options)
+    assert aliases == t_aliases
+    for ours, theirs in zip(seen, t_seen):
+        np.testing.assert_allclose(ours[:3], theirs[:3], rtol=1e-6)
+        assert ours[3:] == theirs[3:]
+    np.testing.assert_allclose(params, t_params, rtol=1e-6)
+
+
+def test_sequential_lr_restores_a_tensor_lr_in_place_as_torch():
+    def run(mod):
+        lr = mod.tensor(0.2)
+        opt = mod.optim.SGD([mod.tensor(np.ones(2), requires_grad=True)], lr=lr)
+        sched = mod.optim.lr_scheduler
+        s = sched.SequentialLR(opt, [sched.ConstantLR(opt, factor=0.5, total_iters=2),
+                                     sched.ExponentialLR(opt, gamma=0.9)], milestones=[2])
+        out = []
+        for _ in range(4):
+            opt.step()
+            s.step()
+            out.append(float(opt.param_groups[0]["lr"]))
+        return out, opt.param_groups[0]["lr"] is lr
+    ours, same = run(hpcgrad)
+    assert same
+    torch = pytest.importorskip("torch")
+    theirs, t_same = run(torch)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert t_same
+
+
+def _plateau(mod, lr):
+    opt = mod.optim.SGD([mod.tensor(np.ones(2), requires_grad=True)], lr=lr)
+    s = mod.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    out = []
+    for metric in (1.0, 2.0, 3.0, 0.5, 0.6):
+        s.step(metric)
+        value = opt.param_groups[0]["lr"]
+        out.append((type(value).__name__, value is lr, float(value),
+                    s.get_last_lr()[0] is value, float(s.get_last_lr()[0])))
+    return out
+
+
+def test_reduce_lr_on_plateau_keeps_a_tensor_lr_a_tensor_as_torch():
+    ours = _plateau(hpcgrad, hpcgrad.tensor(0.1))
+    assert [o[:2] for o in ours] == [("Tensor", True)] * 5  # written in place, not a float
+    assert not any(o[3] for o in ours)  # get_last_lr() gives copies
+    np.testing.assert_allclose([o[2] for o in ours], [0.1, 0.05, 0.025, 0.025, 0.0125],
+                               rtol=1e-6)
+    torch = pytest.importorskip("torch")
+    theirs = _plateau(torch, torch.tensor(0.1))
+    assert [o[:2] for o in ours] == [t[:2] for t in theirs]
+    assert [o[3] for o in ours] == [t[3] for t in theirs]
+    np.testing.assert_allclose([o[2] for o in ours], [t[2] for t in theirs], rtol=1e-6)
+    np.testing.assert_allclose([o[4] for o in ours], [t[4] for t in theirs], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_optimizer_steps_with_a_tensor_lr_as_torch(name):
+    """The lr Tensor is read at each step: an in-place change takes effect at the next one."""
+    def run(mod, cls):
+        lr = mod.tensor(0.1)
+        p = mod.tensor(np.linspace(-1.0, 1.0, 4), requires_grad=True)
+        opt = cls([p], lr=lr)
+        for k in range(3):
+            p.grad = mod.tensor(np.array([0.5, -1.0, 2.0, 0.25]) * (k + 1))
+            opt.step()
+            lr.mul_(0.5)
+        return (p.detach().numpy() if mod is not hpcgrad else p.data).copy()
+    ours = run(hpcgrad, CLASSES[name])
+    with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+        CLASSES[name]([hpcgrad.tensor(np.ones(2), requires_grad=True)], lr=hpcgrad.ones(2))
+    torch = pytest.importorskip("torch")
+    np.testing.assert_allclose(ours, run(torch, getattr(torch.optim, name)), rtol=1e-6)
