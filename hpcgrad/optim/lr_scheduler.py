@@ -1,6 +1,6 @@
 """Learning-rate schedulers: LRScheduler and PyTorch's StepLR, MultiStepLR, ExponentialLR,
 CosineAnnealingLR, CosineAnnealingWarmRestarts, LinearLR, ConstantLR, PolynomialLR, LambdaLR,
-MultiplicativeLR, SequentialLR, ChainedScheduler, OneCycleLR and ReduceLROnPlateau.
+MultiplicativeLR, SequentialLR, ChainedScheduler, OneCycleLR, CyclicLR and ReduceLROnPlateau.
 
 Each scheduler rewrites ``group["lr"]`` of its optimizer's param_groups on ``step()``, with
 PyTorch's recursive ("chainable") formulas, in PyTorch's order of floating-point operations, so
@@ -19,13 +19,13 @@ import warnings
 import weakref
 from bisect import bisect_right
 from collections import Counter
-from functools import wraps
+from functools import partial, wraps
 
 from ..tensor import Tensor
 from .optimizer import Optimizer
 
 __all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
-           "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
+           "CyclicLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
            "MultiplicativeLR", "OneCycleLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR",
            "StepLR"]
 
@@ -683,6 +683,125 @@ class OneCycleLR(LRScheduler):
                 else:
                     group["momentum"] = momentum
         return lrs
+
+
+def _set_momentum(group, use_beta1, momentum):
+    if use_beta1:
+        group["betas"] = (momentum, *group["betas"][1:])
+    else:
+        group["momentum"] = momentum
+
+
+class CyclicLR(LRScheduler):
+    """The cyclical learning-rate policy (CLR, Smith 2017): the lr climbs from ``base_lr`` to
+    ``max_lr`` over ``step_size_up`` steps and back over ``step_size_down`` (default: the same),
+    its amplitude scaled by ``mode``: ``"triangular"`` (1), ``"triangular2"`` (halved each
+    cycle) or ``"exp_range"`` (``gamma ** step``); or by ``scale_fn(x)`` of the cycle number or
+    of the step (``scale_mode``). Momentum (SGD's ``momentum``, Adam's ``betas[0]``) cycles the
+    other way, between ``max_momentum`` and ``base_momentum``. Step it once per batch.
+    ``torch.optim.lr_scheduler.CyclicLR``'s arguments, formulas and errors."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None,
+                 mode="triangular", gamma=1.0, scale_fn=None, scale_mode="cycle",
+                 cycle_momentum=True, base_momentum=0.8, max_momentum=0.9, last_epoch=-1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        self.optimizer = optimizer
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                _set_group_value(group, "lr", lr)
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        step_size_up = float(step_size_up)
+        step_size_down = float(step_size_down) if step_size_down is not None else step_size_up
+        self.total_size = step_size_up + step_size_down
+        self.step_ratio = step_size_up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError(f"mode is invalid and scale_fn is None: mode {mode!r}, expected "
+                             f"'triangular', 'triangular2' or 'exp_range' (or give a scale_fn)")
+        self.mode, self.gamma = mode, gamma
+        self._scale_fn_custom, self.scale_mode = scale_fn, scale_mode
+        self._init_scale_fn()
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with "
+                                 "`cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for top, base, group in zip(self.max_momentums, self.base_momentums,
+                                            optimizer.param_groups):
+                    _set_momentum(group, self.use_beta1, top)
+                    group["max_momentum"], group["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def _init_scale_fn(self):
+        if self._scale_fn_custom is not None:
+            return
+        if self.mode == "triangular":
+            self._scale_fn_ref, self.scale_mode = self._triangular_scale_fn, "cycle"
+        elif self.mode == "triangular2":
+            self._scale_fn_ref, self.scale_mode = self._triangular2_scale_fn, "cycle"
+        elif self.mode == "exp_range":
+            self._scale_fn_ref = partial(self._exp_range_scale_fn, self.gamma)
+            self.scale_mode = "iterations"
+
+    def scale_fn(self, x):
+        """The amplitude's scale at ``x`` (the cycle number, or the step: ``scale_mode``)."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        return self._scale_fn_ref(x)
+
+    @staticmethod
+    def _triangular_scale_fn(x):
+        return 1.0
+
+    @staticmethod
+    def _triangular2_scale_fn(x):
+        return 1 / (2.0 ** (x - 1))
+
+    @staticmethod
+    def _exp_range_scale_fn(gamma, x):
+        return gamma ** x
+
+    def get_lr(self):
+        """The lrs of step ``last_epoch``; sets the groups' momentum too (cycle_momentum)."""
+        self._warn_outside_step()
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        if x <= self.step_ratio:
+            scale_factor = x / self.step_ratio
+        else:
+            scale_factor = (x - 1) / (self.step_ratio - 1)
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        lrs = [base_lr + (max_lr - base_lr) * scale_factor * self.scale_fn(at)
+               for base_lr, max_lr in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, base, top in zip(self.optimizer.param_groups, self.base_momentums,
+                                        self.max_momentums):
+                _set_momentum(group, self.use_beta1,
+                              top - (top - base) * scale_factor * self.scale_fn(at))
+        return lrs
+
+    def state_dict(self):
+        """A custom ``scale_fn`` is saved only as a callable object's ``__dict__`` (PyTorch)."""
+        state = super().state_dict()
+        state.pop("_scale_fn_ref", None)
+        fn = state.pop("_scale_fn_custom")
+        state["_scale_fn_custom"] = (None if fn is None or isinstance(fn, types.FunctionType)
+                                     else fn.__dict__.copy())
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        fn = state_dict.pop("_scale_fn_custom")
+        super().load_state_dict(state_dict)
+        if fn is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+        self._init_scale_fn()
 
 
 class ReduceLROnPlateau(LRScheduler):

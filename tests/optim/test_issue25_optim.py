@@ -257,3 +257,149 @@ def test_optimizer_steps_with_a_tensor_lr_as_torch(name):
         CLASSES[name]([hpcgrad.tensor(np.ones(2), requires_grad=True)], lr=hpcgrad.ones(2))
     torch = pytest.importorskip("torch")
     np.testing.assert_allclose(ours, run(torch, getattr(torch.optim, name)), rtol=1e-6)
+
+
+# --- CyclicLR -----------------------------------------------------------------------------------
+CYCLIC = [
+    {"mode": "triangular"},
+    {"mode": "triangular2"},
+    {"mode": "exp_range", "gamma": 0.9},
+    {"mode": "triangular", "step_size_down": 2},
+    {"scale_fn": lambda x: 1.0 / (x + 1), "scale_mode": "cycle"},
+    {"scale_fn": lambda x: 0.95 ** x, "scale_mode": "iterations", "mode": "not-a-mode"},
+    {"mode": "triangular2", "cycle_momentum": False},
+]
+
+
+def _cyclic_run(mod, optimizer, options, steps=25, lr=None):
+    """lr, momentum (or beta1) of both groups per step, and the parameters at the end."""
+    params = [mod.tensor(np.ones(n), requires_grad=True) for n in (3, 2)]
+    groups = [{"params": params[:1]}, {"params": params[1:]}]
+    if optimizer == "SGD":
+        opt = mod.optim.SGD(groups, lr=0.5 if lr is None else lr, momentum=0.5)
+        key = "momentum"
+    else:
+        opt = mod.optim.Adam(groups, lr=0.5 if lr is None else lr)
+        key = "betas"
+    scheduler = mod.optim.lr_scheduler.CyclicLR(
+        opt, base_lr=[0.01, 0.02], max_lr=[0.1, 0.3], step_size_up=3,
+        base_momentum=[0.8, 0.7], max_momentum=0.9, **options)
+    seen = []
+    for k in range(steps):
+        for p in params:
+            p.grad = mod.tensor(np.full(p.shape, k - 3.0))
+        seen.append([(float(g["lr"]), g[key] if key == "momentum" else g[key][0])
+                     for g in opt.param_groups] + [list(map(float, scheduler.get_last_lr()))])
+        opt.step()
+        scheduler.step()
+    return seen, [(p.detach().numpy() if mod is not hpcgrad else p.data).copy() for p in params]
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+@pytest.mark.parametrize("options", CYCLIC, ids=range(len(CYCLIC)))
+def test_cyclic_lr_follows_torch(options, optimizer):
+    seen, params = _cyclic_run(hpcgrad, optimizer, options)
+    first = seen[0]
+    assert first[0][0] == 0.01 and first[1][0] == 0.02  # starts at base_lr ...
+    if options.get("cycle_momentum", True):
+        assert first[0][1] == 0.9 and first[1][1] == 0.9  # ... and max_momentum
+    if options.get("mode") == "triangular" and "step_size_down" not in options:
+        assert seen[3][0][0] == pytest.approx(0.1) and seen[6][0][0] == pytest.approx(0.01)
+    torch = pytest.importorskip("torch")
+    t_seen, t_params = _cyclic_run(torch, optimizer, options)
+    assert seen == t_seen  # the same float operations: the same bits
+    for mine, ref in zip(params, t_params):
+        np.testing.assert_allclose(mine, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_cyclic_lr_writes_a_tensor_lr_in_place_as_torch():
+    def run(mod):
+        lr = mod.tensor(0.5)
+        opt = mod.optim.SGD([mod.tensor(np.ones(2), requires_grad=True)], lr=lr, momentum=0.5)
+        s = mod.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=2)
+        out = []
+        for _ in range(6):
+            opt.step()
+            s.step()
+            out.append(float(lr))
+        return out, opt.param_groups[0]["lr"] is lr
+    ours, same = run(hpcgrad)
+    assert same
+    torch = pytest.importorskip("torch")
+    theirs, t_same = run(torch)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert t_same
+
+
+def test_cyclic_lr_state_dict_resumes_the_schedule():
+    class Scale:
+        def __init__(self):
+            self.base = 0.5
+
+        def __call__(self, x):
+            return self.base ** x
+
+    def make(fn):
+        opt = SGD([hpcgrad.tensor(np.ones(2), requires_grad=True)], lr=0.1, momentum=0.9)
+        return opt, hpcgrad.optim.lr_scheduler.CyclicLR(opt, 0.01, 0.1, step_size_up=2,
+                                                       scale_fn=fn)
+    fn = Scale()
+    opt, s = make(fn)
+    for _ in range(5):
+        opt.step()
+        s.step()
+    fn.base = 0.25
+    state = s.state_dict()
+    assert "_scale_fn_ref" not in state and state["_scale_fn_custom"] == {"base": 0.25}
+    opt2, s2 = make(Scale())
+    s2.load_state_dict(state)
+    for _ in range(4):
+        s.step()
+        s2.step()
+        assert s.get_last_lr() == s2.get_last_lr()
+        assert opt.param_groups[0]["momentum"] == opt2.param_groups[0]["momentum"]
+
+
+class _NoMomentum(hpcgrad.optim.Optimizer):
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+
+def _cyclic_errors(mod, no_momentum):
+    """Each bad argument's (exception type, message) from the library ``mod``."""
+    p = mod.tensor(np.ones(2), requires_grad=True)
+    cyclic = mod.optim.lr_scheduler.CyclicLR
+    cases = [
+        lambda: cyclic(mod.optim.SGD([p], lr=0.1, momentum=0.9), 0.01, 0.1, mode="sawtooth"),
+        lambda: cyclic(no_momentum([p]), 0.01, 0.1),
+        lambda: cyclic(mod.optim.SGD([p], lr=0.1, momentum=0.9), [0.01, 0.02], 0.1),
+        lambda: cyclic(mod.optim.SGD([p], lr=0.1, momentum=0.9), 0.01, [0.1, 0.2]),
+        lambda: cyclic(object(), 0.01, 0.1),
+    ]
+    out = []
+    for case in cases:
+        try:
+            case()
+            out.append(None)
+        except (TypeError, ValueError) as e:
+            out.append((type(e), str(e)))
+    return out
+
+
+def test_cyclic_lr_errors_as_torch():
+    ours = _cyclic_errors(hpcgrad, _NoMomentum)
+    assert [o[0] if o else None for o in ours] == [ValueError] * 4 + [TypeError]
+    assert "mode is invalid and scale_fn is None" in ours[0][1]
+    assert "must support momentum or beta1" in ours[1][1]
+    assert "base_lr must have the same length as optimizer.param_groups" in ours[2][1]
+    assert "max_lr must have the same length" in ours[3][1]
+    torch = pytest.importorskip("torch")
+
+    class TorchNoMomentum(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+    theirs = _cyclic_errors(torch, TorchNoMomentum)
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    for (_, mine), (_, ref) in zip(ours, theirs):
+        assert mine.startswith(ref) or ref.startswith(mine.split(":")[0]), (mine, ref)
