@@ -7,6 +7,7 @@ import numpy as np
 
 from . import backend
 from .autograd import engine as _engine
+from .autograd import executor as _executor
 from .autograd import function as _function
 from .autograd import grad_mode as _grad_mode
 from .autograd import version_counter as _version_counter
@@ -558,7 +559,7 @@ def _rebuild_tensor(cls, data, requires_grad):
     return t
 
 
-_function.Tensor = _engine.Tensor = Tensor
+_function.Tensor = _engine.Tensor = _executor.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer

@@ -16,6 +16,8 @@ import numpy as np
 from .. import backend
 from . import grad_mode, saved_hooks
 from . import plan as _plan
+from . import reference as _reference
+from .executor import accumulate, run_node, validate_outputs  # noqa: F401  (validate_outputs: dist engine)
 from .graph import GraphRoot
 from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
 from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
@@ -116,104 +118,6 @@ class _CyclicGCPause:
 _gc_pause = _CyclicGCPause()
 
 
-def _expandable(shape, to_shape):
-    """True when an array of ``shape`` broadcasts to ``to_shape``."""
-    if len(shape) > len(to_shape):
-        return False
-    for have, want in zip(reversed(shape), reversed(to_shape)):
-        if have != want and have != 1:
-            return False
-    return True
-
-
-def validate_outputs(edges, grads, describe):
-    """Check gradients against the receiving Nodes' metadata; sum a broadcast gradient back."""
-    if len(grads) != len(edges):
-        raise RuntimeError(describe(f"invalid number of gradients - expected {len(edges)}, "
-                                    f"but got {len(grads)}"))
-    for i, grad in enumerate(grads):
-        edge = edges[i]
-        if edge is None or grad is None:
-            continue
-        metadata = edge.node.input_metadata[edge.input_nr]
-        if metadata is None:
-            continue
-        shape, dtype, device = metadata
-        if grad.is_sparse:  # a row-sparse gradient must match exactly: nothing to sum back
-            if grad.shape != shape or grad.dtype != dtype or grad.device != device:
-                raise RuntimeError(describe(
-                    f"invalid sparse gradient at index {i} - got shape {list(grad.shape)}, "
-                    f"{grad.dtype} on {grad.device}, expected {list(shape)}, {dtype} on {device}"))
-            continue
-        data = grad.data
-        if data.shape != shape:
-            if not _expandable(shape, data.shape):
-                raise RuntimeError(describe(
-                    f"invalid gradient at index {i} - got {list(data.shape)} but expected shape "
-                    f"compatible with {list(shape)}"))
-            grad = grads[i] = grad.sum_to_size(shape)
-        if grad.data.dtype != dtype:
-            if grad.data.dtype.kind not in "fc":
-                raise RuntimeError(describe(f"invalid gradient at index {i} - expected dtype "
-                                            f"{dtype} but got {grad.data.dtype}"))
-            grad = grads[i] = grad.to(dtype)
-        if grad.device != device:
-            if grad.ndim != 0:
-                raise RuntimeError(describe(f"invalid gradient at index {i} - expected device "
-                                            f"{device} but got {grad.device}"))
-            grads[i] = grad.to(device)
-
-
-def _call_function(fn, grads):
-    """Hooks, the Node itself, output validation: one Node's work, as in the seed."""
-    if fn._tensor_pre_hooks or fn._retains_grad_hooks:
-        grads = fn.call_tensor_pre_hooks(grads)
-    if fn._pre_hooks:
-        grads = fn.call_pre_hooks(grads)
-    post_hooks = fn._post_hooks
-    outputs = fn.apply(list(grads) if post_hooks else grads)
-    edges = fn.next_edges
-    # Inline fast check that every gradient already fits its receiver; else the full validation.
-    matches = len(outputs) == len(edges)
-    if matches:
-        for grad, edge in zip(outputs, edges):
-            if grad is None or edge is None:
-                continue
-            metadata = edge[0].input_metadata[edge[1]]
-            data = grad._data if type(grad) is Tensor else grad.data  # the slot: no property call
-            if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
-                                         or data.shape != metadata[0]
-                                         or data.dtype != metadata[1]):
-                matches = False
-                break
-    if not matches:
-        validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
-    if post_hooks:
-        outputs = fn.call_post_hooks(outputs, grads)
-    return outputs
-
-
-def _is_none(value):
-    return value is None
-
-
-_GENERAL = object()  # a replayed Node that takes _call_function's path
-
-
-def _validated(fn, outputs, spec, edge):
-    """The output going along ``edge`` (an entry of the plan's ``spec``) after the full
-    validation of ``outputs``, whose fast check it failed: summed back to a broadcast input's
-    shape, cast, or an error. (By the edge's position: a formula may return one Tensor twice.)"""
-    validate_outputs(fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
-    return outputs[next(k for k, e in enumerate(spec) if e is edge)]
-
-
-def _check_nan(fn, outputs):
-    for i, out in enumerate(outputs):
-        if out is not None and bool(backend.get_array_module(out.data).isnan(out.data).any()):
-            raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
-
-
 class Engine:
     """Runs backward passes. One process-wide instance: ``get_default_engine()``."""
 
@@ -253,8 +157,11 @@ class Engine:
         graph_root = root_edges[0].node if single_root else GraphRoot(root_edges, grads)
         min_topo_nr = min((e.node.topological_nr for e in outputs), default=0)
         planned = None
-        if plans.mode == "on" and accumulate_grad and not outputs and self._can_replay():
-            planned = plans.plan_for(graph_root)  # Note [Replayed backward plans]
+        if plans.mode != "off" and accumulate_grad and not outputs and self._can_replay():
+            if plans.mode == "on":
+                planned = plans.plan_for(graph_root)  # Note [Replayed backward plans]
+            else:  # Note [The reference order]
+                planned = _REFERENCE
         if planned is None:
             plans.stats["general"] += 1
             self.compute_dependencies(graph_root, graph_task, min_topo_nr)
@@ -272,8 +179,12 @@ class Engine:
         hooks = saved_hooks.snapshot()  # PyTorch runs backward under the caller's thread state
         try:
             with _gc_pause:
+                if planned is _REFERENCE:
+                    return self.run_here(graph_task, _reference.run, graph_root, buffer,
+                                         self.thread_on_exception).result()
                 if planned is not None:
-                    return self.replay(graph_task, planned[0], planned[1], buffer).result()
+                    return self.run_here(graph_task, self._run_plan, planned[0], planned[1],
+                                         buffer).result()
                 return self.execute_with_graph_task(graph_task, graph_root, buffer).result()
         finally:
             saved_hooks.restore(hooks)
@@ -284,10 +195,10 @@ class Engine:
         self._start_device_threads()
         return not self._has_gpus and _tls.current_depth < self.max_recursion_depth
 
-    def replay(self, graph_task, plan, nodes, root_buffer):
-        """Run ``nodes`` (matched to ``plan``) in the plan's order on this thread; returns the
-        task's future. Everything but the queueing is the general engine's: _call_function
-        (hooks, validation), release, anomaly checks, errors, final callbacks."""
+    def run_here(self, graph_task, order, *args):
+        """Run ``order(graph_task, *args)`` (the replay's, or the reference's) on this thread,
+        with the thread state the queue engine's loop sets (current task, grad mode, reentrant
+        depth), then the task's completion (final callbacks); returns the task's future."""
         reentrant = _tls.worker_device != NO_DEVICE
         if reentrant:
             graph_task.owner = _tls.worker_device
@@ -301,7 +212,7 @@ class Engine:
         state.enabled = graph_task.grad_mode
         graph_task.outstanding_tasks = 1  # "running": what completed() reads meanwhile
         try:
-            self._run_plan(graph_task, plan, nodes, root_buffer)
+            order(graph_task, *args)
             if not graph_task.has_error:
                 graph_task.outstanding_tasks = 0
                 graph_task.mark_as_completed_and_run_post_processing()
@@ -315,19 +226,14 @@ class Engine:
         return graph_task.future
 
     def _run_plan(self, graph_task, plan, nodes, root_buffer):
-        """The replay loop. A built-in op's Node without hooks whose gradients all arrived has
-        its formula called directly (what BackwardNode.apply does, less its checks for the
-        uncommon cases) and its outputs checked inline against the receivers' metadata; every
-        other Node goes through _call_function, as in the general engine."""
-        edges, sizes, formulas, nulls = plan.edges, plan.sizes, plan.formulas, plan.nulls
-        live = plan.live
+        """The replay's order: the plan's positions, gradients waiting in a slot per position,
+        each Node run by the one executor (Note [One executor])."""
+        live, sizes = plan.live, plan.sizes
         keep_graph = graph_task.keep_graph
-        check_nan = _anomaly.enabled and _anomaly.check_nan
-        ndarray = np.ndarray
         slots = [None] * len(nodes)  # position -> the gradients gathered for that Node
         slots[0] = root_buffer
         del root_buffer  # the slot holds it alone: AccumulateGrad may adopt a root gradient
-        fn = data = None
+        fn = None
         try:
             for i in plan.order:
                 fn = nodes[i]
@@ -336,73 +242,19 @@ class Engine:
                     grads = [None] * sizes[i]
                 else:
                     slots[i] = None
-                formula = formulas[i]
-                if formula is not None and not fn._hooked and not check_nan:
-                    if len(grads) == 1:
-                        grad = grads[0]
-                        result = formula(fn, grad) if grad is not None else _GENERAL
-                        grad = None
-                    else:
-                        result = _GENERAL if True in map(_is_none, grads) else formula(fn, *grads)
-                else:
-                    result = _GENERAL
-                if result is _GENERAL:  # hooks, a custom Node, anomaly mode, a gradient missing
-                    outputs = _call_function(fn, grads)
-                    del grads
-                    if not keep_graph:
-                        fn.release_variables()
-                    if not outputs:
-                        continue
-                    if check_nan:
-                        _check_nan(fn, outputs)
-                    for output, edge in zip(outputs, edges[i]):
-                        if output is None or edge is None:
-                            continue
-                        j, input_nr = edge[0], edge[1]
-                        buffer = slots[j]
-                        if buffer is None:
-                            buffer = slots[j] = [None] * sizes[j]
-                        old = buffer[input_nr]
-                        buffer[input_nr] = output if old is None else old + output
-                else:
-                    del grads
-                    spec = edges[i]
-                    if type(result) is tuple and len(result) == len(spec):
-                        outputs = result  # indexed by live edges only: None edges never read
-                    elif type(result) is Tensor and len(spec) == 1:
-                        outputs = (result,)
-                    else:
-                        outputs = fn._outputs_of(result)
-                    # _call_function's check against the receiver's metadata, and the hand-over
-                    # of each gradient, in one pass over the edges that are not None (no zip,
-                    # no list of the outputs: a Node of a chain has one such edge).
+                outputs = run_node(fn, grads, keep_graph)
+                del grads
+                if outputs:
                     for k, j, input_nr in live[i]:
                         output = outputs[k]
                         if output is None:
                             continue
-                        metadata = nodes[j].input_metadata[input_nr]
-                        if metadata is not None:
-                            data = output._data if type(output) is Tensor else output.data
-                            if (type(data) is not ndarray or data.shape != metadata[0]
-                                    or (data.dtype is not metadata[1]
-                                        and data.dtype != metadata[1])
-                                    or metadata[2] != "cpu"):
-                                outputs = list(outputs)
-                                for n in nulls[i]:
-                                    outputs[n] = None
-                                output = _validated(fn, outputs, spec, spec[k])
                         buffer = slots[j]
                         if buffer is None:
-                            if sizes[j] == 1:
-                                slots[j] = [output]
-                                continue
                             buffer = slots[j] = [None] * sizes[j]
-                        old = buffer[input_nr]
-                        buffer[input_nr] = output if old is None else old + output
-                    if not keep_graph:
-                        fn._saved = None  # BackwardNode.release_variables, without the call
+                        accumulate(buffer, input_nr, output)
                 # Drop the loop's references, so the receiver holds its gradient alone (steal).
-                output = outputs = result = data = None
+                output = outputs = None
         except BaseException as exc:
             self.thread_on_exception(graph_task, fn, exc)
 
@@ -563,13 +415,9 @@ class Engine:
             if not info.needed:
                 return
 
-        outputs = _call_function(fn, grads)
-        if not graph_task.keep_graph:
-            fn.release_variables()
+        outputs = run_node(fn, grads, graph_task.keep_graph)
         if not outputs:
             return
-        if _anomaly.enabled and _anomaly.check_nan:
-            _check_nan(fn, outputs)
 
         gpu = self._has_gpus  # without GPUs every task goes to the CPU queue
         with graph_task.mutex:
@@ -598,9 +446,8 @@ class Engine:
                         not_ready[node] = buffer
                 elif ready:
                     del not_ready[node]
-                if output is not None:  # InputBuffer.add, inlined: this runs once per edge
-                    old = buffer[input_nr]
-                    buffer[input_nr] = output if old is None else old + output
+                if output is not None:
+                    accumulate(buffer, input_nr, output)
                 if ready:
                     graph_task.outstanding_tasks += 1  # under the mutex, as push() would
                     queue = self.ready_queue(cpu_ready_queue, buffer.device()) if gpu \
@@ -693,6 +540,7 @@ class Engine:
         return graph_task is None or graph_task.checkpoint_valid
 
 
+_REFERENCE = object()  # execute(): run the reference order
 _default_engine = Engine()
 plans = _plan.PlanCache()  # Note [Replayed backward plans]
 

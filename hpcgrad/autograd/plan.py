@@ -60,9 +60,7 @@ import heapq
 import os
 import threading
 
-from .function import BackwardNode
-
-MODES = ("on", "off")
+MODES = ("on", "off", "reference")  # reference: Note [The reference order] (reference.py)
 _MAX_PLANS_PER_ROOT = 4  # per root type: a loop alternating a few graphs keeps all of them
 
 
@@ -81,13 +79,12 @@ class BackwardPlan:
 
     Besides the Note's fields: ``flat``, every Node's next edges in one list, position order,
     as (j, input_nr) or None; ``discover[i]``, where in ``flat`` the walk meets new Nodes from
-    position i (for match); ``formulas[i]``, the formula a replay may call directly (a built-in
-    op's); ``nulls[i]``, the next edges of position i that are None (their gradients dropped);
-    ``live[i]``, the others, as (k, j, input_nr): edge k of position i goes to input input_nr
+    position i (for match); ``sizes[i]``, position i's input count; ``live[i]``, its next
+    edges that are not None, as (k, j, input_nr): edge k of position i goes to input input_nr
     of position j (what a replay hands gradients along).
     """
 
-    __slots__ = ("types", "edges", "sizes", "order", "ranking", "distinct", "formulas", "nulls",
+    __slots__ = ("types", "edges", "sizes", "order", "ranking", "distinct",
                  "flat", "discover", "live")
 
     def __len__(self):
@@ -97,23 +94,6 @@ class BackwardPlan:
         return f"<BackwardPlan of {len(self.types)} Nodes, root {self.types[0].__name__}>"
 
 
-class _Formulas(dict):
-    """Node type -> its formula when a replay may call it directly (a built-in op whose apply is
-    BackwardNode's: its formula returns Tensors or None, one per input), else None; each type
-    looked up once."""
-
-    def __missing__(self, node_type):
-        formula = None
-        if (issubclass(node_type, BackwardNode) and node_type._builtin
-                and node_type.apply is BackwardNode.apply):
-            formula = node_type._forward_cls.backward
-        self[node_type] = formula
-        return formula
-
-
-_formulas = _Formulas()
-
-
 def _ranking(seqs):
     return sorted(range(len(seqs)), key=seqs.__getitem__)
 
@@ -121,13 +101,12 @@ def _ranking(seqs):
 def build(root):
     """Walk the graph under ``root`` and return its plan, with the Nodes in position order."""
     nodes, index = [root], {root: 0}
-    edges, flat, discover, nulls = [], [], [], []
+    edges, flat, discover = [], [], []
     pending = [0]  # edges into each position, for the ready-queue simulation below
     for fn in nodes:  # the list grows as the walk finds Nodes: breadth-first
-        spec, found, null = [], [], ()
+        spec, found = [], []
         for edge in fn.next_edges:
             if edge is None:
-                null += (len(spec),)
                 spec.append(None)
                 flat.append(None)
                 continue
@@ -144,7 +123,6 @@ def build(root):
             flat.append((j, edge[1]))
         edges.append(spec)
         discover.append(found)
-        nulls.append(null)
     seqs = [fn.sequence_nr for fn in nodes]
     # Simulate the ready queue: a Node is ready when every edge into it has delivered; the
     # greatest sequence number runs first, ties in the order they became ready.
@@ -161,12 +139,11 @@ def build(root):
                     tiebreak += 1
     plan = BackwardPlan()
     plan.types = types = list(map(type, nodes))
-    plan.edges, plan.flat, plan.discover, plan.nulls = edges, flat, discover, nulls
+    plan.edges, plan.flat, plan.discover = edges, flat, discover
     plan.live = [tuple((k, e[0], e[1]) for k, e in enumerate(spec) if e is not None)
                  for spec in edges]
     plan.sizes = [len(fn.input_metadata) for fn in nodes]
     plan.order, plan.ranking, plan.distinct = order, _ranking(seqs), len(set(seqs))
-    plan.formulas = list(map(_formulas.__getitem__, types))
     return plan, nodes
 
 

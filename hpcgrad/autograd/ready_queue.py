@@ -7,6 +7,7 @@ import sys
 import threading
 
 from .. import backend
+from .executor import accumulate
 from .thread_state import CPU_DEVICE
 
 NodeTask = collections.namedtuple("NodeTask", ["graph_task", "fn", "inputs", "is_shutdown"],
@@ -90,11 +91,18 @@ class ReadyQueue:
             except IndexError:  # another consumer took the last one: wait below
                 pass
         with self._lock:
-            while not self._heap:
-                if self._not_empty is None:
-                    self._not_empty = threading.Condition(self._lock)
-                self._waiters += 1
-                self._not_empty.wait()
+            if self._heap:
+                return heapq.heappop(self._heap)[4]
+            # Register before the last emptiness check (the class docstring's protocol): a
+            # producer that pushes after that check then sees a waiter and must take the lock
+            # to notify, which it gets only once wait() has released it.
+            if self._not_empty is None:
+                self._not_empty = threading.Condition(self._lock)
+            self._waiters += 1
+            try:
+                while not self._heap:
+                    self._not_empty.wait()
+            finally:
                 self._waiters -= 1
             return heapq.heappop(self._heap)[4]
 
@@ -123,10 +131,8 @@ class InputBuffer(list):
         return cls([None] * size)
 
     def add(self, pos, grad):
-        if grad is None:
-            return
-        old = self[pos]
-        self[pos] = grad if old is None else old + grad
+        if grad is not None:
+            accumulate(self, pos, grad)
 
     def device(self):
         for grad in self:

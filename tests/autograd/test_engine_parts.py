@@ -218,3 +218,43 @@ def test_graph_task_set_exception_races_completion_without_double_completing():
         assert graph_task.future.done()
         assert graph_task.future.completions == 1
         assert graph_task.has_error
+
+
+class _WatchedHeap(list):
+    """A heap that runs ``hook`` at the ``at``-th time a consumer finds it empty."""
+
+    def __init__(self, at, hook):
+        super().__init__()
+        self.at, self.hook, self.empty_checks = at, hook, 0
+
+    def __len__(self):
+        n = list.__len__(self)
+        if n == 0:
+            self.empty_checks += 1
+            if self.empty_checks == self.at:
+                self.hook()
+        return n
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_ready_queue_loses_no_wake_up_between_check_and_sleep(at):
+    # A producer pushes exactly while the consumer is at one of its emptiness checks (under the
+    # lock or not). Whichever check it is, the consumer must get the task: a consumer that
+    # registered as a waiter only after its last check slept forever (issue 25).
+    queue = ReadyQueue()
+
+    def producer():
+        pusher = threading.Thread(target=queue.push_shutdown_task, daemon=True)
+        pusher.start()
+        pusher.join(0.2)  # it may need the lock the consumer holds: then it finishes later
+
+    queue._heap = _WatchedHeap(at, producer)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(queue.pop()), daemon=True)
+    consumer.start()
+    consumer.join(10)
+    if consumer.is_alive():
+        queue.push_shutdown_task()  # release the stuck consumer before failing
+        consumer.join(5)
+    assert got and got[0].is_shutdown
+    assert queue._heap.empty_checks >= at

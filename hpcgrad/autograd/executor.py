@@ -1,0 +1,129 @@
+"""The one place a Node runs: hooks, the call, gradient checks, release, and the hand-over of each gradient.
+
+Note [One executor]
+Every backward order runs a Node through ``run_node`` and hands each gradient on with
+``accumulate``: the queue engine (engine.py: threads, devices, reentrancy, exec_info), the
+replayed plan (plan.py, Note [Replayed backward plans]), the plain reference order
+(reference.py) and the distributed engine (which drives the queue engine's loop). They differ
+only in how they *order* Nodes and where the gradients wait for their Node (an InputBuffer in a
+dict, a slot by plan position); none of them re-implements a step. Issue 25 found what the
+opposite cost: the replay had its own copies of the call, the checks and the accumulation, and
+one of them (a missing gradient) had drifted from the queue engine's.
+
+A Node's step, as in the seed's ``call_function``: tensor pre-hooks and retains-grad hooks,
+pre-hooks, the Node itself, validation of each gradient against the receiving input's metadata
+(shape, with a broadcast gradient summed back; dtype; device), post-hooks, then (unless the graph
+is kept) its saved tensors released, and under ``detect_anomaly(check_nan=True)`` a nan check.
+"""
+
+import numpy as np
+
+from .. import backend
+from . import grad_mode
+
+Tensor = None  # set by hpcgrad.tensor, which imports this package first
+
+_anomaly = grad_mode._anomaly
+
+
+def _expandable(shape, to_shape):
+    """True when an array of ``shape`` broadcasts to ``to_shape``."""
+    if len(shape) > len(to_shape):
+        return False
+    for have, want in zip(reversed(shape), reversed(to_shape)):
+        if have != want and have != 1:
+            return False
+    return True
+
+
+def validate_outputs(edges, grads, describe):
+    """Check gradients against the receiving Nodes' metadata; sum a broadcast gradient back."""
+    if len(grads) != len(edges):
+        raise RuntimeError(describe(f"invalid number of gradients - expected {len(edges)}, "
+                                    f"but got {len(grads)}"))
+    for i, grad in enumerate(grads):
+        edge = edges[i]
+        if edge is None or grad is None:
+            continue
+        metadata = edge.node.input_metadata[edge.input_nr]
+        if metadata is None:
+            continue
+        shape, dtype, device = metadata
+        if grad.is_sparse:  # a row-sparse gradient must match exactly: nothing to sum back
+            if grad.shape != shape or grad.dtype != dtype or grad.device != device:
+                raise RuntimeError(describe(
+                    f"invalid sparse gradient at index {i} - got shape {list(grad.shape)}, "
+                    f"{grad.dtype} on {grad.device}, expected {list(shape)}, {dtype} on {device}"))
+            continue
+        data = grad.data
+        if data.shape != shape:
+            if not _expandable(shape, data.shape):
+                raise RuntimeError(describe(
+                    f"invalid gradient at index {i} - got {list(data.shape)} but expected shape "
+                    f"compatible with {list(shape)}"))
+            grad = grads[i] = grad.sum_to_size(shape)
+        if grad.data.dtype != dtype:
+            if grad.data.dtype.kind not in "fc":
+                raise RuntimeError(describe(f"invalid gradient at index {i} - expected dtype "
+                                            f"{dtype} but got {grad.data.dtype}"))
+            grad = grads[i] = grad.to(dtype)
+        if grad.device != device:
+            if grad.ndim != 0:
+                raise RuntimeError(describe(f"invalid gradient at index {i} - expected device "
+                                            f"{device} but got {grad.device}"))
+            grads[i] = grad.to(device)
+
+
+def call_function(fn, grads):
+    """Hooks, the Node itself, output validation, post-hooks: one Node's call, as in the seed.
+
+    Returns the gradients for ``fn.next_edges``, one each (None where none goes).
+    """
+    if fn._tensor_pre_hooks or fn._retains_grad_hooks:
+        grads = fn.call_tensor_pre_hooks(grads)
+    if fn._pre_hooks:
+        grads = fn.call_pre_hooks(grads)
+    post_hooks = fn._post_hooks
+    outputs = fn.apply(list(grads) if post_hooks else grads)
+    edges = fn.next_edges
+    # Inline fast check that every gradient already fits its receiver; else the full validation.
+    matches = len(outputs) == len(edges)
+    if matches:
+        for grad, edge in zip(outputs, edges):
+            if grad is None or edge is None:
+                continue
+            metadata = edge[0].input_metadata[edge[1]]
+            data = grad._data if type(grad) is Tensor else grad.data  # the slot: no property call
+            if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
+                                         or data.shape != metadata[0]
+                                         or data.dtype != metadata[1]):
+                matches = False
+                break
+    if not matches:
+        validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
+    if post_hooks:
+        outputs = fn.call_post_hooks(outputs, grads)
+    return outputs
+
+
+def check_nan(fn, outputs):
+    for i, out in enumerate(outputs):
+        if out is not None and bool(backend.get_array_module(out.data).isnan(out.data).any()):
+            raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
+
+
+def run_node(fn, grads, keep_graph):
+    """One Node's whole step (Note [One executor]); returns its outputs, one per next edge
+    (an empty list when it has none, as AccumulateGrad)."""
+    outputs = call_function(fn, grads)
+    if not keep_graph:
+        fn.release_variables()
+    if outputs and _anomaly.enabled and _anomaly.check_nan:
+        check_nan(fn, outputs)
+    return outputs
+
+
+def accumulate(buffer, input_nr, grad):
+    """Hand ``grad`` to slot ``input_nr`` of a Node's gathered gradients; several are summed."""
+    old = buffer[input_nr]
+    buffer[input_nr] = grad if old is None else old + grad
