@@ -493,7 +493,9 @@ class Tensor:
         if self.data.ndim > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
                                f"{self.data.ndim}D")
-        return _ops.transpose(self, 0, -1) if self.data.ndim == 2 else self
+        if self.data.ndim == 2:
+            return _ops.transpose(self, 0, -1)
+        return _ops.shape.permute(self, tuple(range(self.data.ndim)))  # a new view, as PyTorch
 
     def narrow(self, dim, start, length):
         return _ops.shape.narrow(self, dim, start, length)

@@ -104,7 +104,9 @@ def expand(x, shape):
                            f"dimension {shape[:lead].index(-1)} of {list(shape)} "
                            f"(input shape {list(x.shape)})")
     shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
-    return x if shape == x.shape else as_view(Expand.apply(x, shape), x, "expand", shape)
+    if shape[lead:] == x.shape and not any(s != 1 for s in shape[:lead]):
+        return reshape(x, shape)  # nothing repeats: a writable view (a new Tensor, as PyTorch)
+    return as_view(Expand.apply(x, shape), x, "expand", shape)
 
 
 def unsqueeze(x, dim):
@@ -120,7 +122,7 @@ def squeeze(x, dim=None):
         dims = (dim,) if isinstance(dim, (int, np.integer)) else dim
         dims = {wrap_dim(d, x.ndim) for d in dims}
         shape = tuple(s for i, s in enumerate(x.shape) if i not in dims or s != 1)
-    return x if shape == x.shape else x.reshape(shape)
+    return reshape(x, shape)  # a new view even when nothing is dropped, as PyTorch
 
 
 def flatten(x, start_dim=0, end_dim=-1):
@@ -130,6 +132,8 @@ def flatten(x, start_dim=0, end_dim=-1):
     if start > end:
         raise RuntimeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
                            f"for a {x.ndim}-D input")
+    if start == end:
+        return x  # PyTorch's flatten returns its input itself here (not a view)
     size = 1
     for s in x.shape[start:end + 1]:
         size *= s

@@ -1,0 +1,117 @@
+"""Views, no-op shape ops, contiguous, indexing and in-place checks beside PyTorch (issue 25).
+
+Each case is one program written once against a small adapter (``L``), run on hpcgrad and on
+torch; ``same`` holds the logic: both give the same values and gradients, or both raise with
+the same message.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+
+torch = pytest.importorskip("torch")
+
+HG = SimpleNamespace(name="hpcgrad", m=hg, tensor=lambda a, rg=False: hg.tensor(
+    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: hg.tensor(i))
+TORCH = SimpleNamespace(name="torch", m=torch, tensor=lambda a, rg=False: torch.tensor(
+    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: torch.tensor(i))
+
+
+def _numpy(t):
+    if t is None:
+        return None
+    return t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t.data)
+
+
+def _run(lib, program):
+    """(values, leaf gradients) of ``program(L, x)``, or the error it raised."""
+    x = lib.tensor(np.arange(1.0, 13.0).reshape(3, 4), True)
+    try:
+        out = program(lib, x)
+    except (RuntimeError, ValueError, IndexError) as error:
+        return type(error), str(error)
+    outs = out if isinstance(out, tuple) else (out,)
+    return [_numpy(o) for o in outs], _numpy(x.grad)
+
+
+def same(program, error=None):
+    """``program(L, x)`` (x: a 3x4 float64 leaf) gives on hpcgrad what it gives on torch; with
+    ``error``, both raise an error whose message holds it."""
+    got, want = _run(HG, program), _run(TORCH, program)
+    if error is not None:
+        assert isinstance(want[0], type) and error in want[1], f"torch: {want}"
+        assert isinstance(got[0], type) and error in got[1], f"hpcgrad: {got}"
+        return
+    assert not isinstance(want[0], type), f"torch raised: {want}"
+    assert not isinstance(got[0], type), f"hpcgrad raised: {got}"
+    for g, w in zip(got[0], want[0]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    if want[1] is None:
+        assert got[1] is None
+    else:
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-12)
+
+
+def _hooked(make, shape=(3, 4)):
+    """``y = make(h)`` (h: ``x * 1`` of ``shape``) with a hook doubling y's gradient: if y were h
+    itself, the hook would double h's whole gradient (the bug: 2.0 where PyTorch gives 1.0, and
+    the reverse)."""
+    def program(L, x):
+        h = (x * 1).reshape(shape) if shape else (x * 1)[0, 0]
+        y = make(h)
+        y.register_hook(lambda g: g * 2)
+        (h.sum() + y.sum()).backward()
+        return y, h
+    return program
+
+
+# --- 1. no-op shape ops give a new view, as PyTorch (and return self only where it does) ------
+
+NO_OPS = {
+    "t_1d": (lambda h: h.t(), (12,)),
+    "t_0d": (lambda h: h.t(), ()),
+    "T_1d": (lambda h: h.T, (12,)),
+    "squeeze_none": lambda h: h.squeeze(),
+    "squeeze_dim": lambda h: h.squeeze(0),
+    "expand_same": lambda h: h.expand(3, 4),
+    "expand_keep": lambda h: h.expand(-1, -1),
+    "expand_lead_1": lambda h: h.expand(1, 3, 4),
+    "expand_as": lambda h: h.expand_as(h),
+    "reshape_same": lambda h: h.reshape(3, 4),
+    "view_same": lambda h: h.view(3, 4),
+    "permute_identity": lambda h: h.permute(0, 1),
+    "transpose_same": lambda h: h.transpose(1, 1),
+    "flatten_same": lambda h: h.flatten(1, 1),  # PyTorch returns the input itself here
+    "flatten_1d": (lambda h: h.flatten(), (12,)),
+    "narrow_all": lambda h: h.narrow(0, 0, 3),
+    "getitem_all": lambda h: h[:],
+}
+
+
+@pytest.mark.parametrize("name", NO_OPS)
+def test_no_op_shape_op_gives_what_pytorch_gives(name):
+    case = NO_OPS[name]
+    same(_hooked(*case) if isinstance(case, tuple) else _hooked(case))
+
+
+@pytest.mark.parametrize("name", ["t_1d", "squeeze_none", "expand_same", "expand_as"])
+def test_no_op_shape_op_is_a_view_sharing_memory_and_version(name):
+    make, shape = NO_OPS[name] if name == "t_1d" else (NO_OPS[name], (3, 4))
+    x = hg.tensor(np.arange(12.0), requires_grad=True)
+    h = (x * 1).reshape(shape)
+    y = make(h)
+    assert y is not h and y._base is h._base and y.grad_fn is not None
+    before = h._version
+    y.mul_(2)  # a write through the view reaches the base and bumps the shared version
+    assert h._version == before + 1 and y._version == h._version
+    np.testing.assert_array_equal(h.detach().numpy(), 2 * np.arange(12.0).reshape(shape))
+
+
+def test_flatten_of_one_dim_returns_its_input_as_pytorch():
+    x = hg.tensor(np.arange(3.0), requires_grad=True)
+    t = torch.arange(3.0, requires_grad=True)
+    assert t.flatten() is t and t.flatten(0, -1) is t  # the reference's own behaviour
+    assert x.flatten() is x and x.flatten(0, -1) is x
