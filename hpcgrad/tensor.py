@@ -266,7 +266,11 @@ class Tensor:
         return _ops.Clone.apply(self)
 
     def contiguous(self):
-        return self
+        """Itself when its memory is in C order (as PyTorch), else a C-ordered copy (a Clone)."""
+        return self if self.data.flags.c_contiguous else _ops.Clone.apply(self)
+
+    def is_contiguous(self):
+        return bool(self.data.flags.c_contiguous)  # size-1 axes' strides ignored, as PyTorch
 
     # --- arithmetic -----------------------------------------------------------------------
     def _other(self, other):

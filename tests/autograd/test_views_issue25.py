@@ -115,3 +115,35 @@ def test_flatten_of_one_dim_returns_its_input_as_pytorch():
     t = torch.arange(3.0, requires_grad=True)
     assert t.flatten() is t and t.flatten(0, -1) is t  # the reference's own behaviour
     assert x.flatten() is x and x.flatten(0, -1) is x
+
+
+# --- 2. contiguous() copies a non-contiguous tensor --------------------------------------------
+
+def _write_through_contiguous(make):
+    def program(L, x):
+        h = x * 1
+        c = make(h).contiguous()
+        c.mul_(100)  # must not reach h when contiguous() copied
+        (h * h).sum().backward(retain_graph=True)
+        (c * c).sum().backward()
+        return h, c
+    return program
+
+
+@pytest.mark.parametrize("make", [lambda h: h.t(), lambda h: h[:, ::2], lambda h: h[:1].expand(2, 4),
+                                  lambda h: h.permute(1, 0)[1:]],
+                         ids=["t", "strided", "expand", "permute_slice"])
+def test_contiguous_of_a_non_contiguous_tensor_copies(make):
+    same(_write_through_contiguous(make))
+
+
+@pytest.mark.parametrize("make", [lambda h: h, lambda h: h[1:], lambda h: h[:1].t()],
+                         ids=["plain", "rows", "size_1_axis"])
+def test_contiguous_of_a_contiguous_tensor_is_itself(make):
+    same(_write_through_contiguous(make))
+    for lib in (HG, TORCH):
+        h = make(lib.tensor(np.arange(12.0).reshape(3, 4)))
+        assert h.is_contiguous() and h.contiguous() is h
+    c = hg.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True).t()
+    assert not c.is_contiguous()
+    assert c.contiguous().is_contiguous() and c.contiguous().grad_fn is not None
