@@ -25,7 +25,7 @@ differentiable ops (so ``create_graph=True`` works), except the sparse embedding
 # time at batch 16) but comes out F-ordered; reordering it (the bias added into a C-ordered
 # result) costs what it saves at batch 256 (4.92 / 6.18) and wins at batch <= 64 (1.18 vs
 # 1.36, 1.56 vs 2.05 ms), so Linear takes it for batches up to out_features / 8 (the same
-# bits; the MLP's forward at batch 64: 1.11-1.16x torch -> 1.04x). What was not BLAS:
+# bits here, though another BLAS may round the two orientations differently; the MLP's forward at batch 64: 1.11-1.16x torch -> 1.04x). What was not BLAS:
 # - relu's backward was where(~(y <= 0), g, 0): two mask passes, a copy of the mask and
 #   np.where with a data-dependent mask, which branches per element: 0.97 ms per 256x1024
 #   layer (torch's threshold_backward: 0.075). Now ops.ThresholdBackward, one numba pass
@@ -101,7 +101,8 @@ class Linear(Function):
                               weight if ctx.needs_input_grad[0] else None)
         a, w = x.data, weight.data
         if type(a) is np.ndarray and a.ndim == 2 and 8 * a.shape[0] <= w.shape[0]:
-            # A small batch: OpenBLAS runs weight @ x.T (the same sums, the same bits) up to
+            # A small batch: OpenBLAS runs weight @ x.T (the same sums; the same bits with
+            # OpenBLAS 0.3.31's SkylakeX kernels, not promised by every BLAS) up to
             # twice as fast as x @ weight.T; the bias add (or a copy) puts it back in C order.
             # 64x1024 from 784: 1.36 -> 1.18 ms (Note [Where the training step goes]).
             product = (w @ a.T).T
