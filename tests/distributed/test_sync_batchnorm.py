@@ -35,6 +35,12 @@ def sizes_unequal(n):
     return [2 + 3 * r if not (n >= 3 and r == 1) else 0 for r in range(n)]
 
 
+def sizes_last_empty(n):
+    """The last rank has an empty batch (N=0), at any size: it joins the statistics' all_gather
+    with count 0 and backward's all_reduce with zero sums, as PyTorch's empty-input branch."""
+    return [3 + r for r in range(n - 1)] + [0]
+
+
 def rank_rows(sizes, rank):
     start = sum(sizes[:rank])
     return slice(start, start + sizes[rank])
@@ -108,6 +114,16 @@ SHAPES = {"1d_NC": (nn.BatchNorm1d, ()), "1d_NCL": (nn.BatchNorm1d, (5,)),
 def test_equals_batchnorm_on_the_full_batch(group, shape, sizes):
     batchnorm_cls, tail = SHAPES[shape]
     check_against_full_batch(group, batchnorm_cls, tail, sizes(group.size()))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_an_empty_batch_on_one_rank(group, shape):
+    """Issue 25: the last rank's batch is empty (N=0). It returns an empty output and an empty
+    input gradient, and its collectives (count 0, zero sums) give every rank the statistics of
+    the concatenated batch of the others."""
+    batchnorm_cls, tail = SHAPES[shape]
+    check_against_full_batch(group, batchnorm_cls, tail, sizes_last_empty(group.size()))
 
 
 @mpi
@@ -221,6 +237,55 @@ def test_ddp_training_equals_full_batch(group):
     for name, param in want.items():
         np.testing.assert_allclose(got[name].data, param.data, rtol=1e-10, atol=1e-12,
                                    err_msg=name)
+    for name, buf in ref.named_buffers():
+        np.testing.assert_allclose(dict(model.named_buffers())[name].data, buf.data, rtol=1e-12,
+                                   atol=1e-12, err_msg=name)
+
+
+class ConvNet(nn.Module):
+    """Conv2d -> BatchNorm2d -> ReLU -> Linear: the empty rank's backward runs through all of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, C, 3, padding=1)
+        self.bn = nn.BatchNorm2d(C)
+        self.fc = nn.Linear(C * 9, OUT)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).relu().reshape(x.shape[0], C * 9))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ddp_with_an_empty_batch_on_one_rank(group):
+    """Issue 25: under DDP the last rank has N=0 in every step. It takes part in SyncBatchNorm's
+    collectives and DDP's reduction (with zero gradients), so nobody waits for the timeout and
+    the parameters and running statistics equal the single-process run on the concatenated
+    batch. Each rank's loss is its sum of squares times size / total rows: DDP's average of
+    them is the full batch's sum over total rows (a mean would be NaN on the empty rank)."""
+    me, n = group.rank(), group.size()
+    sizes = sizes_last_empty(n)
+    total, mine = sum(sizes), rank_rows(sizes, me)
+    hg.manual_seed(9)
+    ref = ConvNet().double()
+    hg.manual_seed(9)
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(ConvNet().double(), group)
+    ddp = DDP(model, process_group=group)
+    sgd = hg.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+    ref_sgd = hg.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        rng = np.random.default_rng([13, step])
+        x, y = rng.standard_normal((total, 2, 3, 3)), rng.standard_normal((total, OUT))
+        sgd.zero_grad()
+        out = ddp(Tensor(x[mine].copy()))
+        assert out.shape == (sizes[me], OUT)
+        (((out - Tensor(y[mine])) ** 2).sum() * (n / total)).backward()
+        sgd.step()
+        ref_sgd.zero_grad()
+        (((ref(Tensor(x)) - Tensor(y)) ** 2).sum() * (1 / total)).backward()
+        ref_sgd.step()
+    for name, param in ref.named_parameters():
+        np.testing.assert_allclose(dict(model.named_parameters())[name].data, param.data,
+                                   rtol=1e-10, atol=1e-12, err_msg=name)
     for name, buf in ref.named_buffers():
         np.testing.assert_allclose(dict(model.named_buffers())[name].data, buf.data, rtol=1e-12,
                                    atol=1e-12, err_msg=name)
