@@ -7,6 +7,10 @@ from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, dens
                         update_direction, written)
 
 
+# The dtypes numba compiles sgd_step for (float16 and longdouble take the numpy path).
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 class SGD(Optimizer):
     """``torch.optim.SGD``. Per parameter, with g its gradient (negated if maximize)::
 
@@ -78,7 +82,7 @@ class SGD(Optimizer):
         grad = p.grad.data if not getattr(p.grad, "is_sparse", False) else None
         if (grad is None or group["weight_decay"] or group["maximize"] or group["nesterov"]
                 or type(p.data) is not np.ndarray or type(grad) is not np.ndarray
-                or p.data.dtype != grad.dtype or p.data.dtype.kind != "f"
+                or p.data.dtype != grad.dtype or p.data.dtype not in _FUSED_DTYPES
                 or not (p.data.flags.c_contiguous and grad.flags.c_contiguous)):
             return False
         buf = None
@@ -86,6 +90,9 @@ class SGD(Optimizer):
             buf = self.state[p].get("momentum_buffer")
             if buf is None:
                 return False  # the first step copies the gradient: the numpy path does it
+            if not (type(buf) is np.ndarray and buf.dtype == p.data.dtype
+                    and buf.flags.c_contiguous):
+                return False  # e.g. loaded in Fortran order: reshape(-1) would write a copy
         from ..kernels.cpu import sgd_step
         sgd_step(p.data, grad, buf, scalar(group["lr"]), group["momentum"], group["dampening"])
         return True

@@ -1,6 +1,8 @@
 """Issue 25, optimizers and schedulers: a step counts as an in-place write of the parameters it
 changes (so a graph from before it refuses to backpropagate), checked against PyTorch."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -403,3 +405,206 @@ def test_cyclic_lr_errors_as_torch():
     assert [o[0] for o in ours] == [t[0] for t in theirs]
     for (_, mine), (_, ref) in zip(ours, theirs):
         assert mine.startswith(ref) or ref.startswith(mine.split(":")[0]), (mine, ref)
+
+
+# --- the fused SGD step against the plain formula -----------------------------------------------
+# SGD._fused_step (one numba pass, hpcgrad/kernels/cpu.py sgd_step) replaces the numpy path for
+# float32/float64 C-contiguous numpy parameters without weight decay, maximize or Nesterov (with
+# momentum: from the second step). Each random program runs three ways: the default (fused where
+# it applies), the numpy path alone (fused switched off: the same operations, so the same bits),
+# and the update rule written out below; then torch.optim, when installed.
+
+def _sgd_reference(p, g, state, o):
+    """torch.optim.SGD's single-tensor step, written out in numpy."""
+    d = -g if o["maximize"] else g
+    if o["weight_decay"]:
+        d = d + o["weight_decay"] * p
+    if o["momentum"]:
+        buf = state.get("buf")
+        if buf is None:
+            buf = d.copy()
+        else:
+            buf = buf * o["momentum"] + d * (1 - o["dampening"])
+        state["buf"] = buf
+        d = d + o["momentum"] * buf if o["nesterov"] else buf
+    return p + d * -o["lr"]
+
+
+def _adam_reference(p, g, state, o, decoupled):
+    """torch.optim.Adam/AdamW's single-tensor step, written out in numpy."""
+    beta1, beta2 = o["betas"]
+    g = -g if o["maximize"] else g
+    if o["weight_decay"]:
+        if decoupled:
+            p = p * (1 - o["lr"] * o["weight_decay"])
+        else:
+            g = g + o["weight_decay"] * p
+    t = state["t"] = state.get("t", 0) + 1
+    m = state.get("m", np.zeros_like(p))
+    v = state.get("v", np.zeros_like(p))
+    m = state["m"] = m + (1 - beta1) * (g - m)
+    v = state["v"] = v * beta2 + (1 - beta2) * g * g
+    if o["amsgrad"]:
+        v = state["vmax"] = np.maximum(state.get("vmax", v), v)
+    denom = np.sqrt(v) / math.sqrt(1 - beta2 ** t) + o["eps"]
+    return p - o["lr"] / (1 - beta1 ** t) * (m / denom)
+
+
+def _random_program(seed):
+    """An optimizer, its options, initial parameters and per-step gradients (some None, some
+    non-contiguous views, which the fused path must leave to the numpy path)."""
+    rng = np.random.default_rng(seed)
+    name = ["SGD", "SGD", "SGD", "Adam", "AdamW"][seed % 5]
+    dtype = np.dtype([np.float32, np.float64][rng.integers(2)])
+    if name == "SGD":
+        momentum = [0.0, 0.9, 0.5][rng.integers(3)]
+        nesterov = bool(momentum and rng.integers(4) == 0)
+        options = {"lr": float(rng.uniform(0.01, 0.5)), "momentum": momentum,
+                   "dampening": 0.0 if nesterov else [0.0, 0.3][rng.integers(2)],
+                   "nesterov": nesterov, "weight_decay": [0.0, 0.0, 0.0, 0.01][rng.integers(4)],
+                   "maximize": bool(rng.integers(5) == 0)}
+        if seed % 7 == 0:
+            dtype = np.dtype(np.float16)  # the numpy path only
+    else:
+        options = {"lr": float(rng.uniform(1e-3, 0.1)), "betas": (0.9, 0.99), "eps": 1e-8,
+                   "weight_decay": [0.0, 0.1][rng.integers(2)], "amsgrad": bool(rng.integers(2)),
+                   "maximize": bool(rng.integers(4) == 0)}
+    shapes = [tuple(int(n) for n in rng.integers(0 if rng.integers(8) == 0 else 1, 6,
+                                                  size=rng.integers(0, 4)))
+              for _ in range(rng.integers(1, 4))]  # sizes 0 (empty) to 5, 0-d to 3-d
+    init = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    grads = []
+    for _ in range(int(rng.integers(3, 7))):
+        step = []
+        for s in shapes:
+            if rng.integers(6) == 0:
+                step.append(None)
+            elif len(s) >= 2 and rng.integers(3) == 0:  # a transposed (non-contiguous) array
+                step.append(rng.standard_normal(s[::-1]).astype(dtype).T)
+            else:
+                step.append(rng.standard_normal(s).astype(dtype))
+        grads.append(step)
+    return name, options, init, grads
+
+
+def _run_program(name, options, init, grads, fused=True):
+    params = [hpcgrad.tensor(a.copy(), requires_grad=True) for a in init]
+    opt = CLASSES[name](params, **options)
+    if not fused:
+        opt._fused_step = lambda p, group: False  # the numpy path for every step
+    out = []
+    for step in grads:
+        for p, g in zip(params, step):
+            p.grad = None if g is None else hpcgrad.tensor(g)
+        opt.step()
+        out.append([p.data.copy() for p in params])
+    return out
+
+
+def _run_reference(name, options, init, grads):
+    params = [a.copy() for a in init]
+    states = [{} for _ in params]
+    out = []
+    for step in grads:
+        for i, g in enumerate(step):
+            if g is None:
+                continue
+            if name == "SGD":
+                params[i] = _sgd_reference(params[i], g, states[i], options)
+            else:
+                params[i] = _adam_reference(params[i], g, states[i], options, name == "AdamW")
+            params[i] = params[i].astype(init[i].dtype)
+        out.append([p.copy() for p in params])
+    return out
+
+
+def _run_torch(name, options, init, grads):
+    import torch
+    params = [torch.tensor(a.copy(), requires_grad=True) for a in init]
+    opt = getattr(torch.optim, name)(params, **options)
+    out = []
+    for step in grads:
+        for p, g in zip(params, step):
+            p.grad = None if g is None else torch.tensor(g.copy(order="C"))
+        opt.step()
+        out.append([p.detach().numpy().copy() for p in params])
+    return out
+
+
+def _tolerance(dtype):
+    return {"float16": 2e-3, "float32": 2e-6, "float64": 1e-13}[np.dtype(dtype).name]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_fused_sgd_step_equals_the_plain_formula(seed):
+    name, options, init, grads = _random_program(seed)
+    default = _run_program(name, options, init, grads)
+    numpy_path = _run_program(name, options, init, grads, fused=False)
+    reference = _run_reference(name, options, init, grads)
+    for k, (ours, plain, ref) in enumerate(zip(default, numpy_path, reference)):
+        for i, (a, b, r) in enumerate(zip(ours, plain, ref)):
+            where = f"{name} {options} {a.dtype} step {k} param {i}"
+            assert a.dtype == r.dtype, where
+            np.testing.assert_array_equal(a, b, err_msg=where)  # the same arithmetic
+            tol = _tolerance(a.dtype)
+            np.testing.assert_allclose(a, r, rtol=tol, atol=tol, err_msg=where)
+    pytest.importorskip("torch")
+    for k, (ours, theirs) in enumerate(zip(default, _run_torch(name, options, init, grads))):
+        for i, (a, t) in enumerate(zip(ours, theirs)):
+            tol = 5 * _tolerance(a.dtype)
+            np.testing.assert_allclose(a, t, rtol=tol, atol=tol,
+                                       err_msg=f"{name} {options} step {k} param {i}")
+
+
+def test_the_fused_sgd_step_runs_and_is_bit_equal(monkeypatch):
+    """The programs above do reach the numba kernel (else they compare the numpy path twice)."""
+    import hpcgrad.kernels.cpu as cpu
+    calls = []
+    kernel = cpu.sgd_step
+    monkeypatch.setattr(cpu, "sgd_step", lambda *args: calls.append(1) or kernel(*args))
+    for dtype in (np.float32, np.float64):
+        init = [np.linspace(-1, 1, 12, dtype=dtype).reshape(3, 4)]
+        grads = [[np.full((3, 4), k - 1.5, dtype=dtype)] for k in range(4)]
+        for options in ({"lr": 0.1}, {"lr": 0.1, "momentum": 0.9, "dampening": 0.25}):
+            before = len(calls)
+            fused = _run_program("SGD", options, init, grads)
+            assert len(calls) - before == (4 if len(options) == 1 else 3)
+            plain = _run_program("SGD", options, init, grads, fused=False)
+            for a, b in zip(fused, plain):
+                np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_sgd_float16_and_a_fortran_order_momentum_buffer(dtype):
+    """Two cases the fused path used to take: float16 (numba has no kernel for it: the step
+    raised NotImplementedError), and a momentum buffer loaded in Fortran order (the kernel
+    wrote into a reshaped copy: the buffer never moved). Both against the formula and torch."""
+    buf = np.asfortranarray(np.arange(12.0, dtype=dtype).reshape(3, 4))
+    p0 = np.linspace(-1, 1, 12, dtype=dtype).reshape(3, 4)
+    options = {"lr": 0.1, "momentum": 0.9}
+    p = hpcgrad.tensor(p0.copy(), requires_grad=True)
+    opt = SGD([p], **options)
+    state = opt.state_dict()
+    state["state"] = {0: {"momentum_buffer": buf}}
+    opt.load_state_dict(state)
+    ref_p, ref_state = p0.copy(), {"buf": buf.copy()}
+    for k in range(3):
+        g = np.full((3, 4), k + 0.5, dtype=dtype)
+        p.grad = hpcgrad.tensor(g)
+        opt.step()
+        ref_p = _sgd_reference(ref_p, g, ref_state, dict(
+            options, dampening=0.0, nesterov=False, weight_decay=0.0, maximize=False))
+        ref_p = ref_p.astype(dtype)
+        tol = _tolerance(dtype)
+        np.testing.assert_allclose(p.data, ref_p, rtol=tol, atol=tol)
+        np.testing.assert_allclose(opt.state[p]["momentum_buffer"], ref_state["buf"], rtol=tol)
+    torch = pytest.importorskip("torch")
+    q = torch.tensor(p0.copy(), requires_grad=True)
+    t_opt = torch.optim.SGD([q], **options)
+    t_state = t_opt.state_dict()
+    t_state["state"] = {0: {"momentum_buffer": torch.tensor(buf)}}
+    t_opt.load_state_dict(t_state)
+    for k in range(3):
+        q.grad = torch.full((3, 4), k + 0.5, dtype=q.dtype)
+        t_opt.step()
+    np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=5 * tol, atol=5 * tol)
