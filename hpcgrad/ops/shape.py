@@ -145,11 +145,19 @@ def _is_basic(index):
 
 
 def _plain_index(index):
-    """Tensors inside an index become arrays; a single index becomes a 1-tuple."""
+    """Tensors inside an index become arrays; a single index becomes a 1-tuple. A 0-d integer
+    (tensor, numpy scalar or array) becomes an int: basic indexing, a view, as in PyTorch."""
     if not isinstance(index, tuple):
         index = (index,)
-    return tuple(i.data if isinstance(i, Tensor) else _list_index(i) if isinstance(i, list) else i
-                 for i in index)
+    return tuple(_plain_item(i.data if isinstance(i, Tensor) else i) for i in index)
+
+
+def _plain_item(i):
+    if isinstance(i, list):
+        return _list_index(i)
+    if getattr(i, "ndim", None) == 0 and i.dtype.kind in "iu":
+        return int(i)
+    return i
 
 
 def _list_index(items):

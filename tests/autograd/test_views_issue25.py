@@ -147,3 +147,39 @@ def test_contiguous_of_a_contiguous_tensor_is_itself(make):
     c = hg.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True).t()
     assert not c.is_contiguous()
     assert c.contiguous().is_contiguous() and c.contiguous().grad_fn is not None
+
+
+# --- 3. a 0-d integer tensor index is basic indexing: a view ------------------------------------
+
+ZERO_D = {
+    "row": lambda L, h: h[L.index(1)],
+    "row_col": lambda L, h: h[L.index(1), 2],
+    "both": lambda L, h: h[L.index(1), L.index(2)],
+    "col": lambda L, h: h[:, L.index(1)],
+    "int32": lambda L, h: h[L.index(np.int32(2))],
+    "numpy_int": lambda L, h: h[np.int64(1)],
+}
+
+
+@pytest.mark.parametrize("name", ZERO_D)
+def test_zero_d_integer_index_gives_a_view(name):
+    def program(L, x):
+        h = x * 1
+        v = ZERO_D[name](L, h)
+        v.mul_(10)  # reaches h through the view
+        (h * h).sum().backward()
+        return h, v
+    same(program)
+    h = hg.tensor(np.arange(12.0).reshape(3, 4))
+    v = ZERO_D[name](HG, h)
+    v.add_(1)
+    assert h._version == v._version == 1
+
+
+def test_zero_d_integer_index_assignment():
+    def program(L, x):
+        h = x * 1
+        h[L.index(1)] = x[0] * 3
+        h.sum().backward()
+        return h
+    same(program)
