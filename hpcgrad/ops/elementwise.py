@@ -16,6 +16,7 @@ import numpy as np
 from .. import backend
 from ..autograd.function import Function
 from ..tensor import Tensor
+from .promotion import binary_result_type, result_type, true_divide_type
 
 
 def _xp(array):
@@ -39,11 +40,23 @@ def _masked(mask, g):
 
 # Add, Sub, Mul, Div and Neg are reached only through Tensor's operators, so their arguments are
 # Tensors: forward reads the ``_data`` slot, not the ``data`` property (Note [Ops without a graph]).
+# Operands of different dtypes compute in PyTorch's result type, not numpy's (Note [Type
+# promotion] in promotion.py): the ufunc's ``dtype=`` casts them as it goes, without a copy of
+# a whole operand. Gradients come back in the result type; the engine casts each to its
+# input's dtype after summing a broadcast one back (engine.validate_outputs), as PyTorch's.
+
+def _promoted(name, a, b, dtype=None):
+    """The ufunc ``name`` of Tensors a and b in their promoted dtype (or in ``dtype``)."""
+    x, y = a._data, b._data
+    xp = _xp(y) if type(x) is np.ndarray else _xp(x)  # a number on the host meets a cupy array
+    return getattr(xp, name)(x, y, dtype=binary_result_type(a, b) if dtype is None else dtype)
+
 
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
-        return a._data + b._data
+        x, y = a._data, b._data
+        return x + y if x.dtype is y.dtype else _promoted("add", a, b)
 
     @staticmethod
     def backward(ctx, g):
@@ -53,11 +66,31 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
-        return a._data - b._data
+        x, y = a._data, b._data
+        if x.dtype is y.dtype:
+            try:
+                return x - y
+            except TypeError:  # numpy's refusal of bool - bool, in PyTorch's words
+                _check_sub(x, y)
+                raise
+        _check_sub(x, y)
+        return _promoted("subtract", a, b)
 
     @staticmethod
     def backward(ctx, g):
         return g, (-g if ctx.needs_input_grad[1] else None)
+
+
+def _check_sub(x, y):
+    """PyTorch's sub_check: no bool operand (a Python bool given to a floating tensor is
+    converted to its dtype by Tensor._other first, so it passes)."""
+    if x.dtype.kind == "b" and y.dtype.kind == "b":
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    if x.dtype.kind == "b" or y.dtype.kind == "b":
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
 
 
 class Mul(Function):
@@ -66,7 +99,8 @@ class Mul(Function):
         needs = ctx.needs_input_grad
         if needs:  # each gradient uses the other factor only
             ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
-        return a._data * b._data
+        x, y = a._data, b._data
+        return x * y if x.dtype is y.dtype else _promoted("multiply", a, b)
 
     @staticmethod
     def backward(ctx, g):
@@ -81,7 +115,12 @@ class Div(Function):
         needs = ctx.needs_input_grad
         if needs:  # the numerator's gradient uses only b: ``y / 2`` does not keep y
             ctx.save_for_backward(a if needs[1] else None, b)
-        return a._data / b._data
+        x, y = a._data, b._data
+        dtype = x.dtype if x.dtype is y.dtype else binary_result_type(a, b)
+        if dtype.kind in "fc" and dtype is x.dtype and dtype is y.dtype:
+            return x / y
+        # integers and bools divide in the default float dtype (float32), as in PyTorch
+        return _promoted("true_divide", a, b, true_divide_type(dtype))
 
     @staticmethod
     def backward(ctx, g):
@@ -109,7 +148,15 @@ class Pow(Function):
 
     @staticmethod
     def forward(ctx, a, b):
-        out = a.data ** b.data
+        x, y = a._data, b._data
+        if x.dtype is y.dtype and x.dtype.kind != "b":
+            out = x ** y
+        else:
+            dtype = binary_result_type(a, b)
+            if dtype.kind == "b":  # numpy's bool ** bool is int8
+                raise RuntimeError("\"pow\" not implemented for 'Bool': convert a bool tensor "
+                                   "first, e.g. x.long() ** y")
+            out = _promoted("power", a, b, dtype)
         needs = ctx.needs_input_grad
         if needs:  # the exponent's gradient also uses the result
             ctx.save_for_backward(a, b, out if needs[1] else None)
@@ -409,7 +456,11 @@ class Clamp(Function):
             raise ValueError("clamp: at least one of min and max must be given")
         ctx.save_for_backward(a)
         ctx.bounds = (low, high)
-        return _xp(a.data).clip(a.data, low, high)
+        x = a.data
+        dtype = result_type(a, *(v for v in (low, high) if v is not None))
+        if dtype != x.dtype:  # an integer tensor clamped to a float bound becomes float32
+            x = x.astype(dtype)
+        return _xp(x).clip(x, low, high)
 
     @staticmethod
     def backward(ctx, g):
@@ -435,14 +486,21 @@ class Maximum(Function):
     def forward(ctx, a, b, largest):
         ctx.save_for_backward(a, b)
         ctx.largest = largest
-        xp = _xp(a.data)
-        return (xp.maximum if largest else xp.minimum)(a.data, b.data)
+        x, y = a._data, b._data
+        name = "maximum" if largest else "minimum"
+        if x.dtype is y.dtype:
+            return getattr(_xp(x), name)(x, y)
+        dtype = ctx.dtype = binary_result_type(a, b)
+        return _promoted(name, a, b, dtype)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        half = Where.apply(_const(a.data == b.data), g / 2.0, g)
-        below, above = a.data < b.data, a.data > b.data
+        x, y = a.data, b.data
+        if x.dtype != y.dtype:  # compared in the result's dtype, as forward chose (PyTorch's)
+            x, y = x.astype(ctx.dtype, copy=False), y.astype(ctx.dtype, copy=False)
+        half = Where.apply(_const(x == y), g / 2.0, g)
+        below, above = x < y, x > y
         loses_a, loses_b = (below, above) if ctx.largest else (above, below)
         return (_masked(~loses_a, half) if ctx.needs_input_grad[0] else None,
                 _masked(~loses_b, half) if ctx.needs_input_grad[1] else None, None)
@@ -472,7 +530,11 @@ class Where(Function):
         # Saved, as PyTorch saves the condition: freed after backward, so a second backward
         # raises instead of silently reusing it.
         ctx.save_for_backward(_const(mask))
-        return _xp(a.data).where(mask, a.data, b.data)
+        x, y = a._data, b._data
+        if x.dtype is not y.dtype:  # PyTorch's result type, not numpy's
+            dtype = binary_result_type(a, b)
+            x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
+        return _xp(x).where(mask, x, y)
 
     @staticmethod
     def backward(ctx, g):
