@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import backend
 from ..futures import Future
+from ..tensor import Tensor
 from . import api
 from .sparse_reduce import SparseAllGather
 
@@ -97,6 +98,62 @@ def bf16_compress_hook(state, bucket):
         return buffer
 
     return work.get_future().then(decompress)
+
+
+def _compress_wrapper(hook, dtype_of, name):
+    """A hook that runs ``hook`` on the bucket cast to ``dtype_of()`` and casts its result
+    back into the bucket's own buffer (PyTorch's fp16/bf16_compress_wrapper)."""
+    def wrapper_hook(hook_state, bucket):
+        _refuse_sparse(bucket, name)
+        original = bucket.buffer()
+        bucket.set_buffer(original.data.astype(dtype_of(original.data)))
+        future = hook(hook_state, bucket)
+        if not isinstance(future, Future):
+            raise RuntimeError(f"{name}: the wrapped hook {getattr(hook, '__qualname__', hook)} "
+                               f"returned {type(future).__name__}, expected a "
+                               f"hpcgrad.distributed.Future of the bucket's reduced buffer")
+
+        def decompress(fut):
+            # Into the bucket's buffer, in place: no second full-precision copy (PyTorch's
+            # decompression does the same, for the peak memory).
+            result = fut.value()
+            result = result[0] if isinstance(result, (list, tuple)) else result
+            original.data[...] = result.data if isinstance(result, Tensor) else result
+            bucket.set_buffer(original)
+            return original
+
+        return future.then(decompress)
+
+    wrapper_hook.__name__ = wrapper_hook.__qualname__ = f"{name}_hook"
+    return wrapper_hook
+
+
+def fp16_compress_wrapper(hook):
+    """``hook`` run on the bucket cast to float16, its result cast back into the bucket
+    (torch's default_hooks.fp16_compress_wrapper): ``fp16_compress_wrapper(allreduce_hook)``
+    is ``fp16_compress_hook``; ``fp16_compress_wrapper(powerSGD_hook)`` compresses twice."""
+    return _compress_wrapper(hook, lambda array: np.float16, "fp16_compress_wrapper")
+
+
+def _bfloat16(array):
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError("bf16_compress_wrapper needs a bfloat16 dtype for numpy, which "
+                          "ml_dtypes provides: pip install ml_dtypes (it is in hpcgrad's test "
+                          "extra), or use bf16_compress_hook, which needs none") from None
+    if backend.is_gpu_array(array):
+        raise NotImplementedError("bf16_compress_wrapper casts with numpy's ml_dtypes.bfloat16, "
+                                  "which cupy arrays cannot hold; use bf16_compress_hook for a "
+                                  "GPU bucket (it sends bfloat16 as uint16 bits)")
+    return ml_dtypes.bfloat16
+
+
+def bf16_compress_wrapper(hook):
+    """``hook`` run on the bucket cast to bfloat16 (ml_dtypes' numpy dtype), its result cast
+    back into the bucket (torch's default_hooks.bf16_compress_wrapper). MPI sums bfloat16 as
+    float32 here (hpcgrad.comm.buffers), rounding the sum once."""
+    return _compress_wrapper(hook, _bfloat16, "bf16_compress_wrapper")
 
 
 # PowerSGD has a file of its own; it imports none of this module's hooks.

@@ -25,6 +25,19 @@ class GradBucket:
 
     get_tensor = buffer
 
+    def set_buffer(self, buffer):
+        """Replace the bucket's flat buffer (a Tensor or array of its length), as PyTorch's
+        ``GradBucket.set_buffer``: a wrapping hook (fp16_compress_wrapper) hands the hook it
+        wraps a cast copy this way. ``gradients()`` still views the original buffer."""
+        if self._sparse:
+            raise RuntimeError("set_buffer: this bucket holds a sparse gradient "
+                               "(bucket.is_sparse()); only a dense bucket's buffer can be replaced")
+        tensor = buffer if isinstance(buffer, Tensor) else Tensor._make(buffer, False, None, 0)
+        if tuple(tensor.shape) != tuple(self._buffer.shape):
+            raise ValueError(f"set_buffer: expected a flat buffer of shape "
+                             f"{list(self._buffer.shape)} (the bucket's), got {list(tensor.shape)}")
+        self._buffer = tensor
+
     def is_last(self):
         return self._is_last
 

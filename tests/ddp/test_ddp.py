@@ -43,6 +43,19 @@ def bf16_bound(n):
     return 1.01 * (2.0 ** -8 + n * 2.0 ** -24), 0.0
 
 
+def fp16_wrapper_bound(n):
+    """fp16_compress_wrapper(allreduce_hook): g_r rounded to float16, then divided by N (a
+    second rounding unless N is a power of 2), then summed as fp16_compress_hook's."""
+    return 1.01 * (n + 1) * 2.0 ** -11, (n + 1) * 2.0 ** -24
+
+
+def bf16_wrapper_bound(n):
+    """bf16_compress_wrapper(allreduce_hook): g_r rounded to bfloat16, divided by N (rounded
+    again), summed in float32 by MPI (hpcgrad.comm.buffers), the sum rounded once to bfloat16:
+    (3 2^-8 + N 2^-24) S."""
+    return 1.01 * (3 * 2.0 ** -8 + n * 2.0 ** -24), 0.0
+
+
 # Several buckets: with these limits Net's 8 float64 parameters make 5 buckets of 1 or 2.
 FIRST_BUCKET_BYTES, BUCKET_CAP_MB = 128, 256 / 2 ** 20
 
@@ -131,6 +144,10 @@ MODES = {
                                bound=fp16_bound),
     "bf16_compress_hook": Case(several_buckets=True, hook=comm_hooks.bf16_compress_hook,
                                bound=bf16_bound),
+    "fp16_compress_wrapper": Case(several_buckets=True, bound=fp16_wrapper_bound,
+                                  hook=comm_hooks.fp16_compress_wrapper(comm_hooks.allreduce_hook)),
+    "bf16_compress_wrapper": Case(several_buckets=True, bound=bf16_wrapper_bound,
+                                  hook=comm_hooks.bf16_compress_wrapper(comm_hooks.allreduce_hook)),
     "sparse_embedding": Case(sparse=True),
     "sparse_embedding_allreduce_hook": Case(sparse=True, hook=comm_hooks.allreduce_hook),
 }
@@ -348,6 +365,8 @@ def check_rebuilt(case, group, reducer, first_order):
 @mpi
 @pytest.mark.parametrize("mode", MODES)
 def test_matches_full_batch_training(group, monkeypatch, mode):
+    if mode == "bf16_compress_wrapper":
+        pytest.importorskip("ml_dtypes")  # numpy's bfloat16 dtype (the test extra has it)
     run_case(MODES[mode], group, monkeypatch)
 
 
