@@ -1,5 +1,7 @@
 """Function: a forward/backward pair; ``apply`` records a BackwardNode, which is also the ctx."""
 
+import warnings
+
 import numpy as np
 
 from .. import backend
@@ -258,6 +260,10 @@ def _record(cls, args, needs):
         node._non_diff_outputs = non_diff_outputs
     if dirty:
         del node._dirty  # the Node must not hold its outputs (a Node <-> Tensor cycle)
+        if not all(any(d is a for a in args) for d in dirty):
+            warnings.warn("ctx.mark_dirty() received a tensor that was not an input. Only input "
+                          "Tensors that have been mutated should be passed to ctx.mark_dirty().",
+                          stacklevel=3)
         _check_dirty_returned(dirty, results)
     if saved:
         saved = tuple(s if s is None or isinstance(s, (Tensor, _SavedOutput)) else Tensor(s)
@@ -348,7 +354,14 @@ def _pack_saved(saved, hooks, node):
                 packed.append(s)  # Python numbers given to the op are not shown to the hooks
                 continue
             tensor = _unpack(s, node) if type(s) is _SavedOutput else s
+            before = version_counter.version(tensor._data)
             packed.append(PackedSaved(pack(tensor), unpack, tensor))
+            if version_counter.version(tensor._data) != before:
+                raise RuntimeError(
+                    "A saved tensor pack hook is modifying its input in place. Tensors provided "
+                    "as input to pack hook cannot be modified by in-place operations as this can "
+                    "lead to unexpected side-effects. Please open an issue if you need to "
+                    "perform in-place operations on the input to a pack hook.")
     finally:
         state.enabled = previous
     node._saved_outputs = True  # saved_tensors must unpack
@@ -384,12 +397,14 @@ _BUILTIN_MODULES = ("hpcgrad.ops", "hpcgrad.nn")
 
 
 class _FunctionMeta(type):
-    """Gives each Function subclass its own BackwardNode class, named ``<Function>Backward``."""
+    """Gives each Function subclass its own BackwardNode class, named as PyTorch names them:
+    ``<Function>Backward0`` for a built-in op (PyTorch numbers the overloads of its generated
+    Nodes), ``<Function>Backward`` for a user's Function."""
 
     def __init__(cls, name, bases, attrs):
         super().__init__(name, bases, attrs)
         builtin = cls.__module__.startswith(_BUILTIN_MODULES)
-        cls._backward_cls = type(name + "Backward", (BackwardNode,),
+        cls._backward_cls = type(name + ("Backward0" if builtin else "Backward"), (BackwardNode,),
                                  {"__slots__": (), "_forward_cls": cls, "_builtin": builtin})
 
 

@@ -203,6 +203,8 @@ class detect_anomaly:
 
     def __init__(self, check_nan=True):
         self.check_nan = check_nan
+        warnings.warn("Anomaly Detection has been enabled. This mode will increase the runtime "
+                      "and should only be enabled for debugging.", stacklevel=2)
 
     def __enter__(self):
         self._prev = (_anomaly.enabled, _anomaly.check_nan)

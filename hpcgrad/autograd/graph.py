@@ -171,8 +171,10 @@ class Node:
     def call_tensor_pre_hooks(self, grads):
         if self._tensor_pre_hooks:
             for input_nr, fn in list(self._tensor_pre_hooks.values()):
-                new = fn(grads[input_nr])
+                old = grads[input_nr]
+                new = fn(old)
                 if new is not None:
+                    _check_hook_result(fn, old, new)
                     grads[input_nr] = new
         if self._retains_grad_hooks:
             for input_nr, fn in list(self._retains_grad_hooks.items()):
@@ -192,6 +194,26 @@ class Node:
             if new is not None:
                 outputs = list(new)
         return outputs
+
+
+def _hook_name(hook):
+    return getattr(hook, "__name__", None) or repr(hook)
+
+
+def _check_hook_result(hook, original, result):
+    """A tensor hook may replace the gradient, not change what it is (PyTorch's
+    check_single_result): the same kind of value, dtype, device and size."""
+    if original is None:
+        return
+    if not hasattr(result, "shape") or not hasattr(result, "dtype"):
+        raise TypeError(f"expected Tensor, but hook returned '{type(result).__name__}'")
+    if result.dtype != original.dtype or result.device != original.device:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the type of value (was "
+                           f"{original.dtype} on {original.device} got {result.dtype} on "
+                           f"{result.device})")
+    if tuple(result.shape) != tuple(original.shape):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value (was "
+                           f"{list(original.shape)} got {list(result.shape)})")
 
 
 class GraphRoot(Node):
@@ -227,8 +249,10 @@ class AccumulateGrad(Node):
     def apply(self, grads):
         new_grad = grads[0]
         grads[0] = None  # drop the list's reference so a lone gradient can be stolen
-        if new_grad is not None:
-            variable = self.variable
+        variable = self.variable
+        # A leaf that stopped requiring grad after forward (requires_grad_(False)) gets none,
+        # as in PyTorch's AccumulateGrad.
+        if new_grad is not None and variable._requires_grad:
             accumulate_grad(variable, new_grad, bool(self._post_hooks))
             if variable._post_acc_hooks:
                 for hook in list(variable._post_acc_hooks.values()):

@@ -2,8 +2,8 @@
 
 import collections
 import itertools
-import sys
 import threading
+import warnings
 
 from ..futures import Future
 from .thread_state import NO_DEVICE, _tls
@@ -186,8 +186,8 @@ class GraphTask:
             # completes the future; the other must not: a Future is set once.
             complete, self.future_completed = not self.future_completed, True
         if first and node is not None and node.metadata_stack:
-            sys.stderr.write(f"Traceback of forward call that caused the error in {node.name()}:\n"
-                             f"{node.metadata_stack}")
+            warnings.warn(f"Error detected in {node.name()}. Traceback of forward call that "
+                          f"caused the error:\n{node.metadata_stack}", stacklevel=2)
         if complete:
             self.future.set_exception(exc)
 

@@ -123,7 +123,7 @@ def test_inplace_error_message_names_version_and_node():
     with pytest.raises(RuntimeError) as info:
         b.sum().backward()
     text = str(info.value)
-    assert "[float64 [3]], which is output 0 of SigmoidBackward" in text
+    assert "[float64 [3]], which is output 0 of SigmoidBackward0" in text
     assert "is at version 1; expected version 0 instead. Hint:" in text
 
 
