@@ -222,6 +222,8 @@ class DistributedDataParallel(Module):
                           "unused parameters will not change during training loop while using "
                           "static_graph (Note [Static graph]).", stacklevel=2)
         self.module = module
+        # PyTorch's _set_params_and_buffers_to_ignore_for_model: neither broadcast nor reduced.
+        self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         self.process_group = process_group or dist.init_process_group()
         self._init_buffer_options(broadcast_buffers, forward_sync_buffers)
         self.find_unused_parameters = find_unused_parameters
@@ -243,7 +245,25 @@ class DistributedDataParallel(Module):
         self._build_reducer(named)
 
     def _named_trainable(self):
-        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        return [(n, p) for n, p in self._named_synced("parameters") if p.requires_grad]
+
+    def _named_synced(self, kind):
+        """``module.named_parameters()`` or ``named_buffers()`` less the ignored names."""
+        named = getattr(self.module, f"named_{kind}")()
+        return [(n, t) for n, t in named if n not in self.parameters_to_ignore]
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """Before wrapping ``module`` in DDP: the parameters and buffers it names (fully
+        qualified names within ``module``, as ``named_parameters()``/``named_buffers()`` give
+        them) are neither broadcast at construction or before forward, nor checked across
+        ranks, nor reduced: their values and gradients stay this rank's own. PyTorch's static
+        method, which sets ``module._ddp_params_and_buffers_to_ignore``; names that match
+        nothing are ignored, as there."""
+        if isinstance(params_and_buffers_to_ignore, str):
+            raise TypeError(f"params_and_buffers_to_ignore must be a list of names, got the "
+                            f"string {params_and_buffers_to_ignore!r}; wrap it in a list")
+        module._ddp_params_and_buffers_to_ignore = list(params_and_buffers_to_ignore)
 
     def _build_reducer(self, named):
         """The Reducer over ``named``: local work only (no collective), so unpickling can too."""
@@ -307,10 +327,10 @@ class DistributedDataParallel(Module):
         as PyTorch's _verify_param_shape_across_processes; the collective comes first, so
         nobody hangs. Buffers count when DDP sends them (broadcast_buffers/forward_sync)."""
         entries = [("parameter", n, list(p.shape), str(p.dtype), bool(p.requires_grad))
-                   for n, p in self.module.named_parameters()]
+                   for n, p in self._named_synced("parameters")]
         if self._init_sync_buffers or self.forward_sync_buffers:
             entries += [("buffer", n, list(b.shape), str(b.dtype), False)
-                        for n, b in self.module.named_buffers()]
+                        for n, b in self._named_synced("buffers")]
         group = self._private_group()
         everyone = [None] * group.size()
         # Each rank's node rides along (no extra collective): Note [Progress across nodes]
@@ -356,8 +376,8 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = self.forward_sync_buffers  # the older name, still read by users
 
     def _module_states(self, buffers=True):
-        buffers = list(self.module.buffers()) if buffers else []
-        return list(self.module.parameters()) + buffers
+        buffers = [b for _, b in self._named_synced("buffers")] if buffers else []
+        return [p for _, p in self._named_synced("parameters")] + buffers
 
     def _broadcast_in_place(self, tensors, src=0):
         """Every rank's ``tensors`` become those of group rank ``src``."""
@@ -376,7 +396,7 @@ class DistributedDataParallel(Module):
                 t.data[...] = array
 
     def _sync_buffers(self):
-        self._broadcast_in_place(list(self.module.buffers()))
+        self._broadcast_in_place([b for _, b in self._named_synced("buffers")])
 
     # --- each iteration -------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
