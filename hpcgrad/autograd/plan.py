@@ -18,16 +18,21 @@ heap under a mutex. A plan keeps what that work finds, as positions instead of N
   equal) is run in the same order.
 
 A later backward matches a plan by walking its graph breadth-first and comparing, Node by Node,
-type and edges with the plan; any difference ends the walk and the general engine runs it. The
-walk is the only per-Node cost left besides running the Node: no dependency counts, no ready
+type, input count and edges with the plan; any difference ends the walk and a new plan is built.
+The walk is the only per-Node cost left besides running the Node: no dependency counts, no ready
 queue, no NodeTask, no lock; gradients go straight into the receiving position's list.
 
-What the plan does not fix is checked as the general engine checks it, on every replay: hooks
-(a Node's hooks are looked up when it runs, so hooks added or removed between iterations, such
-as DDP's AccumulateGrad post-hooks, behave the same), gradient shapes and dtypes against the
-receiver's metadata (so input metadata need not be part of the key), anomaly mode, errors,
-final callbacks, reentrant backwards. Input metadata, hooks and saved tensors are therefore left
-out of the structural key on purpose: they change nothing about the order.
+The key is what the plan fixes, and only that: the order and the wiring. Each Node then runs
+through the one executor (Note [One executor] in executor.py), the same call the queue engine
+makes, which reads everything else from the Node itself when it runs: hooks (added or removed
+between iterations, as DDP's AccumulateGrad post-hooks), the receivers' input metadata (shape,
+dtype, device, broadcast sum-back), which gradients are missing (an unused piece of ``chunk``),
+keep_graph/create_graph and grad mode (from the GraphTask), anomaly mode, errors. So none of
+those can be replayed stale, and none needs to be in the key. Issue 25 found what a replay that
+kept its own copy of that step cost: it matched a ``chunk(3)`` graph to a ``chunk(2)`` plan (the
+input count was not compared) and passed a formula a None gradient (its missing-gradient check
+was always False). tests/fuzz.py runs the plan against the queue engine and the reference order
+on programs that change a little from step to step.
 
 Where a plan is used (engine.Engine.execute): ``backward()`` without ``inputs=`` (the common
 case; ``grad()`` and ``inputs=`` need exec_info and go to the queue engine), on a process
