@@ -229,9 +229,23 @@ class Abs(Function):
     @staticmethod
     def backward(ctx, g):
         (a,) = ctx.saved_tensors
-        # PyTorch's sgn of a real number: 0 at nan (numpy's sign gives nan there)
-        sign = (a.data > 0).astype(g.data.dtype) - (a.data < 0).astype(g.data.dtype)
-        return g * _const(sign)
+        # PyTorch's ``grad * self.sgn()``: the sign is an op on the input, not a constant, so
+        # under create_graph the gradient stays connected to the input (its derivative is 0).
+        return g * Sign.apply(a)
+
+
+class Sign(Function):
+    """PyTorch's sgn of a real tensor: -1, 0 or 1, and 0 at nan (numpy's sign gives nan there).
+    Its derivative is zero (derivatives.yaml's sgn_backward of a real tensor)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        x = a.data
+        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return Tensor._zeros(g.data.shape, g.data.dtype, g.device)
 
 
 class Tanh(Function):
@@ -323,19 +337,20 @@ class Relu(Function):
     @staticmethod
     def backward(ctx, g):
         # PyTorch's threshold_backward(g, result, 0): 0 where result <= 0, g elsewhere (also
-        # at nan, where relu passes nan through); an exact 0 even where g is inf or nan.
+        # at nan, where relu passes nan through); an exact 0 even where g is inf or nan. The
+        # result goes in as the saved output itself, not a constant: under create_graph the
+        # gradient is connected to relu's input, as PyTorch's (a WGAN-GP penalty reaches x).
         (out,) = ctx.saved_tensors
-        return ThresholdBackward.apply(g, _const(out.data))
+        return ThresholdBackward.apply(g, out)
 
 
 class ThresholdBackward(Function):
     """PyTorch's threshold_backward(g, result, 0), relu's backward as one op: 0 where result
-    <= 0, g elsewhere. Its derivative in g is itself; result enters as a constant (PyTorch's
-    derivative for it is zeros)."""
+    <= 0, g elsewhere. Its derivative in g is itself, in result zeros (derivatives.yaml)."""
 
     @staticmethod
     def forward(ctx, g, result):
-        if ctx.needs_input_grad:
+        if ctx.needs_input_grad and ctx.needs_input_grad[0]:
             ctx.save_for_backward(result)
         g, y = g.data, result.data
         if (type(g) is np.ndarray and type(y) is np.ndarray and g.dtype == y.dtype
@@ -347,8 +362,13 @@ class ThresholdBackward(Function):
 
     @staticmethod
     def backward(ctx, gg):
-        (result,) = ctx.saved_tensors
-        return ThresholdBackward.apply(gg, result), None
+        grad_g = grad_result = None
+        if ctx.needs_input_grad[0]:
+            (result,) = ctx.saved_tensors
+            grad_g = ThresholdBackward.apply(gg, result)
+        if ctx.needs_input_grad[1]:
+            grad_result = Tensor._zeros(gg.data.shape, gg.data.dtype, gg.device)
+        return grad_g, grad_result
 
 
 class Erf(Function):

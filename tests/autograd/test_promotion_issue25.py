@@ -226,3 +226,114 @@ def test_float32_graph_with_a_float64_scalar_weight_keeps_float32_gradients():
     assert h.dtype == np.float32
     h.sum().backward()
     assert x.grad.dtype == np.float32 and w.grad.dtype == np.float64
+
+
+# --- item 2: first derivatives that can be differentiated again (create_graph=True) ---------
+
+from hpcgrad.autograd import grad as hg_grad  # noqa: E402
+from hpcgrad.autograd import gradgradcheck  # noqa: E402
+
+TWICE = {  # fn(lib, x, w): element-wise op of x (and w where it takes two tensors)
+    "relu": lambda L, x, w: (x * w).relu(),
+    "abs": lambda L, x, w: (x * w).abs(),
+    "sigmoid": lambda L, x, w: (x * w).sigmoid(),
+    "tanh": lambda L, x, w: (x * w).tanh(),
+    "gelu": lambda L, x, w: L.gelu(x * w),
+    "gelu_tanh": lambda L, x, w: L.gelu(x * w, approximate="tanh"),
+    "clamp": lambda L, x, w: (x * w).clamp(-0.8, 0.9),
+    "clamp_min": lambda L, x, w: (x * w).clamp(min=0.1),
+    "maximum": lambda L, x, w: L.maximum(x * w, x * 0.5),
+    "minimum": lambda L, x, w: L.minimum(x * w, w * 0.5),
+    "exp": lambda L, x, w: (x * w).exp(),
+    "sqrt": lambda L, x, w: (x * w).abs().sqrt(),
+    "pow": lambda L, x, w: x.abs() ** w,
+}
+X_TWICE = np.array([[-1.3, -0.4, 0.35], [0.7, 1.6, -2.2]])  # away from every kink and tie
+W_TWICE = np.array(1.25)
+
+
+class _Lib:
+    def __init__(self, module, tensor, gelu, grad):
+        self.m, self.tensor, self.gelu, self.grad = module, tensor, gelu, grad
+        self.maximum, self.minimum = module.maximum, module.minimum
+
+
+HG2 = _Lib(hg, lambda a: Tensor(a.copy(), requires_grad=True), hg.gelu, hg_grad)
+TORCH2 = _Lib(torch, lambda a: torch.tensor(a, requires_grad=True),
+              lambda x, approximate="none": torch.nn.functional.gelu(x, approximate=approximate),
+              torch.autograd.grad)
+
+
+def _np(t):
+    return None if t is None else (t.detach().numpy(force=True) if isinstance(t, torch.Tensor)
+                                   else t.data)
+
+
+def _double_backward(lib, name):
+    """The gradient penalty of the issue: g = d(sum f)/dx with create_graph, then backward of
+    sum(g**2) into x and w. Returns (g, whether g requires grad, x.grad, w.grad)."""
+    x, w = lib.tensor(X_TWICE), lib.tensor(W_TWICE)
+    g = lib.grad(TWICE[name](lib, x, w).sum(), x, create_graph=True)[0]
+    needs = g.requires_grad
+    if needs:
+        (g * g).sum().backward()
+    return _np(g), needs, _np(x.grad), _np(w.grad)
+
+
+@pytest.mark.parametrize("name", sorted(TWICE))
+def test_first_derivative_is_connected_as_in_torch(name):
+    g, needs, x_grad, w_grad = _double_backward(HG2, name)
+    want_g, want_needs, want_x, want_w = _double_backward(TORCH2, name)
+    np.testing.assert_allclose(g, want_g, rtol=1e-12, atol=1e-14)
+    assert needs == want_needs
+    for got, want in ((x_grad, want_x), (w_grad, want_w)):
+        assert (got is None) == (want is None), (got, want)
+        if want is not None:
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["relu", "abs"])
+def test_relu_and_abs_first_derivative_requires_grad_on_their_own(name):
+    """``grad(relu(x).sum(), x, create_graph=True)`` requires grad (PyTorch: grad_fn
+    ThresholdBackwardBackward0 / MulBackward0): its backward reaches x with zeros."""
+    x = Tensor(X_TWICE.copy(), requires_grad=True)
+    g = hg_grad(getattr(x, name)().sum(), x, create_graph=True)[0]
+    assert g.requires_grad and g.grad_fn is not None
+    (g * g).sum().backward()
+    np.testing.assert_array_equal(x.grad.data, np.zeros_like(X_TWICE))
+
+
+def test_issue_example_penalty_through_relu_reaches_w():
+    x, w = Tensor(X_TWICE.copy(), requires_grad=True), Tensor(W_TWICE.copy(), requires_grad=True)
+    g = hg_grad((x * w).relu().sum(), x, create_graph=True)[0]
+    (gw,) = hg_grad((g ** 2).sum(), w)
+    # d/dw sum((w * [x w > 0])**2) = 2 w * (number of positive x w)
+    assert gw.item() == pytest.approx(2 * W_TWICE * np.sum(X_TWICE * W_TWICE > 0))
+
+
+def _wgan_gp(lib, tensor):
+    rng = np.random.default_rng(3)
+    w1, w2 = (tensor(rng.standard_normal(s)) for s in ((4, 8), (8, 1)))
+    x = tensor(rng.standard_normal((5, 4)))
+    critic = ((x @ w1).relu() @ w2).abs().sum()
+    (g,) = lib.grad(critic, x, create_graph=True)
+    norm = ((g * g).sum(1) + 1e-12).sqrt()
+    penalty = ((norm - 1.0) ** 2).mean()
+    penalty.backward()
+    return [_np(t.grad) for t in (x, w1, w2)], _np(penalty)
+
+
+def test_wgan_gp_penalty_through_a_relu_network_matches_torch():
+    got, got_penalty = _wgan_gp(HG2, lambda a: Tensor(a, requires_grad=True))
+    want, want_penalty = _wgan_gp(TORCH2, lambda a: torch.tensor(a, requires_grad=True))
+    np.testing.assert_allclose(got_penalty, want_penalty, rtol=1e-12)
+    for g, w in zip(got, want):
+        assert g is not None
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(TWICE))
+def test_gradgradcheck(name):
+    x = Tensor(X_TWICE.copy(), requires_grad=True)
+    w = Tensor(W_TWICE.copy(), requires_grad=True)
+    assert gradgradcheck(lambda a, b: TWICE[name](HG2, a, b), (x, w))
