@@ -397,7 +397,9 @@ class Tensor:
     def reshape(self, *shape):
         return _ops.shape.reshape(self, _ops.shape_arg(shape, self.data.size))
 
-    view = reshape
+    def view(self, *shape):
+        """The same data in ``shape`` without a copy; raises where only ``reshape`` can."""
+        return _ops.shape.view(self, _ops.shape_arg(shape, self.data.size))
 
     def flatten(self, start_dim=0, end_dim=-1):
         return _ops.flatten(self, start_dim, end_dim)

@@ -52,6 +52,23 @@ def reshape(x, shape):
     return out
 
 
+_VIEW_MSG = ("view size is not compatible with input tensor's size and stride (at least one "
+             "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+
+
+def view(x, shape):
+    """``reshape`` that never copies: PyTorch's ``view`` raises where the data cannot be
+    viewed in ``shape`` with strides alone (numpy's no-copy reshape is the same test)."""
+    data = x._data
+    try:
+        out = data.reshape(shape)
+    except ValueError:
+        out = None  # a size mismatch: Reshape raises PyTorch's message below
+    if out is not None and out.size and not shares_memory(out, data):
+        raise RuntimeError(_VIEW_MSG)
+    return reshape(x, shape)
+
+
 class Permute(Function):
     @staticmethod
     def forward(ctx, a, dims):

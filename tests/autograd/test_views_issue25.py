@@ -183,3 +183,51 @@ def test_zero_d_integer_index_assignment():
         h.sum().backward()
         return h
     same(program)
+
+
+# --- 4. view refuses what needs a copy; setitem strips leading 1s; overlapping writes ----------
+
+VIEW_OK = {
+    "flat": lambda h: h.view(-1),
+    "split_axis": lambda h: h.view(3, 2, 2),
+    "rows_of_t": lambda h: h.t().view(4, 3),
+    "expanded_inner": lambda h: h[:1].expand(3, 4).view(3, 2, 2),
+    "column_slice": lambda h: h[:, 1:3].view(3, 2, 1),
+    "strided_rows": lambda h: h[:, ::2].view(6),
+    "size_1": lambda h: h[:, :1].t().view(3),
+}
+VIEW_REFUSED = {  # (h, "view" or "reshape")
+    "t_flat": lambda h, m: getattr(h.t(), m)(-1),
+    "t_merge": lambda h, m: getattr(h.t(), m)(12),
+    "column_slice": lambda h, m: getattr(h[:, 1:3], m)(6),
+    "expanded": lambda h, m: getattr(h[:1].expand(3, 4), m)(12),
+    "permuted_3d": lambda h, m: getattr(h.view(3, 2, 2).permute(1, 0, 2), m)(2, 6),
+}
+
+
+@pytest.mark.parametrize("name", VIEW_OK)
+def test_view_where_pytorch_views(name):
+    def program(L, x):
+        h = x * 1
+        v = VIEW_OK[name](h)
+        v.register_hook(lambda g: g * 3)
+        (v * v).sum().backward()
+        return v
+    same(program)
+
+
+@pytest.mark.parametrize("name", VIEW_REFUSED)
+def test_view_refused_where_it_would_copy(name):
+    same(lambda L, x: VIEW_REFUSED[name](x * 1, "view"), error="view size is not compatible "
+         "with input tensor's size and stride (at least one dimension spans across two "
+         "contiguous subspaces). Use .reshape(...) instead.")
+
+    def program(L, x):  # reshape copies instead
+        r = VIEW_REFUSED[name](x * 1, "reshape")
+        (r * r).sum().backward()
+        return r
+    same(program)
+
+
+def test_view_of_a_wrong_size_keeps_its_message():
+    same(lambda L, x: x.view(5, -1), error="is invalid for input of size 12")
