@@ -202,8 +202,14 @@ class SetItem(_shape._Indexed):
     @staticmethod
     def forward(ctx, a, index, value):
         _check_writable(a)
+        data = value._data
+        lead = 0
+        while lead < data.ndim and data.shape[lead] == 1:
+            lead += 1
+        if lead:  # PyTorch drops the value's leading size-1 axes (y[1] = v of shape (1, n))
+            data = data.reshape(data.shape[lead:])
         try:
-            a._data[index] = value._data
+            a._data[index] = data
         except ValueError as error:
             target = a._data[index].shape
             raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} "
@@ -211,7 +217,7 @@ class SetItem(_shape._Indexed):
                                f"{list(target)} ({error})") from None
         if ctx.needs_input_grad:
             _shape._Indexed._keep(ctx, index)
-            ctx.value = (value._data.shape, value._data.dtype)
+            ctx.value = (data.shape, value._data.shape, value._data.dtype)
         ctx.mark_dirty(a)
         return a
 
@@ -225,8 +231,11 @@ class SetItem(_shape._Indexed):
             keep[index] = False
             grad_a = _masked_zero(g, ~keep)
         if ctx.needs_input_grad[2]:
-            shape, dtype = ctx.value
-            grad_value = _to_dtype_of(_shape.GetItem.apply(g, index).sum_to_size(shape), dtype)
+            shape, value_shape, dtype = ctx.value
+            grad_value = _shape.GetItem.apply(g, index).sum_to_size(shape)
+            if shape != value_shape:
+                grad_value = grad_value.reshape(value_shape)
+            grad_value = _to_dtype_of(grad_value, dtype)
         return grad_a, None, grad_value
 
 

@@ -231,3 +231,27 @@ def test_view_refused_where_it_would_copy(name):
 
 def test_view_of_a_wrong_size_keeps_its_message():
     same(lambda L, x: x.view(5, -1), error="is invalid for input of size 12")
+
+
+SETITEM = {  # (index, value shape): the value has leading size-1 axes beyond the target's
+    "row": (1, (1, 4)),
+    "row_many_ones": (1, (1, 1, 4)),
+    "row_broadcast": (1, (1, 1)),
+    "rows_slice": (slice(1, 3), (1, 1, 4)),
+    "element": ((1, 2), (1, 1)),
+    "advanced": ([0, 2], (1, 1, 4)),
+    "advanced_pair": (([0, 2], 1), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", SETITEM)
+def test_setitem_drops_the_values_leading_size_1_axes(name):
+    index, shape = SETITEM[name]
+
+    def program(L, x):
+        v = L.tensor(np.arange(2.0, 2.0 + np.prod(shape)).reshape(shape), True)
+        h = x * 1
+        h[index] = v * 3
+        (h * h).sum().backward()
+        return h, v.grad
+    same(program)
