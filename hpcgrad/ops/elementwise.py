@@ -142,9 +142,13 @@ class Neg(Function):
 
 
 class Pow(Function):
-    """``a ** b``. A 0-d exponent that needs no gradient (``x ** 2``: tensor.py makes the Python
-    number a 0-d constant) takes PyTorch's pow.Tensor_Scalar formula, any other exponent its
-    pow.Tensor_Tensor formulas; they differ only in the second derivative at ``x ** 0``, x = 0."""
+    """``a ** b``. A Python-number exponent (``x ** 2``: tensor.py wraps the number as a 0-d
+    ``_WrappedNumber``) takes PyTorch's pow.Tensor_Scalar formula, a tensor exponent its
+    pow.Tensor_Tensor formulas; they differ only in the second derivative at ``x ** 0``, x = 0.
+
+    As PyTorch's, pow.Tensor_Tensor and pow.Scalar (``2 ** x``) save the result whenever they
+    record a graph, not only when the exponent needs its gradient: ``z = y ** w; z.add_(1)``
+    then backward raises "modified by an inplace operation" even for a constant ``w``."""
 
     @staticmethod
     def forward(ctx, a, b):
@@ -157,9 +161,8 @@ class Pow(Function):
                 raise RuntimeError("\"pow\" not implemented for 'Bool': convert a bool tensor "
                                    "first, e.g. x.long() ** y")
             out = _promoted("power", a, b, dtype)
-        needs = ctx.needs_input_grad
-        if needs:  # the exponent's gradient also uses the result
-            ctx.save_for_backward(a, b, out if needs[1] else None)
+        if ctx.needs_input_grad:  # the exponent's gradient also uses the result
+            ctx.save_for_backward(a, b, None if b._wrapped_number else out)
         return out
 
     @staticmethod
@@ -167,7 +170,7 @@ class Pow(Function):
         a, b, out = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
-            if b.data.ndim == 0 and not ctx.needs_input_grad[1]:
+            if b._wrapped_number:
                 e = b.data.item()  # PyTorch's pow_backward(grad, self, Scalar exponent)
                 grad_a = (Tensor._zeros(a.data.shape, a.data.dtype, a.device) if e == 0
                           else g * (e * a ** (e - 1)))

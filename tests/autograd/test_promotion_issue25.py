@@ -337,3 +337,63 @@ def test_gradgradcheck(name):
     x = Tensor(X_TWICE.copy(), requires_grad=True)
     w = Tensor(W_TWICE.copy(), requires_grad=True)
     assert gradgradcheck(lambda a, b: TWICE[name](HG2, a, b), (x, w))
+
+
+# --- item 3: saved outputs (and inputs) written in place before backward --------------------
+
+SAVING = {  # fn(y, w): what PyTorch saves decides whether a later write of the output raises
+    "pow_tensor_exponent": lambda y, w: y ** w,
+    "pow_number_exponent": lambda y, w: y ** 2.0,      # pow.Tensor_Scalar: saves self only
+    "pow_number_base": lambda y, w: 2.0 ** y,          # pow.Scalar: saves the result
+    "exp": lambda y, w: y.exp(),
+    "tanh": lambda y, w: y.tanh(),
+    "sigmoid": lambda y, w: y.sigmoid(),
+    "sqrt": lambda y, w: y.sqrt(),
+    "relu": lambda y, w: y.relu(),
+    "abs": lambda y, w: y.abs(),
+    "log": lambda y, w: y.log(),
+    "mul": lambda y, w: y * w,
+    "div": lambda y, w: y / w,
+    "clamp": lambda y, w: y.clamp(0.6, 1.2),
+}
+
+
+def _write_then_backward(tensor, name, target, w_requires_grad):
+    """y = x * 1 (a non-leaf), z = op(y, w); then ``target`` (z or y) += 1 and backward."""
+    x = tensor(np.array([0.5, 1.5, 0.9]), True)
+    w = tensor(np.array(1.75), w_requires_grad)
+    y = x * 1.0
+    z = SAVING[name](y, w)
+    (z if target == "output" else y).add_(1.0)
+    try:
+        z.sum().backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+        return "raised"
+    return [_np(t.grad) for t in (x, w)]
+
+
+@pytest.mark.parametrize("w_requires_grad", [True, False], ids=["w_grad", "w_const"])
+@pytest.mark.parametrize("target", ["output", "input"])
+@pytest.mark.parametrize("name", sorted(SAVING))
+def test_inplace_write_of_a_saved_tensor_raises_as_in_torch(name, target, w_requires_grad):
+    got = _write_then_backward(lambda a, rg: Tensor(a, requires_grad=rg), name, target,
+                               w_requires_grad)
+    want = _write_then_backward(lambda a, rg: torch.tensor(a, requires_grad=rg), name, target,
+                                w_requires_grad)
+    if want == "raised" or got == "raised":
+        assert got == want
+        return
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_pow_with_a_constant_tensor_exponent_checks_its_saved_result():
+    """The issue's case: ``z = y ** w`` (w needs no gradient), ``z.add_(1)``, backward."""
+    y = Tensor(np.array([0.5, 1.5]), requires_grad=True) * 1.0
+    z = y ** Tensor(np.array(2.0))
+    z.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation.*PowBackward"):
+        z.sum().backward()
