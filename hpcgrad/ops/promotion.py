@@ -17,6 +17,7 @@ PyTorch's wrapped number: only its category counts here, whatever its array's dt
 
 import numpy as np
 
+from .. import backend
 from ..tensor import DEFAULT_FLOAT
 
 _BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
@@ -76,7 +77,7 @@ def _classify(operand):
         kind = (_BOOL if isinstance(operand, bool) else _INT if isinstance(operand, int)
                 else _FLOAT if isinstance(operand, float) else _COMPLEX)
         return 0, _WRAPPED[kind]
-    if isinstance(operand, (np.ndarray, np.generic)) or hasattr(operand, "__cuda_array_interface__"):
+    if isinstance(operand, (np.ndarray, np.generic)) or backend.is_gpu_array(operand):
         return (2 if operand.ndim else 1), operand.dtype
     raise TypeError(f"result_type: expected Tensors or Python numbers, got "
                     f"{type(operand).__name__}")

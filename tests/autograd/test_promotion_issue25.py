@@ -101,7 +101,8 @@ def _check(got, want, what):
     assert isinstance(got, Tensor), what
     assert str(got.dtype) == _torch_name(want.dtype), f"{what}: {got.dtype}, torch {want.dtype}"
     rtol = 2e-3 if got.dtype == np.float16 else 1e-6
-    np.testing.assert_allclose(got.data.astype(np.float64), want.detach().numpy().astype(np.float64),
+    np.testing.assert_allclose(got.data.astype(np.float64),
+                               want.detach().numpy().astype(np.float64),
                                rtol=rtol, err_msg=what)
 
 
