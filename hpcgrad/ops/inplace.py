@@ -56,6 +56,55 @@ def _check_writable(a, result_shape=None, result_dtype=None):
                            "before performing the operation.")
 
 
+_OVERLAP_MSG = ("unsupported operation: some elements of the input tensor and the written-to "
+                "tensor refer to a single memory location. Please clone() the tensor before "
+                "performing the operation.")
+
+
+def _owner(array):
+    while array.base is not None and hasattr(array.base, "base"):
+        array = array.base
+    return array
+
+
+def _dense_bounds(array):
+    """(first byte, end byte) of an array whose elements tile its memory (some order of its
+    axes is C order), or None: PyTorch's is_non_overlapping_and_dense, else TooHard."""
+    expected = array.itemsize
+    for stride, size in sorted((st, n) for st, n in zip(array.strides, array.shape) if n != 1):
+        if stride != expected:
+            return None
+        expected *= size
+    start = (array.__array_interface__["data"][0] if isinstance(array, np.ndarray)
+             else array.data.ptr)
+    return start, start + array.nbytes
+
+
+def _overlap(dst, src):
+    """PyTorch's get_overlap_status of two arrays: "full", "partial" or None (none, or too hard
+    to tell: one of them is not dense)."""
+    if dst is src:
+        return "full"
+    if not dst.size or not src.size or _owner(dst) is not _owner(src):
+        return None
+    a, b = _dense_bounds(dst), _dense_bounds(src)
+    if a is None or b is None:
+        return None
+    if a == b:  # the same bytes: the same elements only if laid out alike
+        alike = dst.ndim == src.ndim and all(
+            s == t or m == 1 or n == 1
+            for s, t, m, n in zip(dst.strides, src.strides, dst.shape, src.shape))
+        return "full" if alike else "partial"
+    return "partial" if a[0] < b[1] and b[0] < a[1] else None
+
+
+def check_no_partial_overlap(dst, src):
+    """PyTorch's assert_no_partial_overlap, before an in-place op reads ``src`` (a Tensor) while
+    writing ``dst``: the same elements (``y += y``) are fine, some of them are not."""
+    if isinstance(src, Tensor) and _overlap(dst._data, src._data) == "partial":
+        raise RuntimeError(_OVERLAP_MSG)
+
+
 def _inplace(op, self_arg=0):
     """The in-place version of Function ``op`` (Note [In-place ops from out-of-place ones])."""
 
@@ -196,6 +245,24 @@ class MaskedFill(Function):
         return (_masked_zero(g, ctx.mask) if ctx.needs_input_grad[0] else None), None, grad_value
 
 
+def _check_setitem_overlap(dst, index, data):
+    """PyTorch's overlap checks of ``dst[index] = data``: a basic index copies ``data``,
+    broadcast, into the view ``dst[index]`` (a 0-d value fills it: unchecked); an advanced one
+    is index_put_, which refuses any overlap (a mask with a 0-d value is masked_fill_)."""
+    if _shape._is_basic(index):
+        if data.ndim:
+            region = dst[index]
+            try:
+                data = backend.get_array_module(data).broadcast_to(data, region.shape)
+            except ValueError:
+                return  # the assignment raises its own error
+            if _overlap(region, data) == "partial":
+                raise RuntimeError(_OVERLAP_MSG)
+    elif not (data.ndim == 0 and len(index) == 1 and getattr(index[0], "dtype", None) == bool):
+        if _overlap(dst, data):
+            raise RuntimeError(_OVERLAP_MSG)
+
+
 class SetItem(_shape._Indexed):
     """``a[index] = value`` (basic, integer-array or boolean-mask index; value broadcast)."""
 
@@ -208,6 +275,7 @@ class SetItem(_shape._Indexed):
             lead += 1
         if lead:  # PyTorch drops the value's leading size-1 axes (y[1] = v of shape (1, n))
             data = data.reshape(data.shape[lead:])
+        _check_setitem_overlap(a._data, index, data)
         try:
             a._data[index] = data
         except ValueError as error:
@@ -255,6 +323,7 @@ def _operand(t, other):
 
 def add_(self, other, alpha=1):
     _prepare(self)
+    check_no_partial_overlap(self, other)
     other = _operand(self, other)
     if alpha != 1:
         other = other * alpha
@@ -263,6 +332,7 @@ def add_(self, other, alpha=1):
 
 def sub_(self, other, alpha=1):
     _prepare(self)
+    check_no_partial_overlap(self, other)
     other = _operand(self, other)
     if alpha != 1:
         other = other * alpha
@@ -271,16 +341,19 @@ def sub_(self, other, alpha=1):
 
 def mul_(self, other):
     _prepare(self)
+    check_no_partial_overlap(self, other)
     return Mul_.apply(self, _operand(self, other))
 
 
 def div_(self, other):
     _prepare(self)
+    check_no_partial_overlap(self, other)
     return Div_.apply(self, _operand(self, other))
 
 
 def pow_(self, exponent):
     _prepare(self)
+    check_no_partial_overlap(self, exponent)
     return Pow_.apply(self, _operand(self, exponent))
 
 
@@ -327,6 +400,7 @@ def fill_(self, value):
 
 def copy_(self, src, non_blocking=False):
     _prepare(self)
+    check_no_partial_overlap(self, src)
     if not isinstance(src, Tensor):
         src = Tensor._make(np.asarray(src), False, None, 0)
     return Copy.apply(self, src)

@@ -255,3 +255,63 @@ def test_setitem_drops_the_values_leading_size_1_axes(name):
         (h * h).sum().backward()
         return h, v.grad
     same(program)
+
+
+OVERLAP_REFUSED = {
+    "unsqueezed_iadd": lambda y: y[None].__iadd__(y),
+    "add_t": lambda y: y.view(4, 3)[:3].add_(y.view(4, 3)[:3].t()),  # a square y and y.t()
+    "add_row": lambda y: y.add_(y[0]),
+    "shifted_rows": lambda y: y[:2].add_(y[1:3]),
+    "shifted_alpha": lambda y: y[:2].add_(y[1:3], alpha=2),
+    "sub_t": lambda y: y.view(4, 3)[:3].sub_(y.view(4, 3)[:3].t()),
+    "mul_first": lambda y: y.mul_(y[0, 0]),
+    "div_flat": lambda y: y.view(12)[:8].div_(y.view(12)[4:]),
+    "pow_t": lambda y: y.view(4, 3)[:3].pow_(y.view(4, 3)[:3].t()),
+    "copy_t": lambda y: y.view(4, 3)[:3].copy_(y.view(4, 3)[:3].t()),
+    "copy_shifted": lambda y: y[1:].copy_(y[:-1]),
+    "copy_row": lambda y: y.copy_(y[0]),
+    "setitem_shifted": lambda y: y.__setitem__(slice(1, 3), y[0:2]),
+    "setitem_list": lambda y: y.__setitem__([0, 1], y[1:3]),
+    "setitem_list_same": lambda y: y.__setitem__([0, 1], y[:2]),
+    "setitem_list_0d": lambda y: y.__setitem__([0, 1], y[0, 1]),
+    "setitem_mask_row": lambda y: y.__setitem__(y[:, 0] > 3, y[0]),
+}
+OVERLAP_ALLOWED = {
+    "iadd_self": lambda y: y.__iadd__(y),
+    "add_same_view": lambda y: y.add_(y.view(3, 4)),
+    "add_detached": lambda y: y.add_(y.detach()),
+    "unsqueezed_both": lambda y: y[None].add_(y[None]),
+    "disjoint_rows": lambda y: y[:1].add_(y[1:2]),
+    "strided_columns": lambda y: y[:, ::2].add_(y[:, 1::2]),  # not dense: PyTorch does not tell
+    "shifted_columns": lambda y: y[:, :2].add_(y[:, 1:3]),
+    "copy_self": lambda y: y.copy_(y),
+    "fill_0d": lambda y: y.fill_(y[0, 1]),
+    "masked_fill_0d": lambda y: y.masked_fill_(y > 3, y[0, 1]),
+    "setitem_row": lambda y: y.__setitem__(0, y[1]),
+    "setitem_all": lambda y: y.__setitem__(slice(None), y),
+    "setitem_0d": lambda y: y.__setitem__(0, y[0, 1]),
+    "setitem_broadcast": lambda y: y.__setitem__(slice(0, 2), y[0]),
+    "setitem_leading_1": lambda y: y.__setitem__(0, y[0:1]),
+    "setitem_mask_0d": lambda y: y.__setitem__(y > 3, y[0, 1]),
+    "empty": lambda y: y[:0].add_(y[:0]),
+}
+
+
+@pytest.mark.parametrize("name", OVERLAP_REFUSED)
+def test_inplace_with_partly_overlapping_operand_is_refused(name):
+    def program(L, x):
+        y = x * 1
+        OVERLAP_REFUSED[name](y)
+    same(program, error="unsupported operation: some elements of the input tensor and the "
+         "written-to tensor refer to a single memory location. Please clone() the tensor before "
+         "performing the operation.")
+
+
+@pytest.mark.parametrize("name", OVERLAP_ALLOWED)
+def test_inplace_with_the_same_or_disjoint_operand_is_allowed(name):
+    def program(L, x):
+        y = x * 1
+        OVERLAP_ALLOWED[name](y)
+        (y * y).sum().backward()
+        return y
+    same(program)
