@@ -310,8 +310,10 @@ class SetItem(_shape._Indexed):
 # --- the Tensor methods ---------------------------------------------------------------------
 
 def _prepare(t):
-    """check_inplace before a built-in in-place op (only when it may record a graph)."""
-    if t._requires_grad and _grad_state.enabled:
+    """check_inplace before a built-in in-place op (only when it may record a graph); a view
+    that does not require grad may still have a base that came to (``requires_grad_()`` after
+    the view was taken), which PyTorch checks as well."""
+    if _grad_state.enabled and (t._requires_grad or getattr(t, "_view", None) is not None):
         check_inplace(t)
 
 

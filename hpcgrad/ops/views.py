@@ -157,10 +157,14 @@ def _metadata(t):
 
 
 def check_inplace(t):
-    """PyTorch's check_inplace, before a built-in in-place op that records a graph."""
-    if not t._requires_grad:
-        return
+    """PyTorch's check_inplace, before a built-in in-place op that records a graph. A view
+    requires grad when its base does (PyTorch's view requires_grad), even one taken before
+    the base's ``requires_grad_()``."""
     info = getattr(t, "_view", None)
+    if not t._requires_grad:
+        if info is not None and info.base._requires_grad:
+            _check_view(t, info)
+        return
     if info is None:
         if t._grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "

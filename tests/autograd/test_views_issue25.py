@@ -315,3 +315,39 @@ def test_inplace_with_the_same_or_disjoint_operand_is_allowed(name):
         (y * y).sum().backward()
         return y
     same(program)
+
+
+# --- 5. a view taken before its leaf base required grad may not be written with grad on -------
+
+LATE_LEAF = {
+    "slice_add": lambda v, L: v.add_(1),
+    "setitem": lambda v, L: v.__setitem__(0, 5.0),
+    "mul_tensor": lambda v, L: v.mul_(L.tensor([2.0, 3.0, 4.0, 5.0])),
+    "zero": lambda v, L: v.zero_(),
+    "copy": lambda v, L: v.copy_(L.tensor([2.0, 3.0, 4.0, 5.0])),
+}
+
+
+@pytest.mark.parametrize("name", LATE_LEAF)
+def test_view_of_a_leaf_that_later_requires_grad_is_refused(name):
+    def program(L, x):
+        leaf = L.tensor(np.zeros((3, 4)))
+        v = leaf[1]
+        leaf.requires_grad_()
+        LATE_LEAF[name](v, L)
+    same(program, error="a view of a leaf Variable that requires grad is being used in an "
+         "in-place operation.")
+
+
+@pytest.mark.parametrize("name", LATE_LEAF)
+def test_view_of_a_leaf_that_later_requires_grad_is_written_under_no_grad(name):
+    def program(L, x):
+        leaf = L.tensor(np.zeros((3, 4)))
+        v = leaf[1]
+        leaf.requires_grad_()
+        with L.m.no_grad():
+            LATE_LEAF[name](v, L)
+        (leaf * x).sum().backward()
+        return leaf.detach(), v.detach()
+    same(program)
+
