@@ -40,10 +40,10 @@ except ImportError:  # imported as a top-level module (tests/ on sys.path)
 # hpcgrad defects against PyTorch (not between modes) whose sub-cases --skip-known leaves out of
 # the generated programs, by tag (see fuzz_families.py for where each tag is honoured).
 KNOWN_DEFECTS = {
-    "relu_abs_double": "create_graph: first derivatives of relu/abs/clamp/maximum/where not "
-                       "connected to their input (issue 25)",
-    "noop_views": "a no-op shape op (1-D t(), flatten of <=1-D) returns its input itself (issue 25)",
-    "view_noncontiguous": "view() of a non-contiguous tensor succeeds where PyTorch raises (issue 25)",
+    "negative_step": "x[::-1] (a negative slice step) is accepted; PyTorch raises ValueError "
+                     "'step must be greater than zero' (issue 25)",
+    "clone_strides": "clone() of a non-contiguous tensor is C-contiguous, so a view() of it "
+                     "succeeds; PyTorch's clone keeps the strides (preserve_format) and view raises",
 }
 
 TOLERANCE = {  # (rtol, atol): between hpcgrad modes, and against PyTorch

@@ -141,7 +141,8 @@ RENDER = {
     "sigmoid_": "{0}.sigmoid_()", "relu_": "{0}.relu_()", "clamp_": "{0}.clamp_({1}, {2})",
     "setitem": "{0}[{1}] = {2}", "copy_": "{0}.copy_({1})",
     # hooks
-    "hook": "{0}.register_hook(lambda g: g * {1})", "retain": "{0}.retain_grad(); kept[{0!r}] = {0}",
+    "hook": "{0}.register_hook(lambda g: g * {1})", "hookm": "{0}.register_hook(lambda g: g.{1}())",
+    "unrequire": "{0}.requires_grad_(False)", "retain": "{0}.retain_grad(); kept[{0!r}] = {0}",
     # checkpoints
     "ckpt": "{o} = checkpoint(block, {0}, {1}, use_reentrant={2})",
     # nn
@@ -223,14 +224,11 @@ def _bshape(*shapes):
     return np.broadcast_shapes(*shapes)
 
 
-def _elementwise_op(b, srng, pool, skip, double):
+def _elementwise_op(b, srng, pool):
     """One random elementwise op over the pool's values; returns the new value."""
-    kinky = ("relu", "abs", "clamp", "maximum", "where")
-    unary = [u for u in _UNARY if not (double and "relu_abs_double" in skip and u in kinky)]
-    binary = [u for u in _BINARY if not (double and "relu_abs_double" in skip and u in kinky)]
     a = choice(srng, pool)
     if srng.random() < 0.5:
-        op = choice(srng, unary)
+        op = choice(srng, _UNARY)
         shape = b.shape(a)
         if op in ("log", "sqrt"):
             return b.emit(op, shape, b.emit("possq", shape, a))
@@ -244,7 +242,7 @@ def _elementwise_op(b, srng, pool, skip, double):
             base = a if e in (2, 3) else b.emit("possq", shape, a)
             return b.emit("pow", shape, base, e)
         return b.emit(op, shape, a)
-    op = choice(srng, binary)
+    op = choice(srng, _BINARY)
     c = choice(srng, pool)
     shape = tuple(_bshape(b.shape(a), b.shape(c)))
     if op == "div":
@@ -260,7 +258,7 @@ def _elementwise_op(b, srng, pool, skip, double):
 
 ELEMENTWISE_KNOBS = dict(COMMON_KNOBS, shapes=lambda r: int(r.integers(len(_SHAPES))),
                          depth=lambda r: int(r.integers(1, 6)),
-                         scalar=lambda r: choice(r, (None, 2.0, 0.5, 3)))
+                         scalar=lambda r: choice(r, (None, 2.0, 0.5, 3, "t64", "i64")))
 
 
 def build_elementwise(b, knobs, skip):
@@ -270,11 +268,13 @@ def build_elementwise(b, knobs, skip):
     if len(sa) == 2 and sa[0] == 2:  # the batch size changes the first dim
         sa, sc = (n,) + sa[1:], ((n,) + sc[1:] if len(sc) == 2 else sc)
     pool = [b.leaf(sa), b.leaf(sc)]
-    if knobs["scalar"] is not None:  # a Python number on one side (type promotion keeps the dtype)
-        pool.append(b.emit(choice(srng, ("scale", "rscale")), b.shape(pool[0]), pool[0],
-                           knobs["scalar"]))
+    scalar = knobs["scalar"]
+    if scalar in ("t64", "i64"):  # a 0-d tensor of another dtype: PyTorch keeps the dimensioned one's
+        scalar = _Src("T.tensor(np.float64(2.5))" if scalar == "t64" else "T.tensor(np.int64(3))")
+    if scalar is not None:  # a Python number on one side (type promotion keeps the dtype)
+        pool.append(b.emit(choice(srng, ("scale", "rscale")), b.shape(pool[0]), pool[0], scalar))
     for _ in range(knobs["depth"]):
-        pool.append(_elementwise_op(b, srng, pool, skip, knobs["backward"] == "double"))
+        pool.append(_elementwise_op(b, srng, pool))
     outs = [pool[-1]] + ([pool[-2]] if srng.random() < 0.3 else [])
     _finish(b, knobs, outs)
 
@@ -327,7 +327,7 @@ def build_matmul(b, knobs, skip):
                   "vm": ((k,), (k, m)), "vv": ((k,), (k,))}[form]
         x, w = b.leaf(sa), b.leaf(sb)
         y = b.emit("matmul", np.matmul(np.zeros(sa), np.zeros(sb)).shape, x, w)
-    if knobs["act"] and not (knobs["backward"] == "double" and "relu_abs_double" in skip):
+    if knobs["act"]:
         y = b.emit("relu", b.shape(y), y)
     _finish(b, knobs, [y])
 
@@ -346,9 +346,9 @@ def _shape_op(b, srng, x, skip):
         ops += ["transpose", "permute", "t"] if nd == 2 else ["transpose", "permute"]
     if 1 in shape:
         ops.append("squeeze")
-    if nd == 1 and "noop_views" not in skip:
+    if nd == 1:
         ops.append("t")  # 1-D t() is a no-op view
-    if "view_noncontiguous" not in skip or b.shapes.get(("contig", x), True):
+    if "clone_strides" not in skip or b.shapes.get(("contig", x), True):
         ops.append("view")
     op = choice(srng, ops)
     contig = True
@@ -362,8 +362,6 @@ def _shape_op(b, srng, x, skip):
         dim = choice(srng, [i for i, s in enumerate(shape) if s == 1])
         y = b.emit(op, np.squeeze(d, dim).shape, x, dim)
     elif op == "flatten":
-        if "noop_views" in skip and nd <= 1:
-            return b.emit("clone", shape, x)
         y = b.emit(op, d.reshape(-1).shape, x, 0)
     elif op == "expand":
         new = tuple(3 if s == 1 else s for s in shape)
@@ -392,16 +390,36 @@ def _shape_op(b, srng, x, skip):
         if nd == 0:
             return b.emit("clone", shape, x)
         idx = choice(srng, (slice(1, None), slice(None, None, 2), (Ellipsis, 0), [0, 0], 0,
-                            (slice(None), None)))
+                            (slice(None), None), _ZERO, slice(None, None, -1)))
+        if idx == slice(None, None, -1) and "negative_step" in skip:
+            idx = slice(None, None, 2)
         if idx == slice(1, None) and shape[0] < 2:
             idx = slice(None, None, 2)
-        y = b.emit(op, d[idx].shape, x, _Idx(idx))
+        y = b.emit(op, d[0 if idx is _ZERO else idx].shape, x, _Idx(idx))
         # contiguous: a copy ([0, 0]), the first dim sliced or selected, a new axis
-        contig = isinstance(idx, (list, int)) or idx in (slice(1, None), (slice(None), None))
-    else:
+        contig = isinstance(idx, (list, int)) or idx is _ZERO or idx in (slice(1, None),
+                                                                         (slice(None), None))
+    elif op == "contiguous":
+        y = b.emit(op, shape, x)
+        b.shapes[("contig", y)] = True
+        return y
+    else:  # clone: PyTorch's keeps the strides (preserve_format), so contiguity is inherited
         y = b.emit(op, shape, x)
     b.shapes[("contig", y)] = contig and b.shapes.get(("contig", x), True)
     return y
+
+
+class _Src:
+    """A literal written as given (a constructor call)."""
+
+    def __init__(self, src):
+        self.src = src
+
+    def __repr__(self):
+        return self.src
+
+
+_ZERO = _Src("T.tensor(0)")  # a 0-d integer tensor as an index: PyTorch views, as with 0
 
 
 class _Idx:
@@ -415,7 +433,7 @@ class _Idx:
             if isinstance(i, slice):
                 return (f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
                         + ("" if i.step is None else f":{i.step}"))
-            return "..." if i is Ellipsis else repr(i)
+            return "..." if i is Ellipsis else repr(i)  # (_ZERO's repr is its source)
         return ", ".join(one(i) for i in self.idx) if isinstance(self.idx, tuple) else one(self.idx)
 
 
@@ -522,7 +540,7 @@ INPLACE_KNOBS = dict(COMMON_KNOBS, op=lambda r: choice(r, ("add_", "sub_", "mul_
                                                            "tanh_", "sigmoid_", "relu_", "clamp_",
                                                            "setitem", "copy_")),
                      target=lambda r: choice(r, ("base", "row", "cols", "t", "view", "unsqueeze",
-                                                 "leaf", "saved")),
+                                                 "leaf", "saved", "chain", "chain")),
                      use_view=lambda r: bool(r.integers(2)), tensor_arg=lambda r: bool(r.integers(2)))
 
 
@@ -546,9 +564,14 @@ def build_inplace(b, knobs, skip):
             elif target == "t":
                 tgt = b.emit("t", (3, n), y)
             elif target == "view":
-                tgt = b.emit("view" if "view_noncontiguous" in skip else "reshape", (3 * n,), y, (-1,))
-            else:
+                tgt = b.emit("view", (3 * n,), y, (-1,))
+            elif target == "unsqueeze":
                 tgt = b.emit("unsqueeze", (1, n, 3), y, 0)
+            else:  # one or two random shape ops or views (tested against PyTorch's view semantics)
+                srng = np.random.default_rng(knobs["struct"])
+                tgt = y
+                for _ in range(int(srng.integers(1, 3))):
+                    tgt = _shape_op(b, srng, tgt, skip)
             tshape = b.shape(tgt)
         outs = [y]
     op = knobs["op"]
@@ -565,8 +588,6 @@ def build_inplace(b, knobs, skip):
         b.emit(op, None, tgt, idx, val)
     elif op == "copy_":
         b.emit(op, None, tgt, other if other is not None else b.const(tshape))
-    elif op == "relu_" and knobs["backward"] == "double" and "relu_abs_double" in skip:
-        b.emit("tanh_", None, tgt)
     else:
         b.emit(op, None, tgt)
     if knobs["use_view"] and target not in ("base", "leaf", "saved"):
@@ -577,7 +598,8 @@ def build_inplace(b, knobs, skip):
 # tensor hooks and retain_grad -------------------------------------------------------------------
 
 HOOKS_KNOBS = dict(COMMON_KNOBS, leaf_hook=lambda r: choice(r, (None, 2.0, 0.5)),
-                   mid_hook=lambda r: choice(r, (None, 3.0, -1.0)), retain=lambda r: bool(r.integers(2)),
+                   mid_hook=lambda r: choice(r, (None, 3.0, -1.0, "sum", "float")),
+                   unrequire=lambda r: r.random() < 0.15, retain=lambda r: bool(r.integers(2)),
                    second=lambda r: bool(r.integers(2)), depth=lambda r: int(r.integers(1, 4)))
 
 
@@ -588,15 +610,20 @@ def build_hooks(b, knobs, skip):
     if knobs["leaf_hook"] is not None:
         b.emit("hook", None, x, knobs["leaf_hook"])
     h = b.emit("mul", shape, x, w)
-    if knobs["mid_hook"] is not None:
-        b.emit("hook", None, h, knobs["mid_hook"])
+    hook = knobs["mid_hook"]
+    if hook in ("sum", "float"):
+        b.emit("hookm", None, h, _Src(hook))  # changes the gradient's shape or dtype: PyTorch raises
+    elif hook is not None and not isinstance(hook, str):
+        b.emit("hook", None, h, hook)
     if knobs["retain"]:
         b.emit("retain", None, h)
     pool = [h, x, w]
     for _ in range(knobs["depth"]):
-        pool.append(_elementwise_op(b, srng, pool, skip, knobs["backward"] == "double"))
+        pool.append(_elementwise_op(b, srng, pool))
     if knobs["second"]:  # a second hook on the same tensor
         b.emit("hook", None, pool[-1], 0.25)
+    if knobs["unrequire"]:  # after forward: PyTorch fills no .grad
+        b.emit("unrequire", None, x)
     _finish(b, knobs, [pool[-1]])
 
 
@@ -659,16 +686,6 @@ def build_nn(b, knobs, skip):
     else:
         loss = b.emit("mse_loss", (), flat, b.const(b.shape(flat)))
     _finish(b, knobs, [loss, flat] if knobs["relu"] else [loss])
-
-
-class _Src:
-    """A literal written as given (a constructor call)."""
-
-    def __init__(self, src):
-        self.src = src
-
-    def __repr__(self):
-        return self.src
 
 
 # (knobs, build, hot knobs): half of the changes between variants redraw a hot knob, one that
