@@ -165,8 +165,11 @@ class Tensor:
         return Tensor._make(self.data.copy(), False, None, 0)
 
     def _gradient_edge(self):
-        if self._grad_fn is not None:
-            return make_edge(self._grad_fn, self._output_nr)
+        fn = self._grad_fn
+        if fn is not None:
+            if type(fn) in _views.multi_view_nodes:  # Note [Outputs of multi-view ops]
+                _views.check_multi_view(self)
+            return make_edge(fn, self._output_nr)
         return make_edge(self._get_accumulator(), 0)
 
     def _get_accumulator(self):
@@ -573,6 +576,7 @@ from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer
 from .ops import inplace as _inplace  # in-place ops, below ops in the same layer
 from .ops import split as _split
+from .ops import views as _views
 
 for _name in ("add_", "sub_", "mul_", "div_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
               "neg_", "exp_", "log_", "sqrt_", "abs_", "tanh_", "sigmoid_", "relu_", "sin_",

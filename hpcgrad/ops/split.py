@@ -11,7 +11,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from .shape import Cat, stack, wrap_dim
-from .views import as_view
+from .views import as_view, multi_view_nodes
 
 
 class Split(Function):
@@ -32,6 +32,10 @@ class Split(Function):
         return Cat.apply(ctx.dim, *grads), None, None
 
 
+class SplitWithSizes(Split):
+    """``split`` given a list of sizes (PyTorch's split_with_sizes, its own Node name)."""
+
+
 class Unbind(Function):
     """Every index along ``dim``, that axis removed."""
 
@@ -39,11 +43,16 @@ class Unbind(Function):
     def forward(ctx, a, dim):
         ctx.dim = dim
         lead = (slice(None),) * dim
-        return tuple(a.data[lead + (i,)] for i in range(a.data.shape[dim]))
+        # (i, ...): a 0-d view for a 1-d input, where a[i] would copy into a numpy scalar
+        return tuple(a.data[lead + (i, Ellipsis)] for i in range(a.data.shape[dim]))
 
     @staticmethod
     def backward(ctx, *grads):
         return stack(grads, ctx.dim), None
+
+
+multi_view_nodes.update((Split._backward_cls, SplitWithSizes._backward_cls,
+                         Unbind._backward_cls))
 
 
 def _int(value):
@@ -77,11 +86,12 @@ def split(tensor, split_size_or_sections, dim=0):
                                f"split_sizes={sizes}")
     if not sizes:  # an empty axis split by size: one empty piece, as PyTorch
         sizes = [0]
-    return _split_views(tensor, dim, tuple(sizes))
+    op = Split if _int(split_size_or_sections) else SplitWithSizes
+    return _split_views(tensor, dim, tuple(sizes), op)
 
 
-def _split_views(tensor, dim, sizes):
-    pieces = Split.apply(tensor, dim, sizes)
+def _split_views(tensor, dim, sizes, op=Split):
+    pieces = op.apply(tensor, dim, sizes)
     lead, start, out = (slice(None),) * dim, 0, []
     for piece, size in zip(pieces, sizes):
         out.append(as_view(piece, tensor, "getitem", lead + (slice(start, start + size),),

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from ..autograd import function as _function
-from ..autograd import grad_mode
+from ..autograd import grad_mode, version_counter
 from ..autograd.graph import Node
 from . import shape
 
@@ -38,13 +38,15 @@ class ViewInfo:
 
     A step is ``(kind, argument, input shape)``, kind one of reshape, permute, getitem, expand.
     ``multi``: made by an op that returns several views (split, chunk, unbind), which PyTorch
-    forbids to modify in place while recording a graph.
+    forbids to modify in place while recording a graph. ``version``: for such an op's outputs
+    themselves, the memory's version when they were made (Note [Outputs of multi-view ops]).
     """
 
-    __slots__ = ("base", "creator", "multi", "steps")
+    __slots__ = ("base", "creator", "multi", "steps", "version")
 
-    def __init__(self, base, steps, multi=False, creator=None):
+    def __init__(self, base, steps, multi=False, creator=None, version=None):
         self.base, self.steps, self.multi, self.creator = base, steps, multi, creator
+        self.version = version
 
 
 def as_view(out, src, kind, argument, multi=False):
@@ -62,13 +64,14 @@ def record_view(out, src, kind, argument, multi=False):
     """``as_view`` without its checks (the caller read grad mode and knows out is not src)."""
     info = getattr(src, "_view", None)
     step = (kind, argument, src._data.shape)
+    version = version_counter.version(out._data) if multi else None
     if info is None:
         base, steps = src, (step,)
     else:
         base, steps = info.base, info.steps + (step,)
         multi = multi or info.multi
     creator = out._grad_fn.name() if multi and out._grad_fn is not None else None
-    out._view = ViewInfo(base, steps, multi, creator)
+    out._view = ViewInfo(base, steps, multi, creator, version)
     views = getattr(base, "_views", None)
     if views is None:
         base._views = views = []
@@ -149,6 +152,31 @@ class CopySlices(Node):
 
     def name(self):
         return "CopySlices"
+
+
+# Note [Outputs of multi-view ops]
+# An output of split, chunk or unbind whose memory was written in place after it was made (its
+# base, another view of the base, with grad mode on or off) cannot be used in a graph: PyTorch
+# raises when such a view's grad_fn is read, since one Node made all the outputs and cannot be
+# regenerated for one of them. Here each of those outputs keeps its memory's version when it
+# was made (``ViewInfo.version``), and ``Tensor._gradient_edge`` (the one place an op reads an
+# input's grad_fn) calls ``check_multi_view`` when the grad_fn is one of these ops' Nodes: so a
+# use raises PyTorch's error, as in PyTorch, before any graph is built on stale values.
+multi_view_nodes = set()  # the Node classes of split and unbind (ops/split.py adds them)
+
+
+def check_multi_view(t):
+    """Raise PyTorch's error if ``t``, an output of a multi-view op, was written since."""
+    info = getattr(t, "_view", None)
+    if info is None or info.version is None:
+        return
+    if version_counter.version(t._data) != info.version:
+        op = type(t._grad_fn)._forward_cls.__name__
+        raise RuntimeError(f"Output {t._output_nr} of {op} is a view and its base or another "
+                           "view of its base has been modified inplace. This view is the output "
+                           "of a function that returns multiple views. Such functions do not "
+                           "allow the output views to be modified inplace. You should replace "
+                           "the inplace operation by an out-of-place one.")
 
 
 def _metadata(t):
@@ -235,6 +263,8 @@ def _refresh(base):
             live.append(ref)
             if not (base._requires_grad or base._grad_fn is not None):
                 continue
+            if view._view.version is not None:
+                continue  # an output of split/unbind: refused at its next use instead
             remade = replay(base, view._view.steps)
             if remade._grad_fn is not None:
                 _point(view, remade._grad_fn, remade._output_nr)

@@ -351,3 +351,82 @@ def test_view_of_a_leaf_that_later_requires_grad_is_written_under_no_grad(name):
         return leaf.detach(), v.detach()
     same(program)
 
+
+
+# --- 6. an output of split/chunk/unbind used after its memory was written in place ------------
+
+PIECES = {
+    "split": (lambda h: h.split(2), 0, "Split"),
+    "split_sizes": (lambda h: h.split([1, 2]), 1, "SplitWithSizes"),
+    "chunk": (lambda h: h.chunk(3), 2, "Split"),
+    "unbind": (lambda h: h.unbind(), 1, "Unbind"),
+    "unbind_dim1": (lambda h: h.unbind(1), 3, "Unbind"),
+}
+WRITES = {
+    "base_grad": lambda h, pieces, L: h.mul_(2),
+    "base_region": lambda h, pieces, L: h[2:].mul_(2),
+    "base_no_grad": lambda h, pieces, L: _no_grad(L, lambda: h.add_(1)),
+    "other_piece_no_grad": lambda h, pieces, L: _no_grad(L, lambda: pieces[0].add_(1)),
+}
+
+
+def _no_grad(L, fn):
+    with L.m.no_grad():
+        fn()
+
+
+@pytest.mark.parametrize("write", WRITES)
+@pytest.mark.parametrize("name", PIECES)
+def test_piece_used_after_its_base_was_written_is_refused(name, write):
+    make, k, op = PIECES[name]
+
+    def program(L, x):
+        h = x * 1
+        pieces = make(h)
+        WRITES[write](h, pieces, L)
+        (pieces[k] * 2).sum().backward()
+    same(program, error=f"Output {k} of {op} is a view and its base or another view of its base "
+         "has been modified inplace. This view is the output of a function that returns "
+         "multiple views. Such functions do not allow the output views to be modified inplace. "
+         "You should replace the inplace operation by an out-of-place one.")
+
+
+@pytest.mark.parametrize("name", PIECES)
+def test_piece_used_before_its_base_was_written(name):
+    make, k, _ = PIECES[name]
+
+    def program(L, x):
+        h = x * 1
+        pieces = make(h)
+        z = pieces[k].exp().sum()  # exp saves its result, not the piece
+        h.mul_(2)
+        z.backward()
+        return pieces[k].detach(), h
+    same(program)
+
+
+@pytest.mark.parametrize("name", PIECES)
+def test_piece_saved_before_its_base_was_written_fails_at_backward(name):
+    make, k, _ = PIECES[name]
+    x = hg.tensor(np.arange(1.0, 13.0).reshape(3, 4), requires_grad=True)
+    h = x * 1
+    pieces = make(h)
+    z = (pieces[k] * pieces[k]).sum()
+    h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    t = torch.arange(1.0, 13.0, dtype=torch.float64).reshape(3, 4).requires_grad_()
+    th = t * 1
+    tp = make(th)
+    tz = (tp[k] * tp[k]).sum()
+    th.mul_(2)
+    with pytest.raises(RuntimeError, match="modified inplace"):  # PyTorch's message for a view
+        tz.backward()
+
+
+def test_unbind_of_one_dim_gives_views():
+    h = hg.tensor(np.arange(3.0))
+    pieces = h.unbind()
+    pieces[1].add_(5)  # no graph: allowed, and reaches h
+    np.testing.assert_array_equal(h.numpy(), [0.0, 6.0, 2.0])
+    assert pieces[0]._version == h._version == 1
