@@ -92,6 +92,11 @@ def var(x, dim=None, keepdim=False, correction=1):
     return _t(x).var(dim, keepdim, correction)
 
 
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """``(var, mean)``, as torch.var_mean (see ops.reduce.var_mean)."""
+    return ops.reduce.var_mean(_t(x), dim, unbiased, keepdim, correction=correction)
+
+
 def amax(x, dim=None, keepdim=False):
     return _t(x).amax(dim, keepdim)
 

@@ -161,6 +161,19 @@ class Tensor:
         """Same data, cut from the graph."""
         return Tensor._make(self.data, False, None, 0)
 
+    def detach_(self):
+        """Cut this tensor from the graph in place: a leaf that does not require grad (its
+        ``retains_grad`` and hooks stay, as PyTorch's). Refused for a view, as PyTorch."""
+        if getattr(self, "_view", None) is not None:
+            raise RuntimeError(
+                "Can't detach views in-place. Use detach() instead. If you are using "
+                "DistributedDataParallel (DDP) for training, and gradient_as_bucket_view is set "
+                "as True, gradients are views of DDP buckets, and hence detach_() cannot be "
+                "called on these gradients. To fix this error, please refer to the "
+                "Optimizer.zero_grad() function in torch/optim/optimizer.py as the solution.")
+        self._requires_grad, self._grad_fn, self._output_nr = False, None, 0
+        return self
+
     def detach_copy(self):
         return Tensor._make(self.data.copy(), False, None, 0)
 
@@ -580,7 +593,7 @@ from .ops import views as _views
 
 for _name in ("add_", "sub_", "mul_", "div_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
               "neg_", "exp_", "log_", "sqrt_", "abs_", "tanh_", "sigmoid_", "relu_", "sin_",
-              "cos_", "zero_", "fill_", "copy_", "masked_fill_"):
+              "cos_", "zero_", "fill_", "copy_", "masked_fill_", "t_", "transpose_"):
     setattr(Tensor, _name, getattr(_inplace, _name))
 del _name
 

@@ -25,7 +25,7 @@ from ..autograd.function import Function
 from ..tensor import Tensor
 from . import elementwise as ew
 from . import shape as _shape
-from .views import check_inplace
+from .views import check_inplace, permute_in_place
 
 _grad_state = grad_mode._state
 
@@ -431,3 +431,41 @@ def setitem(self, index, value):
                                                self.device), False, None, 0)
     SetItem.apply(self, _shape._plain_index(index), value)
 
+
+
+# --- in-place view ops: t_ and transpose_ change the shape, not the values --------------------
+
+class T(_shape.Permute):
+    """``t_``: Permute's formulas; the Node is PyTorch's TBackward1 (t_'s overload)."""
+
+
+class Transpose(_shape.Permute):
+    """``transpose_``: Permute's formulas; the Node is PyTorch's TransposeBackward1."""
+
+
+T._backward_cls.__name__ = "TBackward1"
+Transpose._backward_cls.__name__ = "TransposeBackward1"
+
+
+def _permute_(self, dim0, dim1, op):
+    _prepare(self)
+    ndim = self._data.ndim
+    dims = list(range(ndim))
+    if ndim:
+        dim0, dim1 = _shape.wrap_dim(dim0, ndim), _shape.wrap_dim(dim1, ndim)
+        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    permute_in_place(self, tuple(dims), op.apply(self, tuple(dims)))
+    return self
+
+
+def t_(self):
+    """Transpose a tensor of at most 2 dimensions in place (its shape and strides)."""
+    if self._data.ndim > 2:
+        raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is "
+                           f"{self._data.ndim}D")
+    return _permute_(self, 0, -1, T)
+
+
+def transpose_(self, dim0, dim1):
+    """Swap two axes in place (shape and strides; the values stay where they are)."""
+    return _permute_(self, dim0, dim1, Transpose)

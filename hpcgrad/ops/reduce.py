@@ -296,18 +296,68 @@ class Var(Function):
     @staticmethod
     def backward(ctx, g):
         (a,) = ctx.saved_tensors
-        dims, correction = ctx.dims, ctx.correction
-        dof = _count(a.data.shape, dims) - correction
-        if dims is None:
-            if dof <= 0:  # 2 / dof is inf: nan where x equals the mean (inf * 0), inf elsewhere
-                xp = backend.get_array_module(a.data)
-                mean_data = a.data.mean()
-                return g * Tensor._make(xp.where(a.data == mean_data, np.nan, np.inf)
-                                        .astype(a.data.dtype), False, None, 0), None, None, None
-            return (2.0 / dof) * g * (a - a.mean()), None, None, None
-        if not ctx.keepdim:
-            g = g.reshape(_keepdim_shape(a.data.shape, dims))
-        scale = 2.0 / dof if dof else math.inf  # C++ double division, as in PyTorch
-        return scale * g * (a - a.mean(dims, keepdim=True)), None, None, None
+        return _var_backward(g, a, ctx.dims, ctx.correction, ctx.keepdim), None, None, None
+
+
+def _var_backward(g, a, dims, correction, keepdim):
+    """PyTorch's var_backward: ``2 / (n - correction) * g * (x - mean)``."""
+    dof = _count(a.data.shape, dims) - correction
+    if dims is None:
+        if dof <= 0:  # 2 / dof is inf: nan where x equals the mean (inf * 0), inf elsewhere
+            xp = backend.get_array_module(a.data)
+            mean_data = a.data.mean()
+            return g * Tensor._make(xp.where(a.data == mean_data, np.nan, np.inf)
+                                    .astype(a.data.dtype), False, None, 0)
+        return (2.0 / dof) * g * (a - a.mean())
+    if not keepdim:
+        g = g.reshape(_keepdim_shape(a.data.shape, dims))
+    scale = 2.0 / dof if dof else math.inf  # C++ double division, as in PyTorch
+    return scale * g * (a - a.mean(dims, keepdim=True))
+
+
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """``(var, mean)`` in one op, as torch.var_mean: ``correction`` (default 1, Bessel's) or
+    the older ``unbiased`` flag (``var_mean(x, False)`` or ``var_mean(x, dim, unbiased)``)."""
+    if isinstance(dim, bool):  # var_mean(x, unbiased)
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        raise RuntimeError("var_mean(): Only one of \"unbiased\" or \"correction\" may be given")
+    if correction is None:
+        correction = 1 if unbiased is None else int(unbiased)
+    return VarMean.apply(x, normalize_dims(dim, x.ndim), correction, keepdim)
+
+
+class VarMean(Function):
+    """PyTorch's var_mean_backward: var's formula for the variance's gradient plus mean's for
+    the mean's, each only when that output got a gradient."""
+
+    @staticmethod
+    def forward(ctx, a, dims, correction, keepdim):
+        ctx.save_for_backward(a)
+        ctx.dims, ctx.correction, ctx.keepdim = dims, correction, keepdim
+        ctx.set_materialize_grads(False)
+        xp = backend.get_array_module(a.data)
+        n = _count(a.data.shape, dims)
+        with np.errstate(divide="ignore", invalid="ignore"):  # empty or dof <= 0, as PyTorch
+            mean = a.data.mean(axis=dims, keepdims=True)
+            d = a.data - mean
+            var = (d * d).sum(axis=dims, keepdims=keepdim) / a.data.dtype.type(
+                builtins.max(n - correction, 0))
+        if not keepdim:
+            mean = mean.reshape(var.shape)
+        return xp.asarray(var), xp.asarray(mean)
+
+    @staticmethod
+    def backward(ctx, g_var, g_mean):
+        (a,) = ctx.saved_tensors
+        grad = None
+        if g_var is not None:
+            grad = _var_backward(g_var, a, ctx.dims, ctx.correction, ctx.keepdim)
+        if g_mean is not None:
+            shape, dims = a.data.shape, ctx.dims
+            g = expand(g_mean.reshape(_keepdim_shape(shape, dims)), shape)
+            g = g / float(_count(shape, dims))
+            grad = g if grad is None else grad + g
+        return grad, None, None, None
 
 

@@ -237,6 +237,33 @@ def rebase(t, node, output_nr):
     _refresh(base)
 
 
+def permute_in_place(t, dims, out):
+    """``t`` becomes its axes permuted by ``dims`` (``t_``, ``transpose_``): ``out`` is the
+    permuted Tensor an out-of-place Permute gave (its Node, if any, becomes t's grad_fn). The
+    memory's values do not change, so no CopySlices: a view records one more step; a base's
+    live views get the inverse permutation first in their steps, so replaying them on the
+    permuted base still makes them."""
+    old_shape = t._data.shape
+    version_counter.bump(t._data)  # PyTorch bumps the version of an in-place view op
+    t._data = out._data
+    if out._grad_fn is not None:
+        _point(t, out._grad_fn, out._output_nr)
+    info = getattr(t, "_view", None)
+    if info is not None:
+        t._view = ViewInfo(info.base, info.steps + (("permute", dims, old_shape),), info.multi,
+                           info.creator, info.version)
+    views = getattr(t, "_views", None)
+    if views:
+        inverse = tuple(int(i) for i in np.argsort(dims))
+        first = ("permute", inverse, t._data.shape)
+        for ref in views:
+            view = ref()
+            if view is not None:
+                vi = view._view
+                view._view = ViewInfo(vi.base, (first,) + vi.steps, vi.multi, vi.creator,
+                                      vi.version)
+
+
 def _point(t, node, output_nr):
     """``t``'s gradient now comes from output ``output_nr`` of ``node`` (retain_grad follows)."""
     old, old_nr = t._grad_fn, t._output_nr

@@ -11,13 +11,16 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
+import hpcgrad.functional  # noqa: F401  (var_mean: hg.var_mean once hpcgrad/__init__ exports it)
 
 torch = pytest.importorskip("torch")
 
 HG = SimpleNamespace(name="hpcgrad", m=hg, tensor=lambda a, rg=False: hg.tensor(
-    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: hg.tensor(i))
+    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: hg.tensor(i),
+    var_mean=hg.functional.var_mean)
 TORCH = SimpleNamespace(name="torch", m=torch, tensor=lambda a, rg=False: torch.tensor(
-    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: torch.tensor(i))
+    np.asarray(a, dtype=np.float64), requires_grad=rg), index=lambda i: torch.tensor(i),
+    var_mean=torch.var_mean)
 
 
 def _numpy(t):
@@ -430,3 +433,115 @@ def test_unbind_of_one_dim_gives_views():
     pieces[1].add_(5)  # no graph: allowed, and reaches h
     np.testing.assert_array_equal(h.numpy(), [0.0, 6.0, 2.0])
     assert pieces[0]._version == h._version == 1
+
+
+# --- 7. detach_, var_mean, t_ and transpose_ ---------------------------------------------------
+
+def test_detach_in_place():
+    def program(L, x):
+        h = x * 2
+        h.retain_grad()
+        out = h * 3
+        h.detach_()
+        assert not h.requires_grad and h.grad_fn is None and h.is_leaf and h.retains_grad
+        (out.sum() + (h * x).sum()).backward()  # h is a constant now; out's graph stays
+        return h, out.detach()
+    same(program)
+
+
+def test_detach_in_place_of_a_view_is_refused():
+    same(lambda L, x: (x * 2)[1:].detach_(), error="Can't detach views in-place. Use detach() "
+         "instead. If you are using DistributedDataParallel (DDP) for training, and "
+         "gradient_as_bucket_view is set as True, gradients are views of DDP buckets, and hence "
+         "detach_() cannot be called on these gradients.")
+
+
+VAR_MEAN = {
+    "all": lambda L, h: L.var_mean(h),
+    "dim": lambda L, h: L.var_mean(h, 1),
+    "dims_keepdim": lambda L, h: L.var_mean(h.reshape(3, 2, 2), (0, 2), keepdim=True),
+    "correction_0": lambda L, h: L.var_mean(h, 0, correction=0),
+    "correction_2": lambda L, h: L.var_mean(h, 1, correction=2),
+    "unbiased_false": lambda L, h: L.var_mean(h, False),
+    "dim_unbiased": lambda L, h: L.var_mean(h, 1, False, True),
+    "one_row": lambda L, h: L.var_mean(h[:1], 0),  # dof 0: inf and nan, as PyTorch
+}
+
+
+@pytest.mark.parametrize("use", ["both", "var", "mean"])
+@pytest.mark.parametrize("name", VAR_MEAN)
+def test_var_mean(name, use):
+    def program(L, x):
+        var, mean = VAR_MEAN[name](L, x * 1)
+        w = L.tensor(np.arange(1.0, 1.0 + var.numel()).reshape(tuple(var.shape)))
+        loss = {"both": (var * w).sum() + (mean * mean).sum(), "var": (var * w).sum(),
+                "mean": (mean * w).sum()}[use]
+        loss.backward()
+        return var, mean
+    same(program)
+
+
+def test_var_mean_refuses_unbiased_with_correction():
+    with pytest.raises(RuntimeError, match='Only one of "unbiased" or "correction"'):
+        hg.functional.var_mean(hg.tensor(np.ones(3)), 0, True, correction=1)
+
+
+INPLACE_VIEW = {
+    "t_": lambda y: y.t_(),
+    "t_1d": lambda y: y[0].t_(),
+    "transpose_": lambda y: y.transpose_(0, 1),
+    "transpose_neg": lambda y: y.reshape(3, 2, 2).transpose_(-1, 0),
+    "transpose_same": lambda y: y.transpose_(1, 1),
+}
+
+
+@pytest.mark.parametrize("name", INPLACE_VIEW)
+def test_in_place_view_op(name):
+    def program(L, x):
+        y = x * 1
+        z = INPLACE_VIEW[name](y)
+        w = L.tensor(np.arange(z.numel()).reshape(tuple(z.shape)))
+        assert z.is_contiguous() == (name in ("t_1d", "transpose_same"))
+        (z * z * w).sum().backward()
+        return z, L.tensor(list(z.shape)), L.tensor([z._version])
+    same(program)
+    y = hg.tensor(np.ones((3, 4)), requires_grad=True) * 1
+    z = INPLACE_VIEW[name](y)
+    assert z.grad_fn.name() == ("TBackward1" if name.startswith("t_") else "TransposeBackward1")
+
+
+def test_in_place_view_op_on_a_leaf_is_refused():
+    same(lambda L, x: x.t_(), error="a leaf Variable that requires grad is being used in an "
+         "in-place operation.")
+    same(lambda L, x: x.transpose_(0, 1), error="a leaf Variable that requires grad is being "
+         "used in an in-place operation.")
+
+
+def test_in_place_view_op_checks_dims():
+    same(lambda L, x: x.detach().reshape(3, 2, 2).t_(), error="t_() expects a tensor with <= 2 "
+         "dimensions, but self is 3D")
+    same(lambda L, x: x.detach().transpose_(0, 2), error="Dimension out of range")
+
+
+def test_in_place_view_op_and_views():
+    """A view transposed in place; a base transposed while it has views, then written."""
+    def program(L, x):
+        y = x * 1
+        v = y[1:]
+        v.t_()  # (4, 2)
+        u = y[0]
+        y.t_()  # (4, 3): u was made from the (3, 4) y
+        y.mul_(L.tensor(np.arange(12.0).reshape(4, 3)))  # u and v see the write
+        w = L.tensor(np.arange(8.0).reshape(4, 2))
+        ((v * w).sum() + (u * u).sum() + y.sum()).backward()
+        return y, u, v
+    same(program)
+
+
+def test_in_place_view_op_bumps_the_version_a_saved_tensor_sees():
+    def program(L, x):
+        y = x * 1
+        z = (y * y).sum()
+        y.t_()
+        z.backward()
+    same(program, error="modified by an inplace operation")
