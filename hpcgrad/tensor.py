@@ -440,6 +440,10 @@ class Tensor:
         shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
         return _ops.expand(self, shape)
 
+    def flip(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
+        return _ops.shape.flip(self, dims)
+
     def expand_as(self, other):
         return _ops.expand(self, other.shape)
 

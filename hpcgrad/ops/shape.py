@@ -97,6 +97,29 @@ def transpose(x, dim0, dim1):
     return permute(x, tuple(dims))
 
 
+class Flip(Function):
+    """The elements in reverse order along ``dims``: a copy, as torch.flip (a negative slice
+    step, numpy's view, is refused by PyTorch's indexing)."""
+
+    @staticmethod
+    def forward(ctx, a, dims):
+        ctx.dims = dims
+        return backend.get_array_module(a.data).flip(a.data, dims).copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        return Flip.apply(g, ctx.dims), None
+
+
+def flip(x, dims):
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    dims = tuple(wrap_dim(d, x.ndim) for d in dims)
+    if len(set(dims)) != len(dims):
+        raise RuntimeError(f"dims has duplicates, original flip dims size={len(dims)}, but "
+                           f"unique flip dims size={len(set(dims))}")
+    return Flip.apply(x, dims if x.ndim else ())
+
+
 class Expand(Function):
     @staticmethod
     def forward(ctx, a, shape):

@@ -545,3 +545,15 @@ def test_in_place_view_op_bumps_the_version_a_saved_tensor_sees():
         y.t_()
         z.backward()
     same(program, error="modified by an inplace operation")
+
+
+@pytest.mark.parametrize("dims", [(0,), (1,), (0, 1), (-1,), ()])
+def test_flip_is_a_copy(dims):
+    """torch.flip (what a negative slice step does in numpy, which PyTorch's indexing refuses)."""
+    def program(L, x):
+        h = x * 1
+        f = h.flip(dims)
+        f.mul_(10)  # a copy: h stays
+        (f * L.tensor(np.arange(12.0).reshape(3, 4)) + h).sum().backward()
+        return f, h
+    same(program)
