@@ -20,6 +20,7 @@ from ..comm import progress
 from ..comm.process_group import ProcessGroup
 from ..comm.work import wait_requests
 from ..distributed import api as dist_api
+from ..distributed.algorithms.join import Join, JoinHook, Joinable, _JoinConfig
 from ..distributed.grad_bucket import GradBucket
 from ..futures import Future
 from ..nn.module import Module
@@ -201,7 +202,7 @@ def _first_difference(theirs, reference, first):
     return None
 
 
-class DistributedDataParallel(Module):
+class DistributedDataParallel(Module, Joinable):
     """Wraps ``module``: same parameters on every rank, gradients averaged during backward.
 
     Every rank builds the same model and calls forward/backward in step; gradients are
@@ -215,6 +216,7 @@ class DistributedDataParallel(Module):
                  process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                  gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
         super().__init__()
+        Joinable.__init__(self)  # join(): Note [Join] in hpcgrad/distributed/algorithms/join.py
         if static_graph and find_unused_parameters:
             warnings.warn("You passed find_unused_parameters=true to DistributedDataParallel, "
                           "static_graph=True will detect unused parameters automatically, so you "
@@ -229,7 +231,8 @@ class DistributedDataParallel(Module):
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
-        self._join = None  # (divide_by_initial_world_size, throw_on_early_termination)
+        self._join_divide = True  # divide_by_initial_world_size of the current join context
+        self._shadow_syncing = False  # a joined rank: whether the iteration it shadows syncs
         self._joined_ever = False  # join() entered once: _get_ddp_logging_data says so
         self._trained = 0  # synced iterations this rank ran itself: its model is current if max
         self._bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
@@ -310,7 +313,8 @@ class DistributedDataParallel(Module):
         self._check_default_group()
         state = dict(self.__dict__)
         del state["process_group"], state["reducer"]
-        state["_join"], state["_own_group"] = None, None  # a communicator is this process's
+        state["_join_config"] = _JoinConfig.construct_disabled_join_config()
+        state["_own_group"] = None  # a communicator is this process's
         return state
 
     def __setstate__(self, state):
@@ -401,9 +405,13 @@ class DistributedDataParallel(Module):
     # --- each iteration -------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
-        if self._own_group is None and (syncing or self.forward_sync_buffers or self._join):
+        joining = self._join_config.enable
+        if self._own_group is None and (syncing or self.forward_sync_buffers or joining):
             self._private_group()  # an unpickled DDP's first collective
-        active = self._announce_active(syncing) if self._join is not None else None
+        self._syncing = syncing  # what _notify_not_joined announces
+        active = Join.notify_join_context(self)
+        if joining:
+            self._joined_ever = True
         if syncing:
             self.reducer.prepare_for_forward()
             self._rebuild_buckets()
@@ -502,42 +510,54 @@ class DistributedDataParallel(Module):
         return data
 
     # --- uneven inputs ----------------------------------------------------------------------------
-    @contextlib.contextmanager
     def join(self, divide_by_initial_world_size=True, enable=True,
              throw_on_early_termination=False):
         """Train on uneven inputs: a rank that runs out keeps matching the others' collectives.
 
-        Each iteration the active ranks count themselves and say whether they sync gradients
-        (no_sync() does not); a rank that has left the loop answers with zero gradients in
-        the synced iterations until every rank is done, then all ranks take the model of the
-        rank that trained longest. With ``divide_by_initial_world_size=False`` the gradient is
-        averaged over the active ranks only. With ``throw_on_early_termination=True`` the
-        first rank to run out raises instead, and so do the others at their next forward.
+        ``Join([self], ...)`` (Note [Join]), as PyTorch's. Each iteration the active ranks
+        count themselves and say whether they sync gradients (no_sync() does not); a rank that
+        has left the loop answers with zero gradients in the synced iterations until every rank
+        is done, then all ranks take the model of the rank that trained longest. With
+        ``divide_by_initial_world_size=False`` the gradient is averaged over the active ranks
+        only. With ``throw_on_early_termination=True`` the first rank to run out raises
+        instead, and so do the others at their next forward. To shadow a
+        ZeroRedundancyOptimizer's step too: ``Join([ddp, zero])``.
         """
-        if not enable:
-            yield
-            return
-        self._join = (divide_by_initial_world_size, throw_on_early_termination)
-        self._joined_ever = True
-        try:
-            yield
-            self._shadow_until_all_done()
-        finally:
-            self._join = None
-            # Outside join() the divisor is the world size again, not the last active count.
-            self.reducer.set_forward_pass_work_handle(None)
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
 
-    def _announce_active(self, syncing):
+    # Joinable (Note [Join]): DDP is the first joinable; its count says whether the iteration
+    # syncs, and travels on DDP's own communicator.
+    _must_be_first = True
+
+    def join_hook(self, divide_by_initial_world_size=True, **kwargs):
+        """The JoinHook that shadows this DDP's iterations (``Join(..., divide_by_initial_
+        world_size=False)``: gradients averaged over the active ranks only)."""
+        self._join_divide = divide_by_initial_world_size
+        return _DDPJoinHook(self)
+
+    @property
+    def join_device(self):
+        return next(iter(self.module.parameters())).device
+
+    @property
+    def join_process_group(self):
+        return self.process_group
+
+    def _join_group(self):
+        return self._private_group()
+
+    def _notify_not_joined(self, throw):
         """Count this iteration's active ranks and those syncing (joined ranks answer 0, 0).
 
         The count is left in flight (forward waits for it at its end); with
         throw_on_early_termination a second, blocking all-reduce hears whether some rank ran
         out, as PyTorch's Join.notify_join_context.
         """
-        divide_by_initial_world_size, throw = self._join
         group = self._private_group()
-        work = dist.all_reduce(np.array([1.0, float(syncing)]), group=group, async_op=True)
-        self.reducer.set_forward_pass_work_handle(None if divide_by_initial_world_size else work)
+        work = dist.all_reduce(np.array([1.0, float(self._syncing)]), group=group,
+                               async_op=True)
+        self.reducer.set_forward_pass_work_handle(None if self._join_divide else work)
         if throw:
             exhausted = np.zeros(1)
             dist.all_reduce(exhausted, group=group)
@@ -547,20 +567,18 @@ class DistributedDataParallel(Module):
                                    "across all ranks.")
         return work
 
-    def _shadow_until_all_done(self):
-        throw, group = self._join[1], self._private_group()
-        while True:
-            # [active ranks, ranks syncing gradients] of this iteration. Nonblocking, as the
-            # active ranks' call: MPI never matches a blocking collective with a nonblocking one.
-            counts = np.zeros(2)
-            dist.all_reduce(counts, group=group, async_op=True).wait()
-            if counts[0] == 0:
-                break
-            if throw:  # answers the active ranks' check in _announce_active
-                dist.all_reduce(np.ones(1), group=group)
-                raise RuntimeError(f"Rank {self.process_group.rank()} exhausted all inputs.")
-            self._shadow_iteration(syncing=counts[1] > 0)
-        self._sync_final_model()
+    def _count_not_joined(self):
+        # [active ranks, ranks syncing gradients] of this iteration. Nonblocking, as the
+        # active ranks' call: MPI never matches a blocking collective with a nonblocking one.
+        counts = np.zeros(2)
+        dist.all_reduce(counts, group=self._private_group(), async_op=True).wait()
+        self._shadow_syncing = counts[1] > 0
+        return int(counts[0])
+
+    def _join_exit(self):
+        # Outside join() the divisor is the world size again, not the last active count.
+        self.reducer.set_forward_pass_work_handle(None)
+        self._join_divide = True
 
     def _shadow_iteration(self, syncing):
         """The collectives of one iteration of the active ranks, with nothing to contribute.
@@ -583,3 +601,16 @@ class DistributedDataParallel(Module):
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
         authority = size - 1 - int(mine[0] % size)
         self._broadcast_in_place(self._module_states(self.forward_sync_buffers), src=authority)
+
+
+class _DDPJoinHook(JoinHook):
+    """A joined rank's part in DDP's iterations (Note [Join])."""
+
+    def __init__(self, ddp):
+        self.ddp = ddp
+
+    def main_hook(self):
+        self.ddp._shadow_iteration(syncing=self.ddp._shadow_syncing)
+
+    def post_hook(self, is_last_joiner):
+        self.ddp._sync_final_model()

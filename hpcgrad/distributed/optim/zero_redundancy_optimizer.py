@@ -23,9 +23,10 @@ from ... import backend
 from ...optim.optimizer import Optimizer
 from ...tensor import Tensor
 from .. import api
+from ..algorithms.join import Join, JoinHook, Joinable
 
 
-class ZeroRedundancyOptimizer(Optimizer):
+class ZeroRedundancyOptimizer(Optimizer, Joinable):
     """``ZeroRedundancyOptimizer(params, optim.Adam, lr=1e-3)``: ``optimizer_class`` steps
     this rank's shard only (Note [ZeRO partition]); ``**defaults`` go to it.
 
@@ -37,6 +38,10 @@ class ZeroRedundancyOptimizer(Optimizer):
     (or a plain optimizer's), each rank keeping its own shard. Every rank of ``process_group``
     (None: the default group) calls ``step``, ``consolidate_state_dict`` and
     ``add_param_group`` at the same point: they communicate or must agree.
+
+    Uneven inputs: ``with Join([ddp_model, zero]):`` a rank that ran out takes part in every
+    later ``step`` of the others (its shard stepped with the gradients its DDP shadowed, and
+    the broadcasts), as PyTorch's ``join_hook`` (Note [Join]).
     """
 
     def __init__(self, params, optimizer_class, process_group=None,
@@ -49,6 +54,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                 "and call step() after backward")
         groups, self._all_params = _verify_params(params)
         _verify_same_dense_param_type(self._all_params)
+        Joinable.__init__(self)
         self.initialized = False  # add_param_group, called by Optimizer.__init__, checks it
         self._partition_cache = []
         self._all_state_dicts = []
@@ -151,6 +157,7 @@ class ZeroRedundancyOptimizer(Optimizer):
     def step(self, closure=None, **kwargs):
         """Step this rank's shard with the local optimizer, then bring every rank every
         updated parameter (broadcasts from the owners). Returns ``closure()``'s loss if given."""
+        Join.notify_join_context(self)  # a Join's count, when this is its first joinable
         self._sync_param_groups(self.param_groups, self.optim.param_groups)
         loss = (self.optim.step(**kwargs) if closure is None
                 else self.optim.step(closure=closure, **kwargs))
@@ -172,6 +179,20 @@ class ZeroRedundancyOptimizer(Optimizer):
                                                    async_op=True))
         for work in works:
             work.wait()
+
+    # --- Joinable (Note [Join]) ------------------------------------------------------------------
+    def join_hook(self, **kwargs):
+        """The JoinHook that runs ``step`` on a joined rank while others still train: its
+        shard is stepped (with the gradients its DDP's join hook shadowed) and broadcast."""
+        return _ZeROJoinHook(self)
+
+    @property
+    def join_device(self):
+        return self._all_params[0].device
+
+    @property
+    def join_process_group(self):
+        return self.process_group
 
     # --- checkpoints -------------------------------------------------------------------------
     def consolidate_state_dict(self, to=0):
@@ -262,6 +283,19 @@ class ZeroRedundancyOptimizer(Optimizer):
         # The local optimizer copies the arrays and checks the shapes.
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
+
+
+class _ZeROJoinHook(JoinHook):
+    def __init__(self, zero):
+        if not isinstance(zero, ZeroRedundancyOptimizer):
+            raise TypeError("ZeRO join hook requires passing in a ZeroRedundancyOptimizer "
+                            f"instance as the state, got {type(zero).__name__}")
+        self.zero = zero
+
+    def main_hook(self):
+        """One step of this rank's shard and the broadcasts of every shard, as the active
+        ranks' step (Note [Join])."""
+        self.zero.step()
 
 
 # --- helpers -----------------------------------------------------------------------------------
