@@ -35,10 +35,11 @@ from .creation import (arange, empty, eye, from_numpy, full, manual_seed, ones, 
 from .functional import (abs, add, amax, cat, clamp, div, exp, flatten, gather, gelu,  # noqa: E402,F401
                          index_select, log, log_softmax, matmul, max, mean, mul, neg, permute,
                          pow, relu, reshape, sigmoid, softmax, sqrt, squeeze, stack, sub, sum,
-                         tanh, transpose, unsqueeze, var, where)
+                         tanh, transpose, unsqueeze, var, var_mean, where)
 from .ops.elementwise import cos, maximum, minimum, sin  # noqa: F401  (issue 17's ops)
 from .ops.indexing import masked_fill, scatter_add, topk  # noqa: F401
 from .ops.reduce import argmax, argmin, cumsum, min  # noqa: F401
+from .ops.promotion import promote_types, result_type  # noqa: F401
 from .ops.split import chunk, split, unbind  # noqa: F401
 from .tensor import Tensor  # noqa: E402,F401
 from . import checkpoint, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)

@@ -279,7 +279,8 @@ class Tensor:
         return self.to(f"cuda:{device}")
 
     def clone(self):
-        return _ops.Clone.apply(self)
+        """A copy that keeps this tensor's memory layout (PyTorch's preserve_format)."""
+        return _ops.Clone.apply(self, "K")
 
     def contiguous(self):
         """Itself when its memory is in C order (as PyTorch), else a C-ordered copy (a Clone)."""
@@ -292,8 +293,10 @@ class Tensor:
     def _other(self, other):
         if isinstance(other, Tensor):
             return other
-        if isinstance(other, (int, float, bool)) and self.data.dtype.kind in "fc":
-            return _WrappedNumber._make(self.data.dtype.type(other), False, None, 0)
+        if isinstance(other, (int, float, bool)):  # a Python number: the lowest promotion rank
+            if self.data.dtype.kind in "fc":
+                return _WrappedNumber._make(self.data.dtype.type(other), False, None, 0)
+            return _WrappedNumber._make(_as_array(other), False, None, 0)
         return Tensor._make(_as_array(other), False, None, 0)
 
     def __add__(self, other):
@@ -342,8 +345,13 @@ class Tensor:
 
     # Comparisons give boolean tensors outside the graph.
     def _compare(self, other, op):
-        other = other.data if isinstance(other, Tensor) else other
-        return Tensor._make(op(self.data, other), False, None, 0)
+        """Compared in the dtype PyTorch's promotion gives (float32 0.1 == a float64 0.1)."""
+        other = other if isinstance(other, Tensor) else self._other(other)
+        x, y = self.data, other.data
+        if x.dtype != y.dtype:
+            dtype = _promotion.binary_result_type(self, other)
+            x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
+        return Tensor._make(op(x, y), False, None, 0)
 
     def __eq__(self, other):
         return self._compare(other, lambda a, b: a == b)
@@ -592,6 +600,7 @@ _function.Tensor = _engine.Tensor = _executor.Tensor = Tensor
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer
 from .ops import inplace as _inplace  # in-place ops, below ops in the same layer
+from .ops import promotion as _promotion
 from .ops import split as _split
 from .ops import views as _views
 

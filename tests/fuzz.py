@@ -39,12 +39,7 @@ except ImportError:  # imported as a top-level module (tests/ on sys.path)
 
 # hpcgrad defects against PyTorch (not between modes) whose sub-cases --skip-known leaves out of
 # the generated programs, by tag (see fuzz_families.py for where each tag is honoured).
-KNOWN_DEFECTS = {
-    "negative_step": "x[::-1] (a negative slice step) is accepted; PyTorch raises ValueError "
-                     "'step must be greater than zero' (issue 25)",
-    "clone_strides": "clone() of a non-contiguous tensor is C-contiguous, so a view() of it "
-                     "succeeds; PyTorch's clone keeps the strides (preserve_format) and view raises",
-}
+KNOWN_DEFECTS = {}  # none open: negative_step and clone_strides were fixed (issue 25)
 
 TOLERANCE = {  # (rtol, atol): between hpcgrad modes, and against PyTorch
     "modes": {"float64": (1e-6, 1e-12), "float32": (1e-5, 1e-6)},

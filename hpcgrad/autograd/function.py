@@ -1,6 +1,7 @@
 """Function: a forward/backward pair; ``apply`` records a BackwardNode, which is also the ctx."""
 
 import warnings
+import weakref
 
 import numpy as np
 
@@ -59,12 +60,19 @@ _grad_state = grad_mode._state  # one object for the process; its attributes are
 
 
 class _SavedOutput:
-    """A forward output saved for backward, kept without its grad_fn to avoid a Node<->Tensor cycle."""
+    """A forward output saved for backward, kept without its grad_fn to avoid a Node<->Tensor cycle.
 
-    __slots__ = ("data", "output_nr")
+    ``view_fn``: for an output that is a view written in place (its grad_fn became the view's
+    Node over CopySlices, Note [Views and in-place ops]), a weak reference to that Node: the
+    output unpacks as the view it is, as PyTorch's SavedVariable does for an in-place op on a
+    view, so a graph built from it (create_graph) leads through CopySlices, not to the writing
+    op's Node a second time.
+    """
 
-    def __init__(self, data, output_nr):
-        self.data, self.output_nr = data, output_nr
+    __slots__ = ("data", "output_nr", "view_fn")
+
+    def __init__(self, data, output_nr, view_fn=None):
+        self.data, self.output_nr, self.view_fn = data, output_nr, view_fn
 
 
 class BackwardNode(Node):
@@ -187,6 +195,9 @@ def _unpack(saved, node):
     """A saved entry as backward sees it: a saved output rebuilt, a packed one unpacked."""
     kind = type(saved)
     if kind is _SavedOutput:
+        view_fn = saved.view_fn and saved.view_fn()
+        if view_fn is not None:
+            return Tensor._make(saved.data, True, view_fn, 0)
         return Tensor._make(saved.data, True, node, saved.output_nr)
     if kind is PackedSaved:
         value = saved.unpack(saved.packed)
@@ -235,7 +246,10 @@ def _record(cls, args, needs):
             results.append(o)
             data = o._data
             if saved and any(s is o for s in saved):  # saved as the output: version after the write
-                saved = tuple(_SavedOutput(data, i) if s is o else s for s in saved)
+                view_fn = o._grad_fn
+                view_fn = weakref.ref(view_fn) if view_fn is not None and view_fn is not node \
+                    else None
+                saved = tuple(_SavedOutput(data, i, view_fn) if s is o else s for s in saved)
                 node._saved_outputs = True
             metadata.append((data.shape, data.dtype,
                              "cpu" if type(data) is np.ndarray else backend.device_of(data)))

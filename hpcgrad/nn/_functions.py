@@ -159,7 +159,7 @@ class Conv2d(Function):
 
     x (N, C, H, W), weight (O, C, kh, kw), bias (O,) or None, padding (top, bottom, left,
     right), each in [0, k - 1]. The input's gradient is the full correlation of g with the
-    flipped kernel: this same Node on g with weight[:, :, ::-1, ::-1] swapped to (C, O, kh, kw)
+    flipped kernel: this same Node on g with weight.flip((2, 3)) swapped to (C, O, kh, kw)
     and padding k - 1 - p: one im2col of g and one batched product, where the general path
     runs weight^T @ g and then col2im's kh*kw strided adds over the padded input
     (Note [Where the training step goes]). Differentiable any number of times.
@@ -206,7 +206,7 @@ class Conv2d(Function):
         g3 = g.reshape(g.shape[0], out_ch, g.shape[2] * g.shape[3])  # not -1: N may be 0
         grad_x = grad_w = None
         if need_x:
-            flipped = weight[:, :, ::-1, ::-1].transpose(0, 1)  # (C, O, kh, kw)
+            flipped = weight.flip((2, 3)).transpose(0, 1)  # (C, O, kh, kw)
             grad_x = Conv2d.apply(g, flipped, None, (kh - 1 - top, kh - 1 - bottom,
                                                      kw - 1 - left, kw - 1 - right))
         if need_w:

@@ -600,10 +600,14 @@ class ToDevice(Function):
 
 
 class Clone(Function):
+    """A copy: ``order="K"`` keeps the input's memory layout (``clone()``: PyTorch's
+    preserve_format, so a transposed tensor's clone is transposed too), ``"C"`` is C order
+    (``contiguous()``)."""
+
     @staticmethod
-    def forward(ctx, a):
-        return a.data.copy()
+    def forward(ctx, a, order="C"):
+        return a.data.copy(order=order)
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return g, None

@@ -195,6 +195,12 @@ def _plain_index(index):
 def _plain_item(i):
     if isinstance(i, list):
         return _list_index(i)
+    if isinstance(i, slice) and i.step is not None:
+        if i.step == 0:
+            raise ValueError("slice step cannot be zero")
+        if i.step < 0:  # PyTorch has no negative strides: flip() copies instead
+            raise ValueError("step must be greater than zero (negative steps are not supported; "
+                             "use Tensor.flip(dims))")
     if getattr(i, "ndim", None) == 0 and i.dtype.kind in "iu":
         return int(i)
     return i

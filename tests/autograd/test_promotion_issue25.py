@@ -56,21 +56,6 @@ def _pair_id(pair):
     return f"{pair[0][0]}-{pair[1][0]}"
 
 
-# Tensor's operators wrap a Python number as PyTorch's wrapped number only for a floating
-# tensor (tensor.py ``_other``); for an integer tensor a Python int becomes a plain 0-d int64
-# tensor, which outranks a 0-d int32 tensor (torch keeps int32). Reported in issue 25's report
-# as a one-line change to ``Tensor._other``; strict, so this turns red once it is made.
-def _needs_wrapped_ints(a, b):
-    labels = {a[0], b[0]}
-    return "int32(0-d)" in labels and "3" in labels
-
-
-def _marks(pair):
-    if _needs_wrapped_ints(*pair):
-        return [pytest.mark.xfail(strict=True, reason="Tensor._other: wrap Python ints too")]
-    return []
-
-
 @pytest.mark.parametrize("pair", [pytest.param(p, id=_pair_id(p)) for p in PAIRS])
 def test_result_type_matches_torch(pair):
     (_, ha, ta), (_, hb, tb) = pair
@@ -107,7 +92,7 @@ def _check(got, want, what):
 
 
 @pytest.mark.parametrize("op,pair", [
-    pytest.param(op, p, id=f"{op}-{_pair_id(p)}", marks=_marks(p) if op != "div" else [])
+    pytest.param(op, p, id=f"{op}-{_pair_id(p)}")
     for op in sorted(BINARY) for p in PAIRS
     if not (op == "pow" and _pair_id(p) in _BOOL_POW_BOOL_NUMBER)])
 def test_binary_operators_promote_as_torch(op, pair):
@@ -130,7 +115,7 @@ def test_binary_operators_promote_as_torch(op, pair):
 
 
 @pytest.mark.parametrize("name,pair", [
-    pytest.param(name, p, id=f"{name}-{_pair_id(p)}", marks=_marks(p) if name != "div" else [])
+    pytest.param(name, p, id=f"{name}-{_pair_id(p)}")
     for name in ["add", "sub", "mul", "div", "pow", "where"]
     for p in PAIRS if isinstance(p[0][2], torch.Tensor)
     and not (name == "pow" and _pair_id(p) in _BOOL_POW_BOOL_NUMBER)])
