@@ -6,13 +6,13 @@
 #   tests/run.sh -k info              # narrow every run
 #   tests/run.sh tests/test_mpi.py    # a path replaces testpaths (pytest.ini) in every run
 #
-# Env: PYTHON, MPIEXEC, HPCGRAD_TEST_TIMEOUT (s per serial run, default 600),
+# Env: PYTHON, MPIEXEC, HPCGRAD_TEST_TIMEOUT (s per serial run, default 900),
 #      HPCGRAD_MPI_TEST_TIMEOUT (s per multi-rank run, default 150).
 set -u
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python}
-serial_limit=${HPCGRAD_TEST_TIMEOUT:-600}
+serial_limit=${HPCGRAD_TEST_TIMEOUT:-900}
 mpi_limit=${HPCGRAD_MPI_TEST_TIMEOUT:-150}
 
 # The mpiexec beside the interpreter belongs to the MPI its mpi4py uses; another one fails with PMI errors.
