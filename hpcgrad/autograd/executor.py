@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import backend
 from . import grad_mode
+from .function import BackwardNode
 
 Tensor = None  # set by hpcgrad.tensor, which imports this package first
 
@@ -84,11 +85,16 @@ def call_function(fn, grads):
     if fn._pre_hooks:
         grads = fn.call_pre_hooks(grads)
     post_hooks = fn._post_hooks
-    outputs = fn.apply(list(grads) if post_hooks else grads)
-    edges = fn.next_edges
-    # Inline fast check that every gradient already fits its receiver; else the full validation.
-    matches = len(outputs) == len(edges)
-    if matches:
+    outputs = _check_outputs(fn, fn.next_edges, fn.apply(list(grads) if post_hooks else grads))
+    if post_hooks:
+        outputs = fn.call_post_hooks(outputs, grads)
+    return outputs
+
+
+def _check_outputs(fn, edges, outputs):
+    """``outputs`` when every gradient already fits its receiver (the common case, checked
+    inline); else a list after the full validation (a broadcast gradient summed back, a cast)."""
+    if len(outputs) == len(edges):
         for grad, edge in zip(outputs, edges):
             if grad is None or edge is None:
                 continue
@@ -97,12 +103,11 @@ def call_function(fn, grads):
             if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
                                          or data.shape != metadata[0]
                                          or data.dtype != metadata[1]):
-                matches = False
                 break
-    if not matches:
-        validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
-    if post_hooks:
-        outputs = fn.call_post_hooks(outputs, grads)
+        else:
+            return outputs
+    outputs = list(outputs)
+    validate_outputs(edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
     return outputs
 
 
@@ -112,9 +117,63 @@ def check_nan(fn, outputs):
             raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
 
 
+class _Formulas(dict):
+    """Node type -> its formula when run_node may call it directly (a built-in op whose apply
+    is BackwardNode's: the formula returns Tensors or None, one per input), else None; each
+    type looked up once."""
+
+    def __missing__(self, node_type):
+        formula = None
+        if (issubclass(node_type, BackwardNode) and node_type._builtin
+                and node_type.apply is BackwardNode.apply):
+            formula = node_type._forward_cls.backward
+        self[node_type] = formula
+        return formula
+
+
+_formulas = _Formulas()
+
+
+def _is_none(value):
+    return value is None
+
+
 def run_node(fn, grads, keep_graph):
-    """One Node's whole step (Note [One executor]); returns its outputs, one per next edge
-    (an empty list when it has none, as AccumulateGrad)."""
+    """One Node's whole step (Note [One executor]); returns its outputs, one per next edge (a
+    list or tuple, empty when it has none, as AccumulateGrad's; an output whose edge is None is
+    never read).
+
+    A built-in op's Node without hooks, outside anomaly mode, whose gradients all arrived has
+    its formula called here directly: what BackwardNode.apply would do then, less the frames
+    and checks for the uncommon cases (a missing gradient to materialize, hooks). Everything
+    else goes through call_function. Both end in the same output check."""
+    formula = _formulas[type(fn)]
+    if formula is not None and not fn._hooked and not _anomaly.enabled:
+        if len(grads) == 1:
+            grad = grads[0]
+            result = formula(fn, grad) if grad is not None else grads
+            grad = None  # the formula's result may be the gradient itself (Add): let it go
+        else:
+            result = grads if True in map(_is_none, grads) else formula(fn, *grads)
+        if result is not grads:
+            edges = fn.next_edges
+            if type(result) is Tensor and len(edges) == 1 and edges[0] is not None:
+                outputs = (result,)
+            elif type(result) is tuple and len(result) == len(edges):
+                # The orders read no output whose edge is None, so one going there need not be
+                # dropped (as _outputs_of does); each other one must be a Tensor.
+                outputs = result
+                for grad in result:
+                    if grad is not None and type(grad) is not Tensor:
+                        outputs = fn._outputs_of(result)
+                        break
+            else:
+                outputs = fn._outputs_of(result)
+            del result
+            outputs = _check_outputs(fn, edges, outputs)
+            if not keep_graph:
+                fn._saved = None  # BackwardNode.release_variables, without the call
+            return outputs
     outputs = call_function(fn, grads)
     if not keep_graph:
         fn.release_variables()
