@@ -177,6 +177,14 @@ class LRScheduler:
                           "`get_last_lr()`.", UserWarning, stacklevel=3)
 
 
+def _cycles_beta1(optimizer):
+    """Whether ``cycle_momentum`` cycles beta1 (Adam's) rather than momentum (SGD's)."""
+    if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+        raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` "
+                         "option enabled")
+    return "betas" in optimizer.defaults
+
+
 def _per_group(name, optimizer, value):
     """One value per param group: a list/tuple of that length, or one value for all (Tensors
     cloned, PyTorch's _format_param)."""
@@ -636,10 +644,7 @@ class OneCycleLR(LRScheduler):
                 group["min_lr"] = group["initial_lr"] / final_div_factor
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with "
-                                 "`cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
+            self.use_beta1 = _cycles_beta1(optimizer)
             tops = _per_group("max_momentum", optimizer, max_momentum)
             bases = _per_group("base_momentum", optimizer, base_momentum)
             if last_epoch == -1:
@@ -724,10 +729,7 @@ class CyclicLR(LRScheduler):
         self._init_scale_fn()
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with "
-                                 "`cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
+            self.use_beta1 = _cycles_beta1(optimizer)
             self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
             self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
             if last_epoch == -1:
