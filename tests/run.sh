@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4, and
-# the engine's tests with replayed backward plans on. Extra args go to each pytest.
+# the engine's tests with replayed backward plans off. Extra args go to each pytest.
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
@@ -65,16 +65,15 @@ run() {
 }
 
 run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
-# backward() runs on the queue engine by default; replayed plans (Note [Replayed backward plans])
-# are opt-in until the differential fuzzer has proven them, so the engine's tests, and the 1-rank
-# run, also run with plans on.
+# backward() runs from replayed plans by default (Note [Replayed backward plans]); the engine's
+# tests, and the 1-rank run, also run on the queue engine alone.
 if [ $# -eq 0 ]; then
     # (the fuzzer runs every mode itself, and type promotion does not depend on the engine)
-    run "serial, plan on" env HPCGRAD_BACKWARD_PLAN=on timeout -k 10 "$serial_limit" \
+    run "serial, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$serial_limit" \
         "$python" -m pytest -q tests/autograd tests/conformance tests/utils \
         --ignore=tests/autograd/test_fuzz.py --ignore=tests/autograd/test_promotion_issue25.py
 fi
-run "mpi, 1 rank, plan on" env HPCGRAD_BACKWARD_PLAN=on timeout -k 10 "$mpi_limit" \
+run "mpi, 1 rank, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$mpi_limit" \
     "$python" -m pytest --with-mpi -m mpi "$@"
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \

@@ -83,6 +83,15 @@ _anomaly = grad_mode._anomaly
 # (``ctx.saved_tensors`` is a property: a call from C into Python, ~1.1k per Mul Node; the loop
 # reads attributes of Nodes whose type alternates, which 3.11's LOAD_ATTR cache cannot keep);
 # the match walk's sets and sort (~0.9k). Forward per op (size 1) 41,288 -> 38,441 from (1).
+#
+# Issue 25 (Note [One executor] in executor.py): the replay no longer has its own call, checks
+# and accumulation; every order runs a Node through executor.run_node, which keeps the direct
+# formula call for a built-in op without hooks whose gradients all arrived. Per Node, size 1
+# (callgrind, chain of 2,000, the same measurement as above, /tmp/chain_cg.py-style: backward
+# only): replay 15,577 -> 23,610, queue engine 45,318 -> 39,203 (the queue engine gained the
+# direct call). What the replay pays for the shared step: the run_node and output-check
+# frames, and one accumulate call per edge; a no-grad multiply costs ~500 more for PyTorch's
+# type promotion (9,439 -> 9,961).
 
 
 class _CyclicGCPause:
@@ -546,7 +555,7 @@ plans = _plan.PlanCache()  # Note [Replayed backward plans]
 
 
 def set_backward_plan(mode):
-    """``"on"`` or ``"off"`` (the default; or a bool); returns the previous mode.
+    """``"on"`` (the default), ``"off"`` (or a bool) or ``"reference"``; returns the previous mode.
 
     Note [Replayed backward plans]: ``on`` runs ``backward()`` from a plan of its graph, cached
     and replayed when the structure repeats; ``off`` uses the queue engine for everything.

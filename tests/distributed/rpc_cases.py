@@ -70,12 +70,19 @@ def raise_value_error(text):
 
 
 _wake = threading.Event()
+_sleeper = []  # the name of the thread blocked in sleep_until_woken, once it is there
 
 
 def sleep_until_woken(seconds):
-    """Blocks a pool thread up to ``seconds`` (``wake`` ends it early)."""
+    """Blocks the thread serving it up to ``seconds`` (``wake`` ends it early)."""
+    _sleeper.append(threading.current_thread().name)
     _wake.wait(seconds)
     return "woke"
+
+
+def sleeper():
+    """The thread blocked in sleep_until_woken, or None before it has arrived."""
+    return _sleeper[-1] if _sleeper else None
 
 
 def wake():
@@ -84,6 +91,7 @@ def wake():
 
 def reset_wake():
     _wake.clear()
+    _sleeper.clear()
 
 
 def agent_state():
