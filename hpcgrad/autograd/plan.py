@@ -51,17 +51,17 @@ pieces). ``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the qu
 Cost per Node (callgrind instructions, one backward of a chain of 2,000 ops y*c, y+d, float32,
 size 1 / size 1,000; collected only inside the backward call; PyTorch 2.13 counted the same way):
 
-    queue engine (plan off)        45,236 / 46,236
-    plan built and run once        25,001            (a graph that never repeats; before the
-                                                      cuts below, not measured again)
-    plan matched and replayed      15,607 / 16,651   (matching is ~4,070 of it)
+    queue engine (plan off)        39,203 / 40,296   (issue 25: 45,236 / 46,236 before)
+    plan matched and replayed      23,610 / 24,601   (15,607 / 16,651 before issue 25, when the
+                                                      replay had its own copy of the step;
+                                                      matching is ~4,070 of it)
     PyTorch 2.13                   19,849 / 20,141
 
-What is left in a replay is mostly the formulas themselves (Mul's formula runs a no-grad
-Tensor multiply: 9.0k instructions against numpy's 3.7k for ``a * b``, Note [Ops without a
-graph]) and the interpreter's loop; the replay hands gradients along ``live`` (no list, no
-zip per Node: 3k instructions a Node less; Note [Where a Node's backward goes] in engine.py);
-the command is in README "Performance".
+What is left in a replay is the formulas themselves (Mul's formula runs a no-grad Tensor
+multiply: 10.0k instructions against numpy's 3.7k for ``a * b``, Note [Ops without a graph]),
+the one executor's frames (Note [One executor]) and the interpreter's loop; the replay hands
+gradients along ``live`` (Note [Where a Node's backward goes] in engine.py); the measurement is
+in README "Performance".
 """
 
 import heapq
