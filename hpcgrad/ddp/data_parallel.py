@@ -20,7 +20,8 @@ from ..comm import progress
 from ..comm.process_group import ProcessGroup
 from ..comm.work import wait_requests
 from ..distributed import api as dist_api
-from ..distributed.algorithms.join import Join, JoinHook, Joinable, _JoinConfig
+from ..distributed.algorithms.join import (Join, JoinHook, Joinable, _JoinConfig,
+                                           raise_if_a_rank_exhausted)
 from ..distributed.grad_bucket import GradBucket
 from ..futures import Future
 from ..nn.module import Module
@@ -559,12 +560,7 @@ class DistributedDataParallel(Module, Joinable):
                                async_op=True)
         self.reducer.set_forward_pass_work_handle(None if self._join_divide else work)
         if throw:
-            exhausted = np.zeros(1)
-            dist.all_reduce(exhausted, group=group)
-            if exhausted[0]:
-                work.wait()
-                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
-                                   "across all ranks.")
+            raise_if_a_rank_exhausted(group, work)
         return work
 
     def _count_not_joined(self):

@@ -29,6 +29,18 @@ import numpy as np
 from .. import api
 
 
+def raise_if_a_rank_exhausted(group, work):
+    """An active rank under ``throw_on_early_termination``: hear (the matching all-reduce of a
+    joined rank's hook) whether some rank has run out; if so, finish ``work`` (this
+    iteration's count, in flight) and raise on every rank."""
+    exhausted = np.zeros(1)
+    api.all_reduce(exhausted, group=group)
+    if exhausted[0]:
+        work.wait()
+        raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing across "
+                           "all ranks.")
+
+
 class JoinHook:
     """What a joined rank does for one joinable: ``main_hook`` while some rank still trains
     (shadow one iteration's collectives), ``post_hook(is_last_joiner)`` once all have joined."""
@@ -90,12 +102,7 @@ class Joinable(abc.ABC):
         group = self._join_group()
         work = self._join_pending = api.all_reduce(np.ones(1), group=group, async_op=True)
         if throw:
-            exhausted = np.zeros(1)
-            api.all_reduce(exhausted, group=group)
-            if exhausted[0]:
-                work.wait()
-                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
-                                   "across all ranks.")
+            raise_if_a_rank_exhausted(group, work)
         return work
 
     def _count_not_joined(self):
