@@ -6,7 +6,6 @@ import weakref
 import numpy as np
 
 from . import backend
-from .autograd import engine as _engine
 from .autograd import executor as _executor
 from .autograd import function as _function
 from .autograd import grad_mode as _grad_mode
@@ -595,7 +594,7 @@ def _rebuild_tensor(cls, data, requires_grad):
     return t
 
 
-_function.Tensor = _engine.Tensor = _executor.Tensor = Tensor
+_function.Tensor = _executor.Tensor = Tensor
 
 from . import ops as _ops  # noqa: E402  (the ops build on Tensor)
 from .ops import indexing as _indexing  # issue 17's ops, below ops in the same layer

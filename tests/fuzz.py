@@ -259,7 +259,7 @@ def main(argv=None):
         if not args.quiet and (index + 1 - args.start) % 500 == 0:
             print(f"  {index + 1 - args.start} programs, {time.perf_counter() - start:.1f}s")
     elapsed = time.perf_counter() - start
-    print(f"\nfamily        programs variants  mode-diffs torch-diffs")
+    print("\nfamily        programs variants  mode-diffs torch-diffs")
     for f, s in stats.items():
         print(f"{f:<13} {s['programs']:>8} {s['variants']:>8} {s['modes']:>11} {s['torch']:>11}")
     total = {k: sum(s[k] for s in stats.values()) for k in ("programs", "variants", "modes", "torch")}

@@ -11,8 +11,6 @@ import gc
 import threading
 import warnings
 
-import numpy as np
-
 from .. import backend
 from . import grad_mode, saved_hooks
 from . import plan as _plan
@@ -22,8 +20,6 @@ from .graph import GraphRoot
 from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
 from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
 from .thread_state import CPU_DEVICE, NO_DEVICE, _tls
-
-Tensor = None  # set by hpcgrad.tensor, which imports this package first
 
 _anomaly = grad_mode._anomaly
 

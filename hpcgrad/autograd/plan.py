@@ -146,7 +146,7 @@ def build(root):
                     heapq.heappush(heap, (-seqs[j], tiebreak, j))
                     tiebreak += 1
     plan = BackwardPlan()
-    plan.types = types = list(map(type, nodes))
+    plan.types = list(map(type, nodes))
     plan.edges, plan.flat, plan.discover = edges, flat, discover
     plan.live = [tuple((k, e[0], e[1]) for k, e in enumerate(spec) if e is not None)
                  for spec in edges]
