@@ -15,7 +15,8 @@ from .. import backend
 from ..comm import stall
 from ..comm.buffers import is_array
 from ..comm.flight_recorder import RECORDER, install_signal_handler
-from ..comm.mpi import comm_world, rendezvous
+from ..comm.mpi import comm_world
+from ..comm.rendezvous import rendezvous
 from ..comm.process_group import ProcessGroup, ReduceOp
 from ..comm.progress import start_from_env
 from ..comm.work import CommTimeoutError, default_timeout

@@ -1,5 +1,5 @@
 """Start-up is bounded: a rank that never calls init_process_group, init_rpc or new_group ends
-the job within the timeout, rank 0 naming it (Note [Bounded start-up] in comm/mpi.py), and
+the job within the timeout, rank 0 naming it (Note [Bounded start-up] in comm/rendezvous.py), and
 bad timeouts are clear errors."""
 
 import datetime

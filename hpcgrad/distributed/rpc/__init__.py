@@ -126,7 +126,7 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     RpcBackendOptions), its ``rpc_timeout`` becomes the default RPC timeout and bounds this
     call; without, the bound is HPCGRAD_COMM_TIMEOUT (30 min; PyTorch's rendezvous waits as
     long for every worker). A rank missing past the bound ends the job, rank 0 naming the
-    missing ranks (Note [Bounded start-up] in comm/mpi.py).
+    missing ranks (Note [Bounded start-up] in comm/rendezvous.py).
     """
     global _agent, _default_timeout
     if _agent is not None:

@@ -129,7 +129,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...comm.buffers import MessageBuffer
-from ...comm.mpi import rendezvous
+from ...comm.rendezvous import rendezvous
 from ...futures import Future
 
 ENVELOPE_TAG = 1
@@ -238,7 +238,7 @@ class MPIRpcAgent:
 
     def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4, init_timeout=0):
         """Collective over ``comm``; past ``init_timeout`` s (0: none) without every rank, the
-        job ends naming the missing ranks (Note [Bounded start-up] in comm/mpi.py)."""
+        job ends naming the missing ranks (Note [Bounded start-up] in comm/rendezvous.py)."""
         rendezvous(comm, init_timeout, "init_rpc",
                    "every rank must call init_rpc(); check the missing ranks' output (an "
                    "error, an exit or a long step before it), or give it more time: "
