@@ -33,7 +33,8 @@ Note [Flight recorder]
     - Point to point (isend/irecv go through ``_work``): pass ``peer``; ``probe_source`` may
       record op "probe" with peer -1.
     - The stall inspector: ``stall.start(world_comm)`` on every rank in init_process_group,
-      after the default group is registered (collective: it Dups the communicator); and
+      after the default group is registered (collective: the ranks agree on one warning,
+      Note [One stall warning] in stall.py, then Dup the communicator); and
       ``stall.stop()`` in destroy_process_group (local; atexit also calls it).
     Where to dump (each in a ``try`` already: dump never raises, it logs):
     - CommTimeoutError: where wait_requests raises it, ``RECORDER.dump(f"timeout: {msg}")``.

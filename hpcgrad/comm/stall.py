@@ -23,8 +23,20 @@ Note [Stall inspector]
     rank computing in Python yields it every 5 ms. Nothing needs freeing at exit: ``stop``
     (registered with atexit, so before mpi4py's MPI_Finalize) only ends the threads.
 
-    Every rank must have the same HPCGRAD_STALL_WARNING (``start`` duplicates the communicator
-    when it is on), and must register the same groups in the same order with the recorder.
+    Every rank must register the same groups in the same order with the recorder. The
+    warning is agreed by ``start`` (Note [One stall warning]).
+
+Note [One stall warning]
+    HPCGRAD_STALL_WARNING is read on every rank, and ranks of one job may see different
+    environments (a per-rank wrapper, a host's profile). With rank 0 inspecting at its own
+    60 s and rank 1 asking for 1 s, a stall was silent for the 1 s rank's user; with 0 (off) on
+    one rank, ``start`` duplicated the communicator on the others only and the job hung. So
+    ``start`` gathers every rank's setting first (an Allgather of one float64: raw numbers,
+    never pickle) and every rank then uses the SMALLEST SETTING THAT IS ON: a rank that asks
+    to hear about a stall after N s is never left waiting silently past N s, whichever rank it
+    is; the inspector is off only when every rank sets 0. Rank 0 says so in one line when the
+    settings differ. A setting that is not a number is refused on every rank (ValueError),
+    not on the one rank that read it while the others wait in the gather.
 """
 
 import atexit
@@ -33,6 +45,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from .flight_recorder import RECORDER
@@ -321,20 +334,63 @@ class StallInspector:
                                for rank in range(1, self.size)]
 
 
+def _seconds(warning):
+    return f"{warning:g} s" if warning else "0 (off)"
+
+
+def agree_warning(comm, warning=None, out=None):
+    """The warning every rank of ``comm`` uses (Note [One stall warning]): the smallest of the
+    ranks' settings that is on, 0 when every rank is off. Collective; ``warning`` None reads
+    HPCGRAD_STALL_WARNING. Rank 0 writes one line to ``out`` (stderr) when the ranks differ."""
+    error = None
+    if warning is None:
+        try:
+            warning = warning_from_env()
+        except ValueError as exc:
+            error, warning = exc, float("nan")
+    every = np.empty(comm.Get_size(), np.float64)
+    comm.Allgather(np.array([warning], np.float64), every)
+    bad = [rank for rank, value in enumerate(every.tolist()) if not value >= 0]
+    if bad:
+        if error is not None:
+            raise error
+        raise ValueError(f"{WARNING_ENV} on {_ranks(bad)} is not a number of seconds >= 0 (0 "
+                         f"turns the stall inspector off); set it to one such value on every rank")
+    on = [value for value in every.tolist() if value > 0]
+    agreed = min(on) if on else 0.0
+    values = sorted(set(every.tolist()))
+    if len(values) > 1 and comm.Get_rank() == 0:
+        said = "; ".join(f"{_seconds(value)} on {_ranks(np.flatnonzero(every == value).tolist())}"
+                         for value in values)
+        out = sys.stderr if out is None else out
+        out.write(f"[hpcgrad stall inspector] {WARNING_ENV} differs across ranks ({said}); "
+                  f"every rank uses the smallest setting that is on: "
+                  f"{_seconds(agreed)} (set the same value on every "
+                  f"rank to silence this line)\n")
+        out.flush()
+    return agreed
+
+
 _inspector = None
 _lock = threading.Lock()
 
 
 def start(comm, recorder=RECORDER, warning=None, out=None):
-    """Start the stall inspector on every rank of ``comm`` (collective: it duplicates ``comm``
-    when HPCGRAD_STALL_WARNING is not 0). Returns the inspector, or None when off or alone.
-    Idempotent; stopped at exit (atexit) or by ``stop()``."""
+    """Start the stall inspector on every rank of ``comm``. Collective: every rank calls it,
+    with the same ``comm``; the ranks agree on one warning (Note [One stall warning]; each
+    rank's ``warning``, None: its HPCGRAD_STALL_WARNING) and, when it is not 0, duplicate
+    ``comm``. Returns the inspector, or None when off or alone. Idempotent (every rank must
+    have called ``stop()`` before a new ``start``); stopped at exit (atexit) or by ``stop()``."""
     global _inspector
-    warning = warning_from_env() if warning is None else warning
     with _lock:
         if _inspector is not None:
             return _inspector
-        if not warning or comm.Get_size() == 1:
+        if comm.Get_size() == 1:
+            if warning is None:
+                warning_from_env()  # a bad setting is an error in every job
+            return None
+        warning = agree_warning(comm, warning, out)
+        if not warning:
             return None
         _inspector = StallInspector(comm.Dup(), warning, recorder, out=out)
         atexit.register(stop)
