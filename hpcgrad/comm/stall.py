@@ -4,7 +4,8 @@ Note [Stall inspector]
     Horovod's stall inspector without its coordinator. Every rank runs a daemon thread that,
     each ``interval`` (1 s, less for short warnings), reads its own latest calls from the flight
     recorder's ring (Note [Flight recorder]: the hot path writes nothing extra) and, when they
-    changed, sends them to rank 0 on a private communicator (a pickled dict, ~1 KB, isend). Rank
+    changed, sends them to rank 0 on a private communicator (JSON, ~1 KB, an Isend; Note
+    [Diagnostics messages are data]). Rank
     0's thread drains those messages (improbe, never blocking) and, when a collective has waited
     more than HPCGRAD_STALL_WARNING seconds (default 60; 0 turns the inspector off) on some
     rank, prints ONE block to stderr: which call is stalled, which ranks have not reached it and
@@ -26,6 +27,14 @@ Note [Stall inspector]
     Every rank must register the same groups in the same order with the recorder. The
     warning is agreed by ``start`` (Note [One stall warning]).
 
+Note [Diagnostics messages are data]
+    Nothing another rank sends the stall inspector is unpickled: a pickle runs whatever
+    callable its bytes name (``__reduce__``), so a diagnostics channel that unpickled would let
+    anything able to send on it run code in every rank 0. A state is UTF-8 JSON of plain lists
+    (``encode_state``), a dump request UTF-8 text; ``decode_state`` checks every field's type
+    and refuses anything else (ValueError), and the inspector says so once per sending rank and
+    carries on. JSON costs a little more than the pickled tuples did, once a second per rank.
+
 Note [One stall warning]
     HPCGRAD_STALL_WARNING is read on every rank, and ranks of one job may see different
     environments (a per-rank wrapper, a host's profile). With rank 0 inspecting at its own
@@ -40,6 +49,8 @@ Note [One stall warning]
 """
 
 import atexit
+import json
+import math
 import os
 import sys
 import threading
@@ -179,19 +190,59 @@ _FIELDS = ("slot", "group", "seq", "collective", "op", "peer", "count", "dtype",
 MAX_SENT_GROUPS = 64  # a state stays a few KB: an eager message, complete without rank 0
 
 
-def pack(state):
-    """A published state as tuples (a third of the dicts' pickled size)."""
+MAX_MESSAGE = 64 * 1024  # bytes: anything larger is not a state this module sent
+_STATES = ("posted", "complete", "failed")
+
+
+def encode_state(state):
+    """A published state as UTF-8 JSON of lists (Note [Diagnostics messages are data])."""
     calls = list(state["groups"].values())[:MAX_SENT_GROUPS]
     p2p = state["p2p"]
-    return (state["sent"], state["interval"], [tuple(c[f] for f in _FIELDS) for c in calls],
-            None if p2p is None else tuple(p2p[f] for f in _FIELDS))
+    packed = [state["sent"], state["interval"], [[c[f] for f in _FIELDS] for c in calls],
+              None if p2p is None else [p2p[f] for f in _FIELDS]]
+    return json.dumps(packed, separators=(",", ":")).encode()
 
 
-def unpack(packed):
+def _is_int(value, none=False):
+    return type(value) is int or (none and value is None)
+
+
+def _is_time(value, none=False):
+    return (type(value) in (int, float) and math.isfinite(value)) or (none and value is None)
+
+
+_CHECKS = (("slot", _is_int), ("group", lambda v: _is_int(v) and v >= 0), ("seq", _is_int),
+           ("collective", lambda v: _is_int(v, none=True)), ("op", lambda v: type(v) is str),
+           ("peer", lambda v: _is_int(v, none=True)), ("count", _is_int),
+           ("dtype", lambda v: type(v) is str), ("state", lambda v: v in _STATES),
+           ("start", _is_time), ("end", lambda v: _is_time(v, none=True)))
+
+
+def _call_from(fields):
+    if type(fields) is not list or len(fields) != len(_CHECKS):
+        raise ValueError(f"a call must be a list of {len(_CHECKS)} fields, got "
+                         f"{type(fields).__name__}")
+    for (name, check), value in zip(_CHECKS, fields):
+        if not check(value):
+            raise ValueError(f"field {name!r} of a call is {value!r}")
+    return dict(zip(_FIELDS, fields))
+
+
+def decode_state(data):
+    """The state in ``data`` (bytes from ``encode_state``); raises ValueError for anything
+    else (it is JSON and every field has its type, or it is refused: no code runs)."""
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"{len(data)} bytes, more than a state's {MAX_MESSAGE}")
+    packed = json.loads(bytes(data).decode("utf-8"))  # ValueError on anything not JSON
+    if type(packed) is not list or len(packed) != 4:
+        raise ValueError(f"a state is a list of 4 items, got {type(packed).__name__}")
     sent, interval, calls, p2p = packed
-    calls = [dict(zip(_FIELDS, c)) for c in calls]
+    if not (_is_time(sent) and _is_time(interval) and interval > 0 and type(calls) is list
+            and len(calls) <= MAX_SENT_GROUPS):
+        raise ValueError("a state's time, interval or call list is malformed")
+    calls = [_call_from(c) for c in calls]
     return {"groups": {c["group"]: c for c in calls},
-            "p2p": None if p2p is None else dict(zip(_FIELDS, p2p)), "sent": sent,
+            "p2p": None if p2p is None else _call_from(p2p), "sent": sent,
             "interval": interval}
 
 
@@ -235,8 +286,9 @@ class StallInspector:
         self._stop = threading.Event()
         self._own_dumped = None  # the call this rank last dumped for
         self._printed = (None, 0.0)  # (picture, when)
-        self._send = None  # the pending isend of this rank's state
-        self._requests = []  # rank 0: pending dump requests (they own their pickled buffers)
+        self._send = None  # (request, bytes): the pending Isend of this rank's state
+        self._requests = []  # rank 0: pending dump requests, each (request, bytes)
+        self._refused = set()  # ranks whose malformed messages were reported
         self._thread = threading.Thread(target=self._run, name="hpcgrad-stall-inspector",
                                         daemon=True)
         self._thread.start()
@@ -264,8 +316,9 @@ class StallInspector:
                     key = (repr(groups), repr(p2p))
                     unchanged += 1
                     due = key != last_sent or unchanged >= HEARTBEAT
-                    if due and (self._send is None or self._send.Test()):
-                        self._send = self.comm.isend(pack(mine), 0, _STATE_TAG)
+                    if due and (self._send is None or self._send[0].Test()):
+                        data = encode_state(mine)
+                        self._send = (self.comm.Isend([data, MPI.BYTE], 0, _STATE_TAG), data)
                         last_sent, unchanged = key, 0
             except Exception as exc:  # noqa: BLE001 - diagnostics must never take a job down
                 if self._stop.is_set() or MPI.Is_finalized():
@@ -286,21 +339,44 @@ class StallInspector:
                                        f"has waited {now - call['start']:.1f} s")
                 return
 
+    def _next_message(self, source, tag):
+        """(source, bytes) of the next pending message, or None (Note [Diagnostics messages
+        are data]: received as raw bytes, never unpickled)."""
+        status = MPI.Status()
+        message = self.comm.improbe(source, tag, status)
+        if message is None:
+            return None
+        data = bytearray(status.Get_count(MPI.BYTE))
+        message.Recv([data, MPI.BYTE])
+        return status.Get_source(), bytes(data)
+
+    def _refuse(self, source, what, exc):
+        if source not in self._refused:  # once per rank: a flood must not bury the reports
+            self._refused.add(source)
+            self.out.write(f"[hpcgrad stall inspector] rank {self.rank}: ignored a {what} from "
+                           f"rank {source} that is not one ({exc}); diagnostics messages are "
+                           f"data, never code\n")
+            self.out.flush()
+
     def _poll_dump_requests(self):
-        while True:
-            message = self.comm.improbe(0, _DUMP_TAG)
-            if message is None:
-                return
-            reason = message.recv()
+        while (got := self._next_message(0, _DUMP_TAG)) is not None:
+            source, data = got
+            try:
+                if len(data) > MAX_MESSAGE:
+                    raise ValueError(f"{len(data)} bytes")
+                reason = data.decode("utf-8")
+            except ValueError as exc:  # UnicodeDecodeError included
+                self._refuse(source, "dump request", exc)
+                continue
             self.recorder.dump(reason)
 
     def _receive(self):
-        while True:
-            status = MPI.Status()
-            message = self.comm.improbe(MPI.ANY_SOURCE, _STATE_TAG, status)
-            if message is None:
-                return
-            self.states[status.Get_source()] = unpack(message.recv())
+        while (got := self._next_message(MPI.ANY_SOURCE, _STATE_TAG)) is not None:
+            source, data = got
+            try:
+                self.states[source] = decode_state(data)
+            except ValueError as exc:
+                self._refuse(source, "state message", exc)
 
     def _inspect(self, now):
         groups = self.recorder.groups()
@@ -329,8 +405,9 @@ class StallInspector:
             reason = (f"stall reported by rank 0: {stall['call']['op']} #{stall['collective']} "
                       f"on group {stall['group']}")
             self.recorder.dump(reason)
-            self._requests = [r for r in self._requests if not r.Test()]
-            self._requests += [self.comm.isend(reason, rank, _DUMP_TAG)
+            self._requests = [(r, d) for r, d in self._requests if not r.Test()]
+            data = reason.encode()
+            self._requests += [(self.comm.Isend([data, MPI.BYTE], rank, _DUMP_TAG), data)
                                for rank in range(1, self.size)]
 
 

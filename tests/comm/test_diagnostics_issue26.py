@@ -87,3 +87,67 @@ def test_a_stall_is_reported_when_the_ranks_set_different_warnings(launch, tmp_p
     assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
             "ranks 0, 1) has waited ") in job.stderr, job.stderr
     assert "; not reached by rank 1 (over HPCGRAD_STALL_WARNING=1 s)." in job.stderr, job.stderr
+
+
+# --- 2. no unpickling of diagnostics messages ---------------------------------------------
+class _Creates:
+    """A pickle that creates ``path`` when unpickled."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _state():
+    call = {"slot": 7, "group": 0, "seq": 3, "collective": 3, "op": "allreduce", "peer": None,
+            "count": 4, "dtype": "float32", "state": "posted", "start": 1000.5, "end": None}
+    recv = dict(call, slot=8, collective=None, op="recv", peer=1, state="complete", end=1001.0)
+    return {"groups": {0: call}, "p2p": recv, "sent": 1002.0, "interval": 1.0}
+
+
+def test_a_state_travels_as_json_and_comes_back_equal():
+    data = stall.encode_state(_state())
+    assert isinstance(data, bytes) and data.startswith(b"[")
+    assert stall.decode_state(data) == _state()
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+def test_a_pickled_state_is_refused_and_runs_nothing(tmp_path, protocol):
+    import pickle
+    target = tmp_path / "ran"
+    for payload in (_Creates(target), [1.0, 1.0, [_Creates(target)], None]):
+        with pytest.raises(ValueError):
+            stall.decode_state(pickle.dumps(payload, protocol=protocol))
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("field, value", [("count", "4"), ("state", "lost"), ("group", -1),
+                                          ("start", float("inf")), ("peer", True)])
+def test_a_state_with_a_field_of_the_wrong_type_is_refused(field, value):
+    state = _state()
+    state["groups"][0][field] = value
+    with pytest.raises(ValueError, match=f"field '{field}' of a call is"):
+        stall.decode_state(stall.encode_state(state))
+
+
+def test_crafted_pickles_run_nothing_and_the_inspector_carries_on(launch, tmp_path):
+    """Rank 1 sends rank 0 a pickle as a state, rank 0 sends rank 1 one as a dump request;
+    each would create a file if unpickled. Before: rank 0 unpickled (the file appeared), then
+    its inspector stopped on the result, and the later 3 s stall was never reported."""
+    job = launch([sys.executable, str(SCRIPTS / "stall_untrusted.py")], nprocs=2, timeout=BOUND,
+                 env={"HPCGRAD_STALL_WARNING": "1", "CRAFTED_DIR": str(tmp_path),
+                      "HPCGRAD_FLIGHT_DIR": str(tmp_path / "flight")})
+    assert job.returncode == 0 and not job.timed_out, job.output
+    assert list(tmp_path.glob("ran_on_rank*")) == [], job.output
+    for rank in range(2):
+        assert f"[rank {rank}] crafted pickle ran here: False" in job.stdout, job.output
+        assert f"[rank {rank}] done" in job.stdout, job.output
+    assert ("[hpcgrad stall inspector] rank 0: ignored a state message from rank 1 that is not "
+            "one (") in job.stderr, job.stderr
+    assert ("[hpcgrad stall inspector] rank 1: ignored a dump request from rank 0 that is not "
+            "one (") in job.stderr, job.stderr
+    assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
+            "ranks 0, 1) has waited ") in job.stderr, job.stderr
+    assert "; not reached by rank 1 (over HPCGRAD_STALL_WARNING=1 s)." in job.stderr, job.stderr
