@@ -41,8 +41,11 @@ Note [Flight recorder]
     - The watchdog's ``_abort_job`` and the abort-on-exception hook in mpi.py, before
       MPI_Abort: ``RECORDER.dump("abort: ...")`` (the other ranks die with the abort, so the
       ranks that time out themselves are the ones that leave dumps: keep timeouts equal).
-    - SIGUSR2: ``install_signal_handler()`` once, from the main thread, at
-      init_process_group; it dumps even while the main thread is blocked inside MPI.
+    - SIGUSR2: ``install_signal_handler()`` from the main thread, at init_process_group AND
+      at init_rpc (idempotent: either may come first). It and ``dump`` need no process group
+      (an RPC-only job, or a program before init_process_group: the record then lists no
+      groups); it dumps even while the main thread is blocked inside MPI. Until a program
+      installs it, SIGUSR2's default action ends the process.
     - A stall: the stall inspector dumps each rank's own record when its call has waited past
       HPCGRAD_STALL_WARNING (stall.py).
     Threads: begin takes its slot from an ``itertools.count`` (atomic under the GIL), so two
@@ -265,7 +268,8 @@ def install_signal_handler(recorder=None, signum=_SIGUSR2):
     while it is blocked inside MPI (the case worth a dump), so the C-level handler's wakeup fd
     (``signal.set_wakeup_fd``) wakes a daemon thread that dumps. When the program already uses
     the wakeup fd (asyncio), the Python handler dumps instead, once the main thread returns.
-    Nothing here touches MPI. Call it from the main thread; idempotent.
+    Nothing here touches MPI or needs a process group (Note [Flight recorder]: init_rpc and
+    init_process_group both call it). Call it from the main thread; idempotent.
     """
     recorder = recorder or RECORDER
     if signum is None or threading.current_thread() is not threading.main_thread():

@@ -2,6 +2,7 @@
 diagnostics messages, SIGUSR2 without a process group, groups named as registered, and a
 flight tool that names the ranks whose records are missing."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_a_stall_is_reported_when_the_ranks_set_different_warnings(launch, tmp_p
     for rank in range(2):
         assert f"[rank {rank}] done" in job.stdout, job.output
     first = "60 s on rank 0" if warnings == ",1" else "0 (off) on rank 0"
-    assert (f"[hpcgrad stall inspector] HPCGRAD_STALL_WARNING differs across ranks (") in job.stderr
+    assert "[hpcgrad stall inspector] HPCGRAD_STALL_WARNING differs across ranks (" in job.stderr
     assert first in job.stderr and "1 s on rank 1" in job.stderr, job.stderr
     assert "every rank uses the smallest setting that is on: 1 s" in job.stderr, job.stderr
     assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
@@ -151,3 +152,22 @@ def test_crafted_pickles_run_nothing_and_the_inspector_carries_on(launch, tmp_pa
     assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
             "ranks 0, 1) has waited ") in job.stderr, job.stderr
     assert "; not reached by rank 1 (over HPCGRAD_STALL_WARNING=1 s)." in job.stderr, job.stderr
+
+
+# --- 3. SIGUSR2 without a process group ---------------------------------------------------
+@pytest.mark.parametrize("mode, nprocs", [("alone", None), ("rpc", 2)], ids=["no-group", "rpc-only"])
+def test_sigusr2_dumps_without_a_process_group_and_the_rank_lives(launch, tmp_path, mode, nprocs):
+    """No init_process_group: a program that only imports hpcgrad, and an RPC-only job (SIGUSR2
+    killed its ranks: nothing had installed the handler). Each rank signals itself, finds its
+    record written, and (RPC) still serves its peer's call; the job exits 0."""
+    job = launch([sys.executable, str(SCRIPTS / "diag_sigusr2.py"), mode], nprocs=nprocs,
+                 timeout=BOUND, env={"HPCGRAD_FLIGHT_DIR": str(tmp_path)})
+    assert job.returncode == 0 and not job.timed_out, job.output
+    for rank in range(nprocs or 1):
+        assert f'[rank {rank}] dumped: True (reason "signal SIGUSR2")' in job.stdout, job.output
+        assert f"[rank {rank}] done" in job.stdout, job.output
+        record = json.loads((tmp_path / f"flight_rank{rank}.json").read_text())
+        assert (record["rank"], record["world_size"]) == (rank, nprocs or 1), record
+    if mode == "rpc":
+        assert "[rank 0] rpc to worker1 gives 40" in job.stdout, job.output
+        assert "[rank 1] rpc to worker0 gives 41" in job.stdout, job.output
