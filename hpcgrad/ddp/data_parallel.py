@@ -98,7 +98,7 @@ class _DDPSink(Function):
     def backward(ctx, *grads):
         reducer = ctx.reducer_ref()
         if reducer is not None:
-            reducer.queue_delay_all_reduce()  # static_graph's first iteration only
+            reducer.queue_end_of_backward()  # static_graph only (Note [Static graph])
             reducer.outputs_left_out([fn for fn, g in zip(ctx.roots, grads)
                                       if g is not None and fn is not None])
         return (None,) + grads
@@ -420,10 +420,9 @@ class DistributedDataParallel(Module, Joinable):
             self._sync_buffers()
         output = self.module(*inputs, **kwargs)
         if syncing:
-            # The output sink: every iteration for find_unused_parameters; the first only for
-            # static_graph, whose sink queues the delayed reduction (Note [Static graph]).
-            sink = self._dynamic_unused or (self.static_graph
-                                            and self.reducer.static_counts is None)
+            # The output sink, every iteration, for find_unused_parameters and static_graph,
+            # whose sink queues the delayed reduction or the check (Note [Static graph]).
+            sink = self._dynamic_unused or self.static_graph
             outputs = _find_tensors(output) if sink else ()
             self.reducer.prepare_for_backward(outputs if self._dynamic_unused else ())
             if sink:

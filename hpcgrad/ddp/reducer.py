@@ -160,7 +160,9 @@ class Reducer:
         self._hook_counts = np.zeros(len(params), dtype=np.int64)
         self._remaining = None     # this iteration's hooks still to come, per parameter
         self.static_unused = []
-        self._delay_queued = False
+        self._delay_queued = False  # this iteration's end-of-backward callback is queued
+        self._static_changed = []   # parameters whose hook fired more often than recorded
+        self._static_missing = []   # parameters still short of their hooks at backward's end
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self._lock = threading.RLock()  # hooks may run on a device thread
         self.expect_autograd_hooks = False
@@ -276,10 +278,11 @@ class Reducer:
             self._note_graph_task()
             self._comm_start = None
             if self.static_graph:
+                self._delay_queued = False
+                self._static_changed, self._static_missing = [], []
                 if self.static_counts is None:
                     self._hook_counts[:] = 0
                     self.local_used[:] = 0
-                    self._delay_queued = False
                 else:
                     self._remaining = self.static_counts.copy()
             if self.find_unused_parameters:
@@ -357,9 +360,19 @@ class Reducer:
     # parameter is marked ready at its last expected hook (so several hooks per parameter are
     # allowed), the parameters unused in the first iteration at the first hook of each
     # iteration: no traversal of the graph per iteration, no used-map all-reduce. The buckets
-    # are rebuilt in the second iteration's ready order. A graph that changes (a parameter's
-    # hook fires more often than in the first iteration) raises, as in PyTorch; one that fires
-    # less leaves its bucket unreduced, which finalize reports.
+    # are rebuilt in the second iteration's ready order.
+    #
+    # A graph that changes after the first iteration raises PyTorch's errors, but sooner and on
+    # every rank (issue 26): PyTorch finds a parameter short of its hooks only at the next
+    # forward, after an optimizer step on gradients some buckets never reduced, and a rank whose
+    # graph changed alone leaves the others waiting for its buckets. Here the output sink runs
+    # every iteration and queues end_static_backward on the outermost backward: a parameter
+    # still short of its hooks is marked ready as unused (zeros), so every rank launches every
+    # bucket; a hook firing more often than recorded is noted, not raised. finalize then
+    # all-reduces, after the buckets, one count of such parameters per rank (a few bytes, the
+    # one collective static_graph adds per iteration) and, if any rank counted one, every rank
+    # raises from backward with the ranks and the parameters: no optimizer step comes, and the
+    # gradients left in .grad are the all-reduced ones, equal on every rank.
     def _static_hook(self, index, computed):
         if not self.expect_autograd_hooks:
             return
@@ -370,32 +383,49 @@ class Reducer:
                 self.local_used[index] = 1
             return
         left = self._remaining[index]
-        if left <= 0:
-            raise RuntimeError(
-                f"Your training graph has changed in this iteration, e.g., one parameter "
-                f"({self.names[index]}) is used in first iteration, but then got unused in the "
-                "second iteration, or its gradient hook fired more often than in the first "
-                "iteration. This is not compatible with static_graph set to True.")
+        if left <= 0:  # raised by finalize, on every rank (Note [Static graph])
+            if index not in self._static_changed:
+                self._static_changed.append(index)
+            return
         self._remaining[index] = left - 1
         if left > 1:
             return  # more uses of this parameter will add to its .grad
-        if not self.has_marked_unused_parameters:
-            self.has_marked_unused_parameters = True
-            if not self.has_rebuilt_buckets:
-                self.rebuilt_param_indices.extend(self.static_unused)  # a complete order
-            for unused in self.static_unused:
-                self.mark_variable_ready(unused)
+        self._mark_static_unused()
         if not self.has_rebuilt_buckets:
             self.rebuilt_param_indices.append(index)
         self.mark_variable_ready(index, computed)
 
-    def queue_delay_all_reduce(self):
-        """From DDP's output sink in the first static-graph iteration: reduce at the end of
-        this (outermost) backward (Note [Static graph])."""
+    def _mark_static_unused(self):
+        """At an iteration's first ready parameter: those unused in the first iteration."""
+        if self.has_marked_unused_parameters:
+            return
+        self.has_marked_unused_parameters = True
+        if not self.has_rebuilt_buckets:
+            self.rebuilt_param_indices.extend(self.static_unused)  # a complete order
+        for unused in self.static_unused:
+            self.mark_variable_ready(unused)
+
+    def queue_end_of_backward(self):
+        """From DDP's output sink (static_graph): the first iteration's reduction, or the
+        later iterations' check, at the end of this (outermost) backward (Note [Static
+        graph])."""
         with self._lock:
-            if self.static_graph and self.static_counts is None and not self._delay_queued:
+            if self.static_graph and self.expect_autograd_hooks and not self._delay_queued:
                 self._delay_queued = True
-                Engine.queue_callback(self.delay_all_reduce)
+                Engine.queue_callback(self.delay_all_reduce if self.static_counts is None
+                                      else self.end_static_backward)
+
+    def end_static_backward(self):
+        """Every parameter still short of its recorded hooks is marked ready as unused, so
+        this rank launches every bucket as the others do; finalize raises (Note [Static
+        graph])."""
+        with self._lock:
+            if not self.expect_autograd_hooks:
+                return  # finalized already: nothing was missing
+            self._mark_static_unused()
+            self._static_missing = [i for i in range(len(self.params)) if not self.ready[i]]
+            for index in self._static_missing:
+                self.mark_variable_ready(index)
 
     def delay_all_reduce(self):
         """The first static-graph backward's final callback: record, then reduce everything."""
@@ -607,6 +637,8 @@ class Reducer:
             self._launch_copied(block=True)
             if self.find_unused_parameters and self.local_used_work is None:
                 self._reduce_used_map()
+            changes = self._post_static_changes(len(self._static_missing)
+                                                + len(self._static_changed))
             for b, bucket in enumerate(self.buckets):
                 # Waited first, whatever the bucket holds: its span ends where the wait returns.
                 if self.comm_hook is not None:
@@ -637,6 +669,57 @@ class Reducer:
                 for index in self.unused_parameters:
                     self.unused_parameter_names[self.names[index]] = None
             self._outer_task, self._stashed = None, {}  # the GraphTask holds the whole graph
+            if changes is not None:
+                self._raise_if_graph_changed(changes)
+
+    def _post_static_changes(self, mine):
+        """static_graph past its first iteration: every rank's count of parameters whose hooks
+        differ from the first iteration's, all-reduced after the buckets (Note [Static graph])."""
+        if not self.static_graph or self.static_counts is None:
+            return None
+        counts = np.zeros(self.process_group.size(), dtype=np.int32)
+        counts[self.process_group.rank()] = mine
+        return counts, self.process_group.iallreduce(counts, ReduceOp.SUM)
+
+    def _raise_if_graph_changed(self, changes):
+        counts, work = changes
+        work.wait()
+        ranks = [int(r) for r in np.flatnonzero(counts)]
+        if not ranks:
+            return
+        rank = self.process_group.rank()
+        missing, changed = self._static_missing, self._static_changed
+        self._static_missing, self._static_changed = [], []
+        if not self.has_rebuilt_buckets:
+            self.rebuilt_param_indices = []  # every rank alike: no rebuild from this order
+        where = (f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of "
+                 f"{self.process_group.size()}")
+        parts = [f"DistributedDataParallel(static_graph=True): the training graph changed in "
+                 f"this iteration {where}, which is not compatible with static_graph set to "
+                 "True; every rank raises at the end of this backward, after reducing every "
+                 "bucket (the gradients in .grad are equal on every rank; do not step on them)."]
+        if missing:
+            parts.append(
+                "Expected to have finished reduction in this iteration. This error indicates "
+                "that your training graph has changed in this iteration, e.g., one parameter is "
+                "used in first iteration, but then got unused in the second iteration. this is "
+                "not compatible with static_graph set to True.\n"
+                f"Parameter indices which did not receive grad for rank {rank}: "
+                f"{' '.join(map(str, missing))}\n"
+                f"Parameters which did not receive grad for rank {rank}: "
+                f"{', '.join(self.names[i] for i in missing)}")
+        if changed:
+            parts.append(
+                "Your training graph has changed in this iteration, e.g., one parameter is "
+                "unused in first iteration, but then got used in the second iteration. this is "
+                "not compatible with static_graph set to True.\n"
+                f"Parameters whose gradient hook fired more often than in the first iteration "
+                f"for rank {rank}: {', '.join(self.names[i] for i in changed)}")
+        if not missing and not changed:
+            parts.append(f"Rank {rank}'s own graph did not change: the error of rank "
+                         f"{ranks[0]} names the parameters. Build the same graph in every "
+                         "iteration on every rank, or use find_unused_parameters=True instead.")
+        raise RuntimeError("\n".join(parts))
 
     def _record_times(self, compute_end):
         """This iteration's forward, backward, comm and overlap times (Note [DDP logging data])."""
@@ -855,6 +938,7 @@ class Reducer:
             self._launch_copied(block=True)
             if self.find_unused_parameters:
                 self.process_group.iallreduce(np.zeros_like(self.local_used)).wait()
+            changes = self._post_static_changes(0)
             traced = TIMELINE.enabled  # Note [DDP timeline]
             for b, bucket in enumerate(self.buckets):
                 (bucket.work if self.comm_hook is None else bucket.future).wait()
@@ -864,6 +948,8 @@ class Reducer:
                 bucket.pending = len(bucket.variables)
             self.div_factor = None
             self.push_all_rebuilt_params()
+            if changes is not None:
+                self._raise_if_graph_changed(changes)
 
     def set_forward_pass_work_handle(self, work):
         """join(): the all-reduce that counts this iteration's active ranks (the divisor)."""
