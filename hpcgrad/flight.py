@@ -66,12 +66,19 @@ def _ranks(ranks):
 
 
 def _group_label(gid, groups):
-    name = groups.get(gid, {}).get("name", str(gid))
-    return f"group {gid}" + (f" ({name})" if name != str(gid) else "")
+    """'group DDP(default)', or 'group 3' for a group registered without a name: the words of
+    the stall inspector's group_label (Note [Group names] in hpcgrad/comm/stall.py)."""
+    if gid not in groups:
+        return f"group {gid} (not in any record's group list)"
+    name = groups[gid]["name"]
+    if name == str(gid):
+        return f"group {gid}"
+    shared = sum(1 for other in groups.values() if other["name"] == name) > 1
+    return f"group {name}" + (f" [id {gid}]" if shared else "")
 
 
 def describe(entry, groups=None):
-    """'allreduce #5 (4 x float32) on group 0' or 'recv from rank 1 (...) on group 0'."""
+    """'allreduce #5 (4 x float32) on group default' or 'recv from rank 1 (...) on group 3'."""
     if entry["peer"] is None:
         what = f"{entry['op']} #{entry['collective']}"
     else:

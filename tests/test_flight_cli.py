@@ -51,9 +51,9 @@ def test_a_skipped_collective_names_the_rank_that_never_posted_it(tmp_path, caps
     _write(tmp_path, 2, [_entry(1), _entry(2), _entry(9, op="recv", peer=0, state="posted")])
     status, out = _run(tmp_path, capsys)
     assert status == 1, out
-    assert ("FIRST DIVERGENCE: rank 2 diverged at collective #3 of group 0 (default): ranks 0, 1 "
+    assert ("FIRST DIVERGENCE: rank 2 diverged at collective #3 of group default: ranks 0, 1 "
             "posted allreduce #3 (4 x float32); rank 2 never did.") in out
-    assert ("rank 2: recv from rank 0 (4 x float32) on group 0 (default), posted 91.0 s before "
+    assert ("rank 2: recv from rank 0 (4 x float32) on group default, posted 91.0 s before "
             "its dump, never completed") in out
 
 
@@ -63,7 +63,7 @@ def test_a_dtype_mismatch_names_the_odd_rank(tmp_path, capsys):
     _write(tmp_path, 2, [_entry(1), _entry(2, state="failed")])
     status, out = _run(tmp_path, capsys)
     assert status == 1, out
-    assert ("FIRST DIVERGENCE: rank 1 diverged at collective #2 of group 0 (default): the ranks "
+    assert ("FIRST DIVERGENCE: rank 1 diverged at collective #2 of group default: the ranks "
             "called different operations or sizes there: ranks 0, 2 called allreduce (4 x "
             "float32); rank 1 called allreduce (4 x float64).") in out
 
@@ -75,7 +75,7 @@ def test_a_rank_stuck_in_an_earlier_call(tmp_path, capsys):
     _write(tmp_path, 2, ahead)
     status, out = _run(tmp_path, capsys)
     assert status == 1, out
-    assert ("FIRST DIVERGENCE: rank 1 diverged at collective #3 of group 0 (default): allreduce "
+    assert ("FIRST DIVERGENCE: rank 1 diverged at collective #3 of group default: allreduce "
             "#3 (4 x float32) completed on ranks 0, 2 but not on rank 1.") in out
 
 
@@ -84,7 +84,7 @@ def test_a_call_every_rank_is_in_is_not_a_divergence(tmp_path, capsys):
         _write(tmp_path, rank, [_entry(1), _entry(2, state="posted")], reason="signal SIGUSR2")
     status, out = _run(tmp_path, capsys)
     assert status == 0, out
-    assert ("Every rank of group 0 (default) was inside allreduce #2 (4 x float32), not "
+    assert ("Every rank of group default was inside allreduce #2 (4 x float32), not "
             "completed, when it wrote its record: the ranks agree on it") in out
 
 
@@ -144,5 +144,5 @@ def test_a_launched_job_where_rank_2_skips_a_collective(launch, tmp_path):
     assert findings["ranks"]["2"]["last"]["op"] == "recv"
     assert findings["ranks"]["2"]["last"]["state"] == "failed"
     text = flight.report(findings, flight.load(str(tmp_path)))
-    assert ("rank 2 diverged at collective #5 of group 0 (default): ranks 0, 1 posted "
+    assert ("rank 2 diverged at collective #5 of group default: ranks 0, 1 posted "
             "allreduce #5 (4 x float32); rank 2 never did.") in text

@@ -25,7 +25,16 @@ Note [Stall inspector]
     (registered with atexit, so before mpi4py's MPI_Finalize) only ends the threads.
 
     Every rank must register the same groups in the same order with the recorder. The
-    warning is agreed by ``start`` (Note [One stall warning]).
+    warning is agreed by ``start`` (Note [Group names]
+    A group is printed by the name it was registered under with the recorder ("group
+    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
+    never by its id alone: ids are registration order, and DDP's communicator reading as
+    "group 0" made a DDP divergence look like the default group's. Only a group registered
+    without a name reads "group 3"; a name two groups share gets its id too ("group
+    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
+    (which reads files only, so imports nothing of this module) print the same words.
+
+Note [One stall warning]).
 
 Note [Diagnostics messages are data]
     Nothing another rank sends the stall inspector is unpickled: a pickle runs whatever
@@ -34,6 +43,15 @@ Note [Diagnostics messages are data]
     (``encode_state``), a dump request UTF-8 text; ``decode_state`` checks every field's type
     and refuses anything else (ValueError), and the inspector says so once per sending rank and
     carries on. JSON costs a little more than the pickled tuples did, once a second per rank.
+
+Note [Group names]
+    A group is printed by the name it was registered under with the recorder ("group
+    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
+    never by its id alone: ids are registration order, and DDP's communicator reading as
+    "group 0" made a DDP divergence look like the default group's. Only a group registered
+    without a name reads "group 3"; a name two groups share gets its id too ("group
+    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
+    (which reads files only, so imports nothing of this module) print the same words.
 
 Note [One stall warning]
     HPCGRAD_STALL_WARNING is read on every rank, and ranks of one job may see different
@@ -95,16 +113,26 @@ def _span(ranks):
     return ", ".join(map(str, ranks))
 
 
+def group_label(gid, groups):
+    """'group DDP(default)', or 'group 3' for a group registered without a name (Note
+    [Group names]); ``groups``: the recorder's [(name, world ranks)] by id."""
+    if not 0 <= gid < len(groups):
+        return f"group {gid} (not registered on rank 0)"
+    name = groups[gid][0]
+    if name == str(gid):
+        return f"group {gid}"
+    shared = sum(1 for other, _ in groups if other == name) > 1
+    return f"group {name}" + (f" [id {gid}]" if shared else "")
+
+
 def describe_call(call, groups):
-    """'allreduce #5 (4 x float32) on group 0' or 'recv from rank 1 on group 0'."""
+    """'allreduce #5 (4 x float32) on group default' or 'recv from rank 1 (...) on group 3'."""
     if call["peer"] is None:
         what = f"{call['op']} #{call['collective']}"
     else:
         direction = "to" if call["op"] == "send" else "from"
         what = f"{call['op']} {direction} rank {call['peer']}"
-    name = groups[call["group"]][0] if call["group"] < len(groups) else "?"
-    label = f"group {call['group']}" + (f" ({name})" if name != str(call["group"]) else "")
-    return f"{what} ({call['count']} x {call['dtype']}) on {label}"
+    return f"{what} ({call['count']} x {call['dtype']}) on {group_label(call['group'], groups)}"
 
 
 def activity(state, groups, now):
@@ -161,12 +189,12 @@ def find_stall(states, groups, now, warning):
 def stall_report(stall, states, groups, now, warning, flight_dir):
     """The block rank 0 prints for ``stall`` (from find_stall)."""
     gid, number = stall["group"], stall["collective"]
-    name, members = groups[gid] if gid < len(groups) else (str(gid), sorted(states))
+    members = groups[gid][1] if gid < len(groups) else sorted(states)
     call = stall["call"]
     waiting = stall["waiting"]
     longest = max(waiting.values()) if waiting else now - call["start"]
     head = (f"[hpcgrad stall inspector] {call['op']} #{number} ({call['count']} x "
-            f"{call['dtype']}) on group {gid} ({name}, world ranks {_span(members)}) has waited "
+            f"{call['dtype']}) on {group_label(gid, groups)} (world ranks {_span(members)}) has waited "
             f"{longest:.1f} s on {_ranks(waiting)}")
     missing = stall["behind"] + stall["silent"]
     if missing:
@@ -403,7 +431,7 @@ class StallInspector:
         self.out.flush()
         if new_stall:
             reason = (f"stall reported by rank 0: {stall['call']['op']} #{stall['collective']} "
-                      f"on group {stall['group']}")
+                      f"on {group_label(stall['group'], groups)}")
             self.recorder.dump(reason)
             self._requests = [(r, d) for r, d in self._requests if not r.Test()]
             data = reason.encode()
@@ -416,7 +444,16 @@ def _seconds(warning):
 
 
 def agree_warning(comm, warning=None, out=None):
-    """The warning every rank of ``comm`` uses (Note [One stall warning]): the smallest of the
+    """The warning every rank of ``comm`` uses (Note [Group names]
+    A group is printed by the name it was registered under with the recorder ("group
+    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
+    never by its id alone: ids are registration order, and DDP's communicator reading as
+    "group 0" made a DDP divergence look like the default group's. Only a group registered
+    without a name reads "group 3"; a name two groups share gets its id too ("group
+    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
+    (which reads files only, so imports nothing of this module) print the same words.
+
+Note [One stall warning]): the smallest of the
     ranks' settings that is on, 0 when every rank is off. Collective; ``warning`` None reads
     HPCGRAD_STALL_WARNING. Rank 0 writes one line to ``out`` (stderr) when the ranks differ."""
     error = None
@@ -454,7 +491,16 @@ _lock = threading.Lock()
 
 def start(comm, recorder=RECORDER, warning=None, out=None):
     """Start the stall inspector on every rank of ``comm``. Collective: every rank calls it,
-    with the same ``comm``; the ranks agree on one warning (Note [One stall warning]; each
+    with the same ``comm``; the ranks agree on one warning (Note [Group names]
+    A group is printed by the name it was registered under with the recorder ("group
+    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
+    never by its id alone: ids are registration order, and DDP's communicator reading as
+    "group 0" made a DDP divergence look like the default group's. Only a group registered
+    without a name reads "group 3"; a name two groups share gets its id too ("group
+    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
+    (which reads files only, so imports nothing of this module) print the same words.
+
+Note [One stall warning]; each
     rank's ``warning``, None: its HPCGRAD_STALL_WARNING) and, when it is not 0, duplicate
     ``comm``. Returns the inspector, or None when off or alone. Idempotent (every rank must
     have called ``stop()`` before a new ``start``); stopped at exit (atexit) or by ``stop()``."""

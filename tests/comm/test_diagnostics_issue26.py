@@ -85,7 +85,7 @@ def test_a_stall_is_reported_when_the_ranks_set_different_warnings(launch, tmp_p
     assert "[hpcgrad stall inspector] HPCGRAD_STALL_WARNING differs across ranks (" in job.stderr
     assert first in job.stderr and "1 s on rank 1" in job.stderr, job.stderr
     assert "every rank uses the smallest setting that is on: 1 s" in job.stderr, job.stderr
-    assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
+    assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group default (world "
             "ranks 0, 1) has waited ") in job.stderr, job.stderr
     assert "; not reached by rank 1 (over HPCGRAD_STALL_WARNING=1 s)." in job.stderr, job.stderr
 
@@ -149,7 +149,7 @@ def test_crafted_pickles_run_nothing_and_the_inspector_carries_on(launch, tmp_pa
             "one (") in job.stderr, job.stderr
     assert ("[hpcgrad stall inspector] rank 1: ignored a dump request from rank 0 that is not "
             "one (") in job.stderr, job.stderr
-    assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group 0 (default, world "
+    assert ("[hpcgrad stall inspector] allreduce #2 (4 x float32) on group default (world "
             "ranks 0, 1) has waited ") in job.stderr, job.stderr
     assert "; not reached by rank 1 (over HPCGRAD_STALL_WARNING=1 s)." in job.stderr, job.stderr
 
@@ -171,3 +171,67 @@ def test_sigusr2_dumps_without_a_process_group_and_the_rank_lives(launch, tmp_pa
     if mode == "rpc":
         assert "[rank 0] rpc to worker1 gives 40" in job.stdout, job.output
         assert "[rank 1] rpc to worker0 gives 41" in job.stdout, job.output
+
+
+# --- 4. groups named as registered --------------------------------------------------------
+NOW = 1000.0
+DDP_GROUPS = [("default", [0, 1]), ("DDP(default)", [0, 1])]
+
+
+def _call(number, group, ended=None, started=NOW - 5):
+    return {"slot": number, "group": group, "seq": number, "collective": number,
+            "op": "allreduce", "peer": None, "count": 4, "dtype": "float32",
+            "state": "posted" if ended is None else "complete", "start": started, "end": ended}
+
+
+def _published(*calls):
+    return {"groups": {c["group"]: c for c in calls}, "p2p": None, "sent": NOW, "interval": 1.0}
+
+
+def test_the_stall_inspector_names_ddps_communicator_as_registered():
+    """DDP's private communicator registered as "DDP(default)" (group id 1): rank 0 waits in
+    its allreduce #12, rank 1 has finished #11 there. Every line names DDP(default), none
+    reads as the default group's."""
+    states = {0: _published(_call(4, 0, ended=NOW - 9), _call(12, 1)),
+              1: _published(_call(4, 0, ended=NOW - 9), _call(11, 1, ended=NOW - 6))}
+    found = stall.find_stall(states, DDP_GROUPS, NOW, 1)
+    text = stall.stall_report(found, states, DDP_GROUPS, NOW, 1, "d")
+    head, *lines = text.splitlines()
+    assert head == ("[hpcgrad stall inspector] allreduce #12 (4 x float32) on group DDP(default) "
+                    "(world ranks 0, 1) has waited 5.0 s on rank 0; not reached by rank 1 (over "
+                    "HPCGRAD_STALL_WARNING=1 s).")
+    assert lines[0] == ("  rank 0: waiting in allreduce #12 (4 x float32) on group DDP(default) "
+                        "for 5.0 s")
+    assert lines[1] == ("  rank 1: not in a communication call for 6.0 s; last: allreduce #11 "
+                        "(4 x float32) on group DDP(default), complete")
+    assert "group 0" not in text and "group 1" not in text
+
+
+def test_unnamed_and_shared_names_keep_their_id():
+    groups = DDP_GROUPS + [("2", [0]), ("DDP(default)", [0, 1])]
+    assert stall.group_label(0, groups) == "group default"
+    assert stall.group_label(2, groups) == "group 2"
+    assert stall.group_label(1, groups) == "group DDP(default) [id 1]"
+    assert stall.group_label(3, groups) == "group DDP(default) [id 3]"
+    assert stall.group_label(7, groups) == "group 7 (not registered on rank 0)"
+
+
+def test_the_flight_tool_names_ddps_communicator_as_registered(tmp_path, capsys):
+    from hpcgrad import flight
+    groups = [{"id": gid, "name": name, "ranks": ranks} for gid, (name, ranks)
+              in enumerate(DDP_GROUPS)]
+    for rank, last in ((0, 12), (1, 11)):
+        entries = [_call(4, 0, ended=NOW - 9)] + [
+            _call(n, 1, ended=None if n == 12 else NOW - 6) for n in range(1, last + 1)]
+        record = {"version": 1, "rank": rank, "world_size": 2, "host": "h", "pid": 1,
+                  "reason": "timeout", "time": NOW + 1, "capacity": 2000,
+                  "recorded": len(entries), "groups": groups, "entries": entries}
+        (tmp_path / f"flight_rank{rank}.json").write_text(json.dumps(record))
+    status = flight.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert ("FIRST DIVERGENCE: rank 1 diverged at collective #12 of group DDP(default): rank 0 "
+            "posted allreduce #12 (4 x float32); rank 1 never did.") in out
+    assert ("  rank 1's last collective on group DDP(default): allreduce #11 (4 x float32) on "
+            "group DDP(default), complete") in out
+    assert "group 0" not in out and "group 1" not in out

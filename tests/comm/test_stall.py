@@ -31,12 +31,12 @@ def test_a_rank_that_has_not_reached_the_call_is_named():
     assert found["waiting"] == {0: 5, 1: 4} and found["behind"] == [2]
     text = stall.stall_report(found, states, GROUPS, NOW, 1, "/flight")
     head, *lines = text.splitlines()
-    assert head == ("[hpcgrad stall inspector] allreduce #3 (4 x float32) on group 0 (default, "
+    assert head == ("[hpcgrad stall inspector] allreduce #3 (4 x float32) on group default ("
                     "world ranks 0-2) has waited 5.0 s on ranks 0, 1; not reached by rank 2 "
                     "(over HPCGRAD_STALL_WARNING=1 s).")
-    assert lines[0] == "  rank 0: waiting in allreduce #3 (4 x float32) on group 0 (default) for 5.0 s"
+    assert lines[0] == "  rank 0: waiting in allreduce #3 (4 x float32) on group default for 5.0 s"
     assert lines[2] == ("  rank 2: not in a communication call for 6.0 s; last: allreduce #2 "
-                        "(4 x float32) on group 0 (default), complete")
+                        "(4 x float32) on group default, complete")
     assert lines[3].endswith("python -m hpcgrad.flight /flight")
 
 
@@ -45,7 +45,7 @@ def test_what_a_behind_rank_is_doing_names_its_point_to_point_wait():
     states = {0: _state(_call(3)), 1: _state(_call(3)),
               2: _state(_call(2, ended=NOW - 4), p2p=recv)}
     text = stall.stall_report(stall.find_stall(states, GROUPS, NOW, 1), states, GROUPS, NOW, 1, "d")
-    assert "  rank 2: waiting in recv from rank 1 (4 x float32) on group 0 (default) for 3.0 s" in text
+    assert "  rank 2: waiting in recv from rank 1 (4 x float32) on group default for 3.0 s" in text
 
 
 def test_every_rank_in_the_call_with_different_operations():
@@ -105,14 +105,14 @@ def test_rank_0_names_the_late_rank_and_every_rank_leaves_a_record(launch, tmp_p
     blocks = [b for b in job.stderr.split("[hpcgrad stall inspector] ")[1:]]
     assert blocks, job.output
     head = blocks[0].splitlines()[0]
-    assert head.startswith("allreduce #3 (4 x float32) on group 0 (default, world ranks 0-2) "
+    assert head.startswith("allreduce #3 (4 x float32) on group default (world ranks 0-2) "
                            "has waited "), job.stderr
     assert "not reached by rank 2 " in head, job.stderr
     assert "  rank 2: not in a communication call for " in blocks[0], job.stderr
     # Rank 0 asked every rank for its record when it saw the stall.
     reasons = {r: json.loads((tmp_path / f"flight_rank{r}.json").read_text())["reason"]
                for r in range(3)}
-    assert reasons[2] == "stall reported by rank 0: allreduce #3 on group 0", reasons
+    assert reasons[2] == "stall reported by rank 0: allreduce #3 on group default", reasons
 
 
 def test_a_point_to_point_wait_names_the_peer_and_what_it_does():
@@ -123,6 +123,6 @@ def test_a_point_to_point_wait_names_the_peer_and_what_it_does():
     assert stall.find_stall(states, GROUPS, NOW, 1) is None
     text, picture = stall.p2p_stall_report(states, GROUPS, NOW, 1)
     assert picture == ((0, 0),)
-    assert ("  rank 0: waiting in recv from rank 2 (4 x float32) on group 0 (default) for 4.0 s; "
+    assert ("  rank 0: waiting in recv from rank 2 (4 x float32) on group default for 4.0 s; "
             "(world) rank 2: not in a communication call for 5.0 s; last: allreduce #1") in text
     assert stall.p2p_stall_report(states, GROUPS, NOW, 10) == (None, None)
