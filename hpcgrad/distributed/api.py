@@ -7,6 +7,7 @@ import datetime
 import math
 import numbers
 import pickle
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -67,42 +68,121 @@ def _seconds(timeout, what="timeout"):
     return seconds
 
 
-def init_process_group(backend="mpi", timeout=None, **unused):
-    """Start the default group over all MPI ranks (idempotent; the MPI is already running).
+_BACKENDS = ("mpi", "gloo", "nccl")  # PyTorch's names; every one runs over MPI here
+
+
+def _mpi_backend(backend):
+    """None for ``backend=None`` or 'mpi', else the name of the PyTorch backend mapped to MPI
+    ('gloo', 'nccl', 'cpu:gloo,cuda:nccl', any case); a clear error for anything else."""
+    if backend is None:
+        return None
+    name = str(backend).lower()
+    parts = [part.split(":")[-1].strip() for part in name.split(",")]
+    if not isinstance(backend, str) or not all(part in _BACKENDS for part in parts):
+        raise ValueError(f"Invalid backend: {backend!r}; hpcgrad runs every backend over MPI "
+                         f"and accepts {', '.join(map(repr, _BACKENDS))} (or None)")
+    return None if set(parts) == {"mpi"} else name
+
+
+def _group_shape(world_size, rank, size, me):
+    """(world_size, rank) of the default group this MPI rank joins, checked against MPI's:
+    Note [A default group of fewer ranks]."""
+    for name, value in (("world_size", world_size), ("rank", rank)):
+        if value is not None and (not isinstance(value, numbers.Integral)
+                                  or isinstance(value, bool)):
+            raise TypeError(f"init_process_group: {name} must be an int, got "
+                            f"{type(value).__name__} {value!r}")
+    want = size if world_size is None or world_size == -1 else int(world_size)
+    if not 1 <= want <= size:
+        raise ValueError(f"init_process_group: world_size={want} but the MPI job has {size} "
+                         f"rank{'s' if size > 1 else ''}; launch at least {want} ranks "
+                         f"(mpiexec -n {max(want, 1)}), or pass world_size from 1 to {size} "
+                         f"(leave it out for all {size})")
+    if rank is not None and rank != -1 and rank != me:
+        raise ValueError(f"init_process_group: rank={rank} but this process is MPI rank {me}; "
+                         f"under MPI the default group's rank r is MPI rank r (the group of "
+                         f"world_size={want} is MPI ranks 0-{want - 1}): leave rank out or pass "
+                         f"rank={me}")
+    if me >= want:
+        raise ValueError(f"init_process_group: this process is MPI rank {me}, outside "
+                         f"world_size={want}: the default group of world_size={want} is MPI "
+                         f"ranks 0-{want - 1}; call init_process_group only there (the other "
+                         f"ranks may call init_rpc alone), or launch so that the group's ranks "
+                         f"are the lowest MPI ranks")
+    return want, me
+
+
+# Note [A default group of fewer ranks]
+#     PyTorch lets some processes form the default group while others only join RPC
+#     (examples/distributed/rpc/ddp_rpc: ranks 0-1 call init_process_group(world_size=2,
+#     rank=r), all four call init_rpc(world_size=4)). Here the default group of world_size W
+#     is MPI ranks 0..W-1, its rank r MPI rank r; a rank passed that is not MPI's, a W larger
+#     than MPI's or ranks disagreeing on W are errors that say so. The group meets in a
+#     rendezvous of its members alone (Note [Start-ups never match each other] in
+#     comm/rendezvous.py) and is built with MPI_Comm_create_group, collective over the group
+#     only; its node split and stall inspector run on it, so the other ranks take no part.
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                       store=None, group_name="", pg_options=None, device_id=None):
+    """Start the default group (idempotent; the MPI is already running).
+
+    ``world_size`` and ``rank`` (PyTorch's; -1 or None: MPI's): the default group of
+    world_size W is MPI ranks 0..W-1 and its rank r is MPI rank r, so only those ranks call
+    this (the others may use RPC alone: Note [A default group of fewer ranks]); a W larger
+    than MPI's, a rank that is not MPI's, or ranks passing different W are clear errors.
+    ``backend``: 'gloo', 'nccl' and 'mpi' (or None) all run over MPI (rank 0 says so once for
+    the first two); anything else is an error. ``init_method``, ``store``, ``group_name``,
+    ``pg_options`` and ``device_id`` are accepted and ignored: mpiexec/srun placed the ranks.
 
     ``timeout`` (seconds or timedelta; default env HPCGRAD_COMM_TIMEOUT or 30 min; 0: none)
     bounds every wait: ``Work.wait()`` raises CommTimeoutError, and a blocking collective that
     overruns it is reported and aborts the job (Note [Blocking calls] in comm/work.py). It
-    bounds this call too: if some rank has not called init_process_group within ``timeout``,
-    rank 0 prints which ranks are missing and the job ends (MPI_Abort; Note [Bounded
-    start-up] in comm/mpi.py), as PyTorch's rendezvous times out.
+    bounds this call too: if some rank of the group has not called init_process_group within
+    ``timeout``, rank 0 prints which ranks are missing and the job ends (MPI_Abort; Note
+    [Bounded start-up] in comm/rendezvous.py), as PyTorch's rendezvous times out; meanwhile,
+    every HPCGRAD_STALL_WARNING seconds, rank 0 prints which ranks have not arrived yet.
     HPCGRAD_PROGRESS_THREAD=1 also starts the progress thread (Note [Communication progress]
     in comm/progress.py); unset (auto), DistributedDataParallel starts it when its group spans
-    nodes (Note [Progress across nodes]); 0 never. Rendezvous arguments of PyTorch
-    (init_method, rank, world_size, store) are accepted and ignored: mpiexec/srun already
-    placed the ranks.
+    nodes (Note [Progress across nodes]); 0 never.
     """
     global _default_group, _local
-    if backend not in ("mpi", None):
-        raise ValueError(f"hpcgrad runs over MPI; backend={backend!r} is not available "
-                         "(use 'mpi' or leave it out)")
+    mapped = _mpi_backend(backend)
     seconds = _seconds(timeout, "init_process_group: timeout")
     if _default_group is None:
         world = comm_world()
+        size, me = _group_shape(None if world_size is None else world_size,
+                                None if rank is None else rank,
+                                world.Get_size(), world.Get_rank())
         rendezvous(world, seconds, "init_process_group",
-                   "every rank must call init_process_group(); check the missing ranks' "
-                   "output (an error, an exit or a long step before it), or give it more "
-                   "time: init_process_group(timeout=...) or HPCGRAD_COMM_TIMEOUT")
-        _default_group = ProcessGroup(world.Dup(), seconds, name="default")
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+                   f"every rank must call init_process_group() (MPI ranks 0-{size - 1}, "
+                   f"the group of world_size={size}); check the missing ranks' output (an error, an exit or a long step before it), or "
+                   "give it more time: init_process_group(timeout=...) or "
+                   "HPCGRAD_COMM_TIMEOUT", members=range(size), value=size,
+                   value_name="world_size")
+        if size == world.Get_size():
+            comm = world.Dup()
+        else:  # collective over the group only: Note [A default group of fewer ranks]
+            everyone = world.Get_group()
+            members = everyone.Range_incl([(0, size - 1, 1)])
+            comm = world.Create_group(members, tag=_CREATE_GROUP_TAG)
+            members.Free()
+            everyone.Free()
+        if mapped is not None and me == 0:
+            print(f"hpcgrad: backend={mapped!r} runs over MPI (hpcgrad's one transport; "
+                  f"collectives, devices and timeouts as documented for 'mpi')",
+                  file=sys.stderr, flush=True)
+        _default_group = ProcessGroup(comm, seconds, name="default")
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
         start_from_env()
         # Failure knowledge by default (Note [Flight recorder], Note [Stall inspector]):
         # SIGUSR2 dumps this rank's record; rank 0 names the ranks a stalled call waits for.
         install_signal_handler()
-        stall.start(world)
+        stall.start(comm)
     return _default_group
+
+
+_CREATE_GROUP_TAG = 2601  # MPI_Comm_create_group's; only the group's ranks take part
 
 
 def is_initialized():
