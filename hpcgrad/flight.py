@@ -12,8 +12,16 @@ disagree is reported, in this order of evidence:
 A group whose last collective is posted and incomplete on every rank alike is reported as in
 progress: the ranks agree, so the trouble lies elsewhere (another group, point to point, MPI).
 
-Exit status: 0 when the records agree, 1 when a divergence is found, 2 on bad input (no dumps,
-unreadable or malformed ones). ``--json`` prints the findings as JSON. Reads files only: no MPI.
+Every record holds its job's world size, so a rank without a record (it exited, was killed
+before it could write one, or wrote to another HPCGRAD_FLIGHT_DIR) is named. Records from some
+ranks only are partial evidence: the missing rank may be the one that diverged, so the tool
+then never says the records agree.
+
+Exit status: 0 when every rank's record is there and they agree, 1 when a divergence is found
+(whether or not some records are missing), 2 on bad input (no dumps, unreadable or malformed
+ones), 3 when the records present show no divergence but some ranks' records are missing.
+``--json`` prints the findings as JSON ("consistent" is true only for status 0). Reads files
+only: no MPI.
 """
 
 import argparse
@@ -187,10 +195,13 @@ def analyze(dumps):
                        "last": entries[-1] if entries else None,
                        "pending": [e for e in entries if e["state"] == "posted"],
                        "time": dump["time"]}
+    missing = [r for r in range(world) if r not in dumps]
     return {"directory_ranks": sorted(dumps), "world_size": world,
-            "missing_dumps": [r for r in range(world) if r not in dumps],
+            "world_sizes": {str(r): int(d["world_size"]) for r, d in sorted(dumps.items())},
+            "missing_dumps": missing, "complete": not missing,
             "groups": {str(g): v for g, v in groups.items()},
-            "consistent": not divergences, "first": first, "divergences": divergences,
+            "consistent": not divergences and not missing, "first": first,
+            "divergences": divergences,
             "in_progress": in_progress,
             "ranks": {str(r): v for r, v in ranks.items()}}
 
@@ -229,12 +240,28 @@ def report(findings, dumps):
     """The findings in plain words."""
     groups = {int(g): v for g, v in findings["groups"].items()}
     world = findings["world_size"]
+    missing = findings["missing_dumps"]
     lines = [f"Flight records of {_ranks(findings['directory_ranks'])} (world size {world})."]
-    if findings["missing_dumps"]:
-        lines.append(f"No record from {_ranks(findings['missing_dumps'])}: killed or ended before "
-                     f"writing one (an abort kills the others first); they are left out below.")
+    sizes = sorted(set(findings["world_sizes"].values()))
+    if len(sizes) > 1:
+        on = {size: [int(r) for r, n in findings["world_sizes"].items() if n == size]
+              for size in sizes}
+        said = "; ".join(f"{size} on {_ranks(ranks)}" for size, ranks in on.items())
+        lines.append(f"The records disagree on the world size ({said}): some are from another "
+                     f"run; give each run its own HPCGRAD_FLIGHT_DIR.")
+    if missing:
+        they = "it" if len(missing) == 1 else "they"
+        lines.append(f"MISSING: no record from {_ranks(missing)} of the {world} ranks (a rank "
+                     f"that exited, was killed before writing one -- an abort kills the others "
+                     f"first -- or wrote to another HPCGRAD_FLIGHT_DIR); what {they} did is "
+                     f"unknown, and {they} {'is' if they == 'it' else 'are'} left out below.")
     first = findings["first"]
-    if first is None:
+    if first is None and missing:
+        lines.append(f"No divergence among the records of {_ranks(findings['directory_ranks'])}, "
+                     f"but this is partial evidence, not agreement: {_ranks(missing)} may be "
+                     f"where the job diverged (look at {'its' if they == 'it' else 'their'} own "
+                     f"output, or send every rank SIGUSR2 while the job still runs).")
+    elif first is None:
         lines.append("The records agree: every group's collectives match on every rank.")
     else:
         lines.append("FIRST DIVERGENCE: " + _explain(first, dumps, groups)[0])
@@ -245,11 +272,17 @@ def report(findings, dumps):
                 lines += _explain(other, dumps, groups)[1:]
     for found in findings["in_progress"]:
         call = next(iter(found["calls"].values()))
-        lines.append(f"Every rank of {_group_label(found['group'], groups)} was inside "
-                     f"{call['op']} #{found['collective']} ({call['count']} x {call['dtype']}), "
-                     f"not completed, when it wrote its record: the ranks agree on it; if it "
-                     f"never completes, look at the other groups, the point-to-point calls "
-                     f"below, or MPI itself.")
+        label = _group_label(found["group"], groups)
+        what = f"{call['op']} #{found['collective']} ({call['count']} x {call['dtype']})"
+        absent = [r for r in groups[found["group"]]["ranks"] if r in missing]
+        if absent:
+            lines.append(f"Every rank of {label} with a record ({_ranks(found['ranks'])}) was "
+                         f"inside {what}, not completed, when it wrote it; {_ranks(absent)} "
+                         f"left no record: it may never have reached {what}.")
+            continue
+        lines.append(f"Every rank of {label} was inside {what}, not completed, when it wrote "
+                     f"its record: the ranks agree on it; if it never completes, look at the "
+                     f"other groups, the point-to-point calls below, or MPI itself.")
     lines.append("What each rank was doing (its last call when it wrote its record):")
     for rank, info in sorted(findings["ranks"].items(), key=lambda kv: int(kv[0])):
         last = info["last"]
@@ -278,7 +311,9 @@ def main(argv=None):
         print(json.dumps(findings, indent=1))
     else:
         print(report(findings, dumps))
-    return 0 if findings["consistent"] else 1
+    if findings["divergences"]:
+        return 1
+    return 0 if findings["complete"] else 3
 
 
 if __name__ == "__main__":

@@ -93,8 +93,9 @@ def test_missing_dumps_and_truncated_rings(tmp_path, capsys):
     _write(tmp_path, 0, [_entry(5), _entry(6)], capacity=2, recorded=6)
     _write(tmp_path, 1, [_entry(n) for n in range(1, 7)])
     status, out = _run(tmp_path, capsys)
-    assert status == 0, out
-    assert "No record from rank 2" in out and "The records agree" in out
+    assert status == 3, out
+    assert "MISSING: no record from rank 2 of the 3 ranks" in out, out
+    assert "records agree" not in out.lower() and "partial evidence" in out, out
 
 
 def test_json_output(tmp_path, capsys):

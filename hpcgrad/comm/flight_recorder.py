@@ -13,7 +13,8 @@ Note [Flight recorder]
     own thread, so publishing costs the hot path nothing. Figures: ``python
     benchmarks/flight.py``. ``RECORDER.dump(reason)`` writes
     ``flight_rank{R}.json`` into HPCGRAD_FLIGHT_DIR (default ./hpcgrad-flight) and never raises;
-    ``python -m hpcgrad.flight DIR`` merges the ranks' dumps and names the rank that diverged.
+    ``python -m hpcgrad.flight DIR`` merges the ranks' dumps, names the rank that diverged and
+    the ranks that left no dump (the world size in each dump says which ranks to expect).
 
     Where the calls go (hpcgrad/comm/process_group.py, work.py, mpi.py, distributed/api.py):
     - Groups: ``gid = RECORDER.register_group(world_ranks, name)`` on EVERY rank, in the same

@@ -3,6 +3,7 @@ diagnostics messages, SIGUSR2 without a process group, groups named as registere
 flight tool that names the ranks whose records are missing."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -235,3 +236,65 @@ def test_the_flight_tool_names_ddps_communicator_as_registered(tmp_path, capsys)
     assert ("  rank 1's last collective on group DDP(default): allreduce #11 (4 x float32) on "
             "group DDP(default), complete") in out
     assert "group 0" not in out and "group 1" not in out
+
+
+# --- 5. the flight tool names missing ranks -----------------------------------------------
+def _flight_record(directory, rank, entries, world=3):
+    record = {"version": 1, "rank": rank, "world_size": world, "host": "h", "pid": 100 + rank,
+              "reason": "timeout", "time": NOW + 100, "capacity": 2000,
+              "recorded": len(entries),
+              "groups": [{"id": 0, "name": "default", "ranks": list(range(world))}],
+              "entries": entries}
+    (directory / f"flight_rank{rank}.json").write_text(json.dumps(record))
+
+
+def test_records_of_2_of_3_ranks_name_the_missing_rank_and_never_agree(tmp_path):
+    """Ranks 0 and 1 completed allreduce #1-#3 and wrote records; rank 2 (world size 3) wrote
+    none. Before: "The records agree" and status 0, on a third of the job missing."""
+    for rank in (0, 1):
+        _flight_record(tmp_path, rank, [_call(n, 0, ended=NOW - 1) for n in (1, 2, 3)])
+    done = subprocess.run([sys.executable, "-m", "hpcgrad.flight", str(tmp_path)],
+                          capture_output=True, text=True, timeout=BOUND, check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    out = done.stdout
+    assert out.startswith("Flight records of ranks 0, 1 (world size 3).\n"), out
+    assert "MISSING: no record from rank 2 of the 3 ranks" in out, out
+    assert ("No divergence among the records of ranks 0, 1, but this is partial evidence, not "
+            "agreement: rank 2 may be where the job diverged") in out, out
+    assert "agree:" not in out and "records agree" not in out.lower(), out
+    found = json.loads(subprocess.run([sys.executable, "-m", "hpcgrad.flight", "--json",
+                                       str(tmp_path)], capture_output=True, text=True,
+                                      timeout=BOUND, check=False).stdout)
+    assert (found["missing_dumps"], found["complete"], found["consistent"]) == ([2], False, False)
+
+
+def test_a_group_in_progress_with_a_missing_rank_is_not_called_agreed(tmp_path, capsys):
+    from hpcgrad import flight
+    for rank in (0, 1):
+        _flight_record(tmp_path, rank, [_call(1, 0, ended=NOW - 1), _call(2, 0)])
+    assert flight.main([str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert ("Every rank of group default with a record (ranks 0, 1) was inside allreduce #2 "
+            "(4 x float32), not completed, when it wrote it; rank 2 left no record: it may "
+            "never have reached allreduce #2 (4 x float32).") in out, out
+    assert "agree on it" not in out and "records agree" not in out.lower(), out
+
+
+def test_a_divergence_with_a_missing_rank_exits_1_and_names_both(tmp_path, capsys):
+    from hpcgrad import flight
+    _flight_record(tmp_path, 0, [_call(1, 0, ended=NOW - 1), _call(2, 0)])
+    _flight_record(tmp_path, 1, [_call(1, 0, ended=NOW - 1)])
+    assert flight.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "MISSING: no record from rank 2 of the 3 ranks" in out, out
+    assert "FIRST DIVERGENCE: rank 1 diverged at collective #2 of group default" in out, out
+
+
+def test_records_from_runs_of_different_sizes_are_said_so(tmp_path, capsys):
+    from hpcgrad import flight
+    _flight_record(tmp_path, 0, [_call(1, 0, ended=NOW - 1)], world=2)
+    _flight_record(tmp_path, 1, [_call(1, 0, ended=NOW - 1)], world=3)
+    assert flight.main([str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert ("The records disagree on the world size (2 on rank 0; 3 on rank 1): some are from "
+            "another run") in out, out
