@@ -17,6 +17,7 @@ from .. import distributed as dist
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..comm import progress
+from ..comm.flight_recorder import RECORDER
 from ..comm.process_group import ProcessGroup
 from ..comm.work import wait_requests
 from ..distributed import api as dist_api
@@ -148,6 +149,32 @@ def _names(annotation, cls):
 # group's timeout), freed when the DDP is collected. An unpickled DDP makes its duplicate at
 # its first collective, so unpickling stays local. Comm hooks still run on whatever group
 # their state names: the user's.
+#
+# Note [DDP in the flight recorder]
+# The duplicate is recorded under a name of its own, "DDP(default)" or "DDP(new_group([0,
+# 1]))" (the user's group's recorder name inside), so a stall or divergence in DDP's calls
+# reads as DDP's, numbered apart from the user's collectives on the group. Recorder ids are
+# registration order and must agree on every rank that registers groups (Note [Flight
+# recorder]): new_group registers on every rank of the default group, members or not. A DDP
+# over a group of every rank of the default group is built by all of them at the same point
+# of their programs, so each registers it there and the ids still agree. A DDP over a
+# smaller group is built by its members only: registered there, it would shift every later
+# group's id on the members and not elsewhere, and rank 0's stall inspector would not know
+# it; so its calls stay under the user's group's id (and name), as before.
+def _recorder_name(group):
+    """The user's group's name in the flight recorder ("default", "new_group([0, 1])")."""
+    groups = RECORDER.groups()
+    return groups[group._gid][0] if 0 <= group._gid < len(groups) else str(group._gid)
+
+
+def _spans_default_group(group):
+    try:
+        default = dist_api._group(None)
+    except RuntimeError:
+        return False
+    return group is default or group.size() == default.size()
+
+
 def private_group(group):
     """A ProcessGroup over a duplicate of ``group``'s communicator (same ranks, same timeout);
     collective over ``group``, raising CommTimeoutError past its timeout."""
@@ -156,8 +183,9 @@ def private_group(group):
                   lambda: f"DistributedDataParallel's communicator duplicate (MPI_Comm_idup) "
                           f"in a group of {group.size()} ranks: every rank must construct "
                           f"DDP (or run its first synced forward after unpickling) together")
-    # Recorded under the user's group id: its ranks, and its place in every rank's program
-    # order, are the same (Note [Flight recorder]); not every rank builds a DDP.
+    if _spans_default_group(group):  # Note [DDP in the flight recorder]
+        return ProcessGroup(comm, group.timeout, group.ranks,
+                            name=f"DDP({_recorder_name(group)})")
     return ProcessGroup(comm, group.timeout, group.ranks, recorder_id=group._gid)
 
 

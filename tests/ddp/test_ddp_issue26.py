@@ -1,10 +1,21 @@
-"""Issue 26's DDP rows, as launched 2-rank jobs: a static graph that changes stops every rank
-before an unsynchronised step (Note [Static graph] in hpcgrad/ddp/reducer.py)."""
+"""Issue 26's DDP rows: a static graph that changes stops every rank before an unsynchronised
+step (Note [Static graph] in hpcgrad/ddp/reducer.py), as launched 2-rank jobs; DDP's
+communicator in the flight recorder under its own name (Note [DDP in the flight recorder] in
+hpcgrad/ddp/data_parallel.py), run under mpiexec."""
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import hpcgrad as hg
+import hpcgrad.distributed as dist
+from hpcgrad import nn
+from hpcgrad.comm.flight_recorder import RECORDER
+from hpcgrad.nn.parallel import DistributedDataParallel as DDP
+
+mpi2 = pytest.mark.mpi(min_size=2)
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 PYTORCH_UNUSED = ("This error indicates that your training graph has changed in this iteration, "
@@ -68,6 +79,61 @@ def test_static_graph_parameter_used_late_on_one_rank(launch):
     assert PYTORCH_USED in job.stdout, job.output
     assert "fired more often than in the first iteration for rank 1: side.weight, side.bias" \
         in job.stdout, job.output
+
+
+# --- DDP's communicator in the flight recorder ------------------------------------------------
+def recorded_ops(gid, since):
+    return [e["op"] for e in RECORDER.entries() if e["group"] == gid and e["slot"] >= since]
+
+
+def check_ddp_is_named(group, user_name):
+    """A DDP step and a user all_reduce: DDP's all-reduces are recorded under "DDP(<the user's
+    group>)", with an id every rank agrees on, the user's under the user's group."""
+    since = RECORDER._next_slot()
+    model = nn.Linear(3, 2).double()
+    ddp = DDP(model, process_group=group)
+    ddp(hg.tensor(np.ones((2, 3)))).sum().backward()
+    user = np.ones(4)
+    dist.all_reduce(user, group=group)
+    mine = ddp.reducer.process_group._gid
+    names = dict(enumerate(name for name, _ in RECORDER.groups()))
+    assert names[group._gid] == user_name
+    assert names[mine] == f"DDP({user_name})" and mine != group._gid
+    assert RECORDER.groups()[mine][1] == group.ranks
+    ddp_ops, user_ops = recorded_ops(mine, since), recorded_ops(group._gid, since)
+    assert "allreduce" in ddp_ops and "broadcast" in ddp_ops, ddp_ops
+    # The user's group saw its own all_reduce, none of DDP's broadcasts.
+    assert "allreduce" in user_ops and "broadcast" not in user_ops, user_ops
+    everyone = [None] * group.size()
+    dist.all_gather_object(everyone, (mine, group._gid), group=group)
+    assert everyone == [(mine, group._gid)] * group.size()  # ids agree across ranks
+
+
+@mpi2
+def test_ddp_collectives_recorded_as_ddp_default(world):
+    check_ddp_is_named(world, "default")
+
+
+@mpi2
+def test_ddp_collectives_recorded_as_ddp_new_group(group):
+    check_ddp_is_named(group, f"new_group({group.ranks})")
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ddp_over_a_subgroup_keeps_the_user_group_id():
+    """A DDP over a subgroup is built by its members only: registered there, it would shift
+    later groups' ids on them alone, so it stays under the user's group's id; the ids of
+    groups made later still agree on every rank."""
+    dist.init_process_group()
+    sub = dist.new_group([0, 1])
+    if dist.get_rank() in (0, 1):
+        ddp = DDP(nn.Linear(3, 2).double(), process_group=sub)
+        assert ddp.reducer.process_group._gid == sub._gid
+    later = dist.new_group()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (later._gid, len(RECORDER.groups())))
+    assert len(set(everyone)) == 1, everyone
+    dist.destroy_process_group(later)
 
 
 if __name__ == "__main__":
