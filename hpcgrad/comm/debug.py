@@ -32,14 +32,16 @@ from mpi4py import MPI
 from .buffers import dtype_code, dtype_name
 from .work import wait_requests
 
+_IN_PLACE = MPI.IN_PLACE
+
 DEBUG_ENV = "HPCGRAD_DISTRIBUTED_DEBUG"
 _LEVELS = ("OFF", "INFO", "DETAIL")
 _SIGNATURE_BYTES = 512
 # Codes of the INFO fingerprint (0: none).
 _OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier")
-_OP_CODES = {name: code for code, name in enumerate(_OPS, start=1)}
+OP_CODES = {name: code for code, name in enumerate(_OPS, start=1)}
 _REDUCE_OPS = ("sum", "avg", "min", "max", "product")
-_REDUCE_CODES = {name: code for code, name in enumerate(_REDUCE_OPS, start=1)}
+REDUCE_CODES = {name: code for code, name in enumerate(_REDUCE_OPS, start=1)}
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -47,8 +49,8 @@ class CollectiveMismatchError(RuntimeError):
 
 
 def level():
-    """HPCGRAD_DISTRIBUTED_DEBUG as 'OFF', 'INFO' or 'DETAIL' (default OFF)."""
-    value = os.environ.get(DEBUG_ENV, "OFF").upper()
+    """HPCGRAD_DISTRIBUTED_DEBUG as 'OFF', 'INFO' or 'DETAIL' (default INFO)."""
+    value = os.environ.get(DEBUG_ENV, "INFO").upper()
     if value not in _LEVELS:
         raise ValueError(f"{DEBUG_ENV} must be OFF, INFO or DETAIL, got {value!r}")
     return value
@@ -76,38 +78,67 @@ def _mismatch(seq, calls):
 
 
 class FingerprintChecker:
-    """INFO: one tiny all_reduce of each call's fingerprint (see the module docstring)."""
+    """INFO (the default): each call's fingerprint is all-reduced on a private communicator
+    before its data moves (Note [Checked collectives] in process_group.py)."""
 
     def __init__(self, comm, timeout):
         self.comm = comm.Dup()
+        # Gathers after a mismatch run on their own communicator: a rank may have posted the
+        # fingerprints of later (asynchronous) calls on ``comm`` before it sees the mismatch,
+        # another not yet, but every rank sees the mismatches in the same order.
+        self.describe_comm = comm.Dup()
         self.timeout = timeout
 
-    def check(self, seq, name, array, **extra):
+    def free(self):
+        self.comm.Free()
+        self.describe_comm.Free()
+
+    @staticmethod
+    def fingerprint(seq, name, array, extra):
+        """Six integers naming a call: number, op, element count, dtype, root, reduce op."""
         root = extra.get("src", extra.get("dst", -1))
-        mine = [seq, _OP_CODES.get(name, 0), array.size, dtype_code(array.dtype), root,
-                _REDUCE_CODES.get(extra.get("reduce_op"), 0)]
-        # array.array and lists, not numpy: building, negating and comparing 12 numbers in
-        # numpy cost ~10 us of the first version's ~25 us per call; this costs ~2 us.
-        both = pyarray("q", mine + [-v for v in mine])
-        request = self.comm.Iallreduce(MPI.IN_PLACE, [both, MPI.INT64_T], MPI.MAX)
+        return (seq, OP_CODES.get(name, 0), array.size, dtype_code(array.dtype), root,
+                REDUCE_CODES.get(extra.get("reduce_op"), 0))
+
+    def start(self, mine):
+        """Post the all_reduce (MPI_MAX) of the hash of ``mine`` and its negation; returns
+        (request, buffer). Equal maxima of h and -h mean every rank's h was the same."""
+        # Python's hash of a tuple of ints is the same in every process (only str and bytes
+        # hashes are salted); halved so that its negation fits in 64 bits. Two int64 in an
+        # array.array: the first version's 12 numbers in numpy cost ~25 us per call, 12 in an
+        # array.array ~6 us, these two ~1 us; a mismatch then gathers the whole fingerprints.
+        h = hash(mine) >> 1
+        both = pyarray("q", (h, -h))
+        return self.comm.Iallreduce(_IN_PLACE, [both, MPI.INT64_T], MPI.MAX), both
+
+    def verify(self, mine, both):
+        """After the all_reduce: return if every rank's fingerprint equals ``mine``, else gather
+        everyone's and raise CollectiveMismatchError (on every rank: all see the same maxima)."""
+        if both[0] == -both[1]:
+            return
+        n = len(mine)
+        everyone = np.zeros((self.describe_comm.Get_size(), n), np.int64)
+        request = self.describe_comm.Iallgather([np.array(mine, np.int64), MPI.INT64_T],
+                                                [everyone, MPI.INT64_T])
+        wait_requests([request], self.timeout, lambda: f"call #{mine[0]}: gathering every "
+                                                       f"rank's call after a mismatch")
+        raise _mismatch(mine[0], [_describe(row) for row in everyone.tolist()])
+
+    def check(self, seq, name, array, **extra):
+        """The whole check at once (start, wait within the timeout, verify)."""
+        mine = self.fingerprint(seq, name, array, extra)
+        request, both = self.start(mine)
         wait_requests([request], self.timeout,
                       lambda: f"{name} #{seq} ({array.size} x {array.dtype}, shape "
-                              f"{list(array.shape)}), at its {DEBUG_ENV}=INFO call check,")
-        n = len(mine)
-        agreed = both.tolist()
-        if agreed[:n] == [-v for v in agreed[n:]]:
-            return
-        everyone = np.zeros((self.comm.Get_size(), n), np.int64)
-        request = self.comm.Iallgather([np.array(mine, np.int64), MPI.INT64_T],
-                                       [everyone, MPI.INT64_T])
-        wait_requests([request], self.timeout, lambda: f"{name} #{seq}: gathering the calls of "
-                                                       f"a {DEBUG_ENV}=INFO mismatch")
-        raise _mismatch(seq, [_describe(row) for row in everyone.tolist()])
+                              f"{list(array.shape)}), at its call check,")
+        self.verify(mine, both)
 
 
 def _describe(fingerprint):
     seq, op, count, dtype, root, reduce_op = fingerprint
-    text = f"{_OPS[op - 1] if op else '?'} #{seq}: {count} x {dtype_name(dtype)}"
+    text = f"{_OPS[op - 1] if op else '?'} #{seq}"
+    if op != OP_CODES["barrier"]:
+        text += f": {count} x {dtype_name(dtype)}"
     if reduce_op:
         text += f", op {_REDUCE_OPS[reduce_op - 1]}"
     if root >= 0:
@@ -122,6 +153,9 @@ class CallChecker:
         self.comm = comm.Dup()
         self.timeout = timeout
 
+    def free(self):
+        self.comm.Free()
+
     def check(self, seq, name, array, **extra):
         call = dict(extra)  # e.g. src, dst, reduce_op; never overriding the fields below
         call.update(seq=seq, op=name, shape=list(array.shape), dtype=str(array.dtype))
@@ -134,7 +168,7 @@ class CallChecker:
         request = self.comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
         wait_requests([request], self.timeout,
                       lambda: f"{name} #{seq} ({array.size} x {array.dtype}, shape "
-                              f"{list(array.shape)}), at its {DEBUG_ENV}=DETAIL call check,")
+                              f"{list(array.shape)}), at its call check,")
         calls = [row.tobytes().rstrip(b"\0").decode() for row in everyone]
         if len(set(calls)) > 1:
             raise _mismatch(seq, calls)

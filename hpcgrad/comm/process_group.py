@@ -1,7 +1,9 @@
 """ProcessGroup: one communicator's collectives and point-to-point calls, each returning a Work."""
 
+import collections
 import enum
 import operator
+import threading
 import time
 
 import numpy as np
@@ -32,6 +34,8 @@ _BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAN
              ReduceOp.PRODUCT: MPI.LAND}
 for _op in ReduceOp:  # an attribute read is 5x cheaper than hashing an Enum member
     _op._mpi_op, _op._mpi_bool_op = _MPI_OPS[_op], _BOOL_OPS.get(_op)
+    _op._fp_code = debug.REDUCE_CODES[_op.value]  # its code in a call's fingerprint
+_ALLREDUCE_CODE = debug.OP_CODES["allreduce"]
 _AVG = ReduceOp.AVG
 _UNORDERED = (ReduceOp.MIN, ReduceOp.MAX)
 _IN_PLACE = MPI.IN_PLACE
@@ -106,6 +110,11 @@ class ProcessGroup:
         self._seq = 0  # collectives: the same number on every rank for the same call
         self._p2p_seq = 0  # sends and receives, numbered apart (ranks make different ones)
         self._checker = debug.make_checker(comm, timeout)
+        # Note [Checked collectives]: asynchronous calls waiting for their fingerprint's check,
+        # in call order; their data is posted in that order once the check agrees.
+        self._fingerprints = isinstance(self._checker, debug.FingerprintChecker)
+        self._deferred = collections.deque()
+        self._defer_lock = threading.Lock()
         # Note [Wide elements on their own communicator]
         self._wide = comm.Dup() if comm != MPI.COMM_NULL else comm
         self._inflight = None  # the blocking call under way, for the watchdog
@@ -135,8 +144,9 @@ class ProcessGroup:
         if self._comm_thread is not None:
             self._comm_thread.close("was freed")
         if self._checker is not None:
-            self._checker.comm.Free()
+            self._checker.free()
             self._checker = None
+            self._fingerprints = False
         if self._hier is not None:
             self._hier.free()
             self._hier = None
@@ -211,13 +221,16 @@ class ProcessGroup:
             progress._thread.watch(work)  # Note [Communication progress]
         return work
 
-    def _blocking(self, name, array, finish, start, *args):
-        """Number the call, post it with the nonblocking MPI ``start(*args)`` and wait for it
-        inside MPI under the watchdog (Note [Blocking calls])."""
+    def _blocking(self, name, array, finish, fp, start, *args):
+        """Number the call, check its fingerprint ``fp`` (None: unchecked), post it with the
+        nonblocking MPI ``start(*args)`` and wait for it inside MPI under the watchdog (Note
+        [Blocking calls], Note [Checked collectives])."""
         self._seq += 1
-        self._inflight = (name, None, self._seq, array, self._size)
+        what = self._inflight = (name, None, self._seq, array, self._size)
         slot = RECORDER.begin(self._gid, self._seq, name, None, array)
         try:
+            if fp is not None:
+                self._agree(fp, what, True)
             start(*args).Wait()
         except BaseException:
             RECORDER.end(slot, False)
@@ -228,23 +241,89 @@ class ProcessGroup:
         if finish is not None:
             finish()
 
-    def _post(self, name, array, finish, bufs, result, blocking, start, *args):
-        """Post a collective: ``start(*args)`` is its nonblocking MPI call. With ``blocking``
-        wait for it (Note [Blocking calls]) and return None, else return its Work; a group
-        with a communication thread routes it (Note [Device collectives per MPI])."""
+    def _post(self, name, array, finish, bufs, result, blocking, fp, start, *args):
+        """Post a collective: ``start(*args)`` is its nonblocking MPI call, ``fp`` its
+        fingerprint to check first (None: unchecked; Note [Checked collectives]). With
+        ``blocking`` wait for it (Note [Blocking calls]) and return None, else return its
+        Work; a group with a communication thread routes it (Note [Device collectives per
+        MPI])."""
         if self._via_thread is not None:
-            return self._routed(name, array, finish, bufs, result, blocking, start, *args)
+            return self._routed(name, array, finish, bufs, result, blocking, fp, start, *args)
         if blocking:
-            return self._blocking(name, array, finish, start, *args)
+            return self._blocking(name, array, finish, fp, start, *args)
+        if fp is not None:
+            return self._deferred_work(name, array, finish, bufs, result, fp, start, args)
         return self._work(name, array, [start(*args)], bufs, finish, result)
 
-    def _routed(self, name, array, finish, bufs, result, blocking, start, *args):
+    # Note [Checked collectives]
+    # MPI matches collectives by order alone, and the nonblocking forms every call posts (Note
+    # [Blocking calls]) do not check that the matched calls agree: all_reduce of 10 elements
+    # against 12, all_gather of 3 against 4, broadcast of 10 against 12, float16 against
+    # float32, or an all_reduce against a peer's barrier, completed with garbage and exit
+    # status 0. So by default (HPCGRAD_DISTRIBUTED_DEBUG=INFO) every collective first
+    # all-reduces (MPI_MAX) the hash of a fingerprint of itself (call number, op, count,
+    # dtype, root, reduce op; debug.FingerprintChecker) beside its negation, on a private
+    # communicator, and posts its data only once every rank's hash is known to be equal (the
+    # maxima of h and -h agree only then). A mismatch
+    # raises CollectiveMismatchError on every rank (all see the same maxima), naming each
+    # rank's call, and no data has moved: the group stays usable. A blocking call waits for
+    # the check inside MPI under the watchdog, then posts its data: one extra round trip of 16
+    # bytes. An asynchronous call (async_op=True, DDP's buckets) only posts the check and
+    # returns; its data is posted when the check has completed, at the group's next call or a
+    # test or wait of any of its Work (``_advance``), always in call order, as MPI requires
+    # of every rank. So the check adds latency to each call, not a wait at the call. Blocking
+    # calls and the paths that run elsewhere (the communication thread, the hierarchical
+    # chain) first post the data of every deferred call (``_settle``). What it costs per call
+    # is in debug.py; HPCGRAD_DISTRIBUTED_DEBUG=OFF removes it, and with it the check.
+    def _agree(self, fp, what, in_mpi):
+        """Check fingerprint ``fp`` across the group now (Note [Checked collectives]): raise
+        CollectiveMismatchError if another rank's call differs. ``in_mpi``: wait inside MPI
+        (a blocking call, bounded by the watchdog), else poll within the group's timeout."""
+        request, both = self._checker.start(fp)
+        try:
+            if self._deferred:
+                self._settle(what)
+            if in_mpi:
+                request.Wait()
+            else:
+                wait_requests([request], self.timeout, what)
+            self._checker.verify(fp, both)
+        except CommTimeoutError as error:
+            self._fail(error)
+            raise
+
+    def _deferred_work(self, name, array, finish, bufs, result, fp, start, args):
+        """The Work of an asynchronous call whose data waits for its check."""
+        request, both = self._checker.start(fp)
+        entry = _Checked(self, fp, request, both, start, args)
+        with self._defer_lock:
+            self._deferred.append(entry)
+        work = self._work(name, array, [entry], bufs, _then(entry.check, finish), result)
+        self._advance()
+        return work
+
+    def _advance(self):
+        """Post, in call order, the data of deferred calls whose checks have completed."""
+        with self._defer_lock:
+            queue = self._deferred
+            while queue and queue[0].fp_request.Test():
+                queue.popleft().resolve()
+
+    def _settle(self, what):
+        """Wait until every deferred call has posted its data (or failed its check)."""
+        wait_requests([_Settled(self)], self.timeout,
+                      lambda: f"the checks of earlier asynchronous calls, before "
+                              f"{work_module.describe_call(what)},")
+
+    def _routed(self, name, array, finish, bufs, result, blocking, fp, start, *args):
         """A collective on a group that may use its communication thread: there when
         ``_via_thread(array)``, else direct once the thread has drained (Note [Device
         collectives per MPI]). ``start`` is the nonblocking MPI call; the thread runs its
         blocking form (Iallreduce -> Allreduce)."""
         thread = self._comm_thread
         if self._via_thread(array):
+            if fp is not None:
+                self._agree(fp, (name, None, self._seq + 1, array, self._size), False)
             if thread is None:
                 thread = self._comm_thread = device_path.CommThread(
                     f"hpcgrad-comm-{self._gid}")
@@ -266,19 +345,26 @@ class ProcessGroup:
                 self._fail(error)
                 raise
         if blocking:
-            return self._blocking(name, array, finish, start, *args)
+            return self._blocking(name, array, finish, fp, start, *args)
+        if fp is not None:
+            return self._deferred_work(name, array, finish, bufs, result, fp, start, args)
         return self._work(name, array, [start(*args)], bufs, finish, result)
 
     def _check(self, name, array, **extra):
-        """The debug check of the next call (HPCGRAD_DISTRIBUTED_DEBUG=INFO or DETAIL)."""
+        """Refuse a call on a failed group; return the next call's fingerprint to check when
+        it is posted (HPCGRAD_DISTRIBUTED_DEBUG=INFO, the default), or None. DETAIL checks
+        the call's signature here, at once."""
         if self._failed is not None:
             raise self._refuse()
+        if self._fingerprints:
+            return self._checker.fingerprint(self._seq + 1, name, array, extra)
         if self._checker is not None:
             try:
                 self._checker.check(self._seq + 1, name, array, **extra)
             except CommTimeoutError as error:
                 self._fail(error)
                 raise
+        return None
 
     # --- collectives ------------------------------------------------------------------------
     def allreduce_now(self, array, op):
@@ -286,9 +372,9 @@ class ProcessGroup:
         needs the general path (AVG, bools, complex, staging, debug checks, an error to
         report): the common case in a third of the Python steps (Note [Cost per call]).
         Returns False if it did nothing."""
-        if (type(array) is not np.ndarray or op is _AVG or self._checker is not None
-                or self._failed is not None or self._via_thread is not None
-                or self._hier is not None):
+        if (type(array) is not np.ndarray or op is _AVG or self._failed is not None
+                or self._via_thread is not None or self._hier is not None or self._deferred
+                or (self._checker is not None and not self._fingerprints)):
             return False
         comm = self._wide if array.itemsize > 4 else self.comm
         mpi_op = getattr(op, "_mpi_op", None)
@@ -298,9 +384,12 @@ class ProcessGroup:
                 or not flags.c_contiguous or not flags.writeable):
             return False
         self._seq += 1
-        self._inflight = ("allreduce", None, self._seq, array, self._size)
+        what = self._inflight = ("allreduce", None, self._seq, array, self._size)
         slot = RECORDER.begin(self._gid, self._seq, "allreduce", None, array)
         try:
+            if self._fingerprints:  # Note [Checked collectives]
+                self._agree((self._seq, _ALLREDUCE_CODE, array.size, dtype_code(array.dtype),
+                             -1, op._fp_code), what, True)
             comm.Iallreduce(_IN_PLACE, [array, mpi_type], mpi_op).Wait()
         except BaseException:
             RECORDER.end(slot, False)
@@ -316,61 +405,63 @@ class ProcessGroup:
     def iallreduce(self, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` over all ranks, in place. Every rank calls it with its own array."""
         comm = self._wide if array.itemsize > 4 else self.comm
-        if self._failed is not None or self._checker is not None:
-            self._check("allreduce", array, reduce_op=getattr(op, "value", None) or str(op))
+        fp = (self._check("allreduce", array, reduce_op=getattr(op, "value", None) or str(op))
+              if self._failed is not None or self._checker is not None else None)
         mpi_op = _mpi_op(op, array)
         # Positional arguments on this path: keywords cost ~1 us per call with cold caches.
         buf = MessageBuffer(array, True, "tensor", op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG else _finish_buffer(buf)
         if (self._hier is not None and self._via_thread is None
                 and self._hier.use(array.nbytes)):  # Note [Hierarchical all-reduce]
+            if fp is not None:
+                self._agree(fp, ("allreduce", None, self._seq + 1, array, self._size), False)
             chain = self._hier.start(buf.spec, mpi_op, array.itemsize > 4)
             work = self._work("allreduce", array, [chain], (buf,), finish, result)
             if blocking:
                 work.wait()
                 return None
             return work
-        return self._post("allreduce", array, finish, (buf,), result, blocking,
+        return self._post("allreduce", array, finish, (buf,), result, blocking, fp,
                           comm.Iallreduce, _IN_PLACE, buf.spec, mpi_op)
 
     def ibroadcast(self, array, src, result=None, blocking=False):
         """Copy ``array`` of rank ``src`` into every rank's ``array`` (same shape everywhere)."""
         comm = self._wide if array.itemsize > 4 else self.comm
         self._check_rank(src, "src")
-        self._check("broadcast", array, src=src)
+        fp = self._check("broadcast", array, src=src)
         buf = MessageBuffer(array, True)
         finish = _finish_buffer(buf)
-        return self._post("broadcast", array, finish, (buf,), result, blocking,
+        return self._post("broadcast", array, finish, (buf,), result, blocking, fp,
                           comm.Ibcast, buf.spec, src)
 
     def ireduce(self, array, dst, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce into rank ``dst``'s ``array`` in place; other ranks' arrays stay as they are."""
         comm = self._wide if array.itemsize > 4 else self.comm
         self._check_rank(dst, "dst")
-        self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", None) or str(op))
+        fp = self._check("reduce", array, dst=dst, reduce_op=getattr(op, "value", None) or str(op))
         mpi_op = _mpi_op(op, array)
         root = self._rank == dst
         buf = MessageBuffer(array, writable=root, upcast=op is _AVG)
         finish = _finish_average(buf, self._size) if op is _AVG and root else _finish_buffer(buf)
         send, recv = (_IN_PLACE, buf.spec) if root else (buf.spec, None)
-        return self._post("reduce", array, finish, (buf,), result, blocking,
+        return self._post("reduce", array, finish, (buf,), result, blocking, fp,
                           comm.Ireduce, send, recv, mpi_op, dst)
 
     def iallgather(self, output, array, result=None, after=None, blocking=False):
         """Rank r's ``array`` lands in ``output[r]``; ``output`` has shape (size, *array.shape)."""
         comm = self._wide if array.itemsize > 4 else self.comm
-        self._check("allgather", array)
+        fp = self._check("allgather", array)
         _expect_shape(output, (self._size,) + array.shape, "all_gather output")
         _expect_dtype(output, array, "all_gather output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
-        return self._post("allgather", array, finish, (send, recv), result, blocking,
+        return self._post("allgather", array, finish, (send, recv), result, blocking, fp,
                           comm.Iallgather, send.spec, recv.spec)
 
     def ireduce_scatter(self, output, array, op=ReduceOp.SUM, result=None, blocking=False):
         """Reduce ``array`` (shape (size, *output.shape)) and give block r to rank r."""
         comm = self._wide if array.itemsize > 4 else self.comm
-        self._check("reduce_scatter", array, reduce_op=getattr(op, "value", None) or str(op))
+        fp = self._check("reduce_scatter", array, reduce_op=getattr(op, "value", None) or str(op))
         _expect_shape(array, (self._size,) + output.shape, "reduce_scatter input")
         _expect_dtype(output, array, "reduce_scatter output")
         mpi_op = _mpi_op(op, array)
@@ -379,13 +470,13 @@ class ProcessGroup:
         recv = MessageBuffer(output, writable=True, name="output", upcast=avg)
         finish = _then(_finish_average(recv, self._size) if avg else _finish_buffer(recv),
                        _finish_buffer(send))
-        return self._post("reduce_scatter", array, finish, (send, recv), result, blocking,
+        return self._post("reduce_scatter", array, finish, (send, recv), result, blocking, fp,
                           comm.Ireduce_scatter_block, send.spec, recv.spec, mpi_op)
 
     def ialltoall(self, output, array, result=None, after=None, blocking=False):
         """Block r of rank s's ``array`` goes to block s of rank r's ``output`` (equal blocks)."""
         comm = self._wide if array.itemsize > 4 else self.comm
-        self._check("alltoall", array)
+        fp = self._check("alltoall", array)
         if array.shape[:1] != (self._size,) or output.shape != array.shape:
             raise ValueError(f"all_to_all: input and output must both have shape "
                              f"({self._size}, ...) (one block per rank); got {list(array.shape)} "
@@ -393,18 +484,13 @@ class ProcessGroup:
         _expect_dtype(output, array, "all_to_all output")
         send, recv = MessageBuffer(array), MessageBuffer(output, writable=True, name="output")
         finish = _then(_then(_finish_buffer(recv), after), _finish_buffer(send))
-        return self._post("alltoall", array, finish, (send, recv), result, blocking,
+        return self._post("alltoall", array, finish, (send, recv), result, blocking, fp,
                           comm.Ialltoall, send.spec, recv.spec)
 
     def ibarrier(self, blocking=False):
         """Complete once every rank of the group has started its barrier."""
-        self._check("barrier", _NOTHING)
-        if self._via_thread is not None:
-            return self._routed("barrier", _NOTHING, None, (), None, blocking,
-                                self.comm.Ibarrier)
-        if blocking:
-            return self._blocking("barrier", _NOTHING, None, self.comm.Ibarrier)
-        return self._work("barrier", _NOTHING, [self.comm.Ibarrier()], ())
+        fp = self._check("barrier", _NOTHING)
+        return self._post("barrier", _NOTHING, None, (), None, blocking, fp, self.comm.Ibarrier)
 
     # --- point to point ---------------------------------------------------------------------
     def isend(self, array, dst, tag=0, result=None):
@@ -583,6 +669,57 @@ class _Receive:
             raise self.error
         if self.buf.staged is not self.buf.array:
             self.buf.finish()
+
+
+class _Checked:
+    """An asynchronous collective waiting for its fingerprint's check, as a request for Work
+    (Note [Checked collectives]): its data is posted by the group's ``_advance``, in call
+    order; a mismatch (or a timeout gathering the calls) is kept for ``check``."""
+
+    __slots__ = ("args", "both", "error", "fp", "fp_request", "group", "request", "start")
+
+    def __init__(self, group, fp, fp_request, both, start, args):
+        self.group, self.fp, self.fp_request, self.both = group, fp, fp_request, both
+        self.start, self.args, self.request, self.error = start, args, None, None
+
+    def resolve(self):
+        """The check has completed (under the group's lock): post the data, or keep why not."""
+        try:
+            self.group._checker.verify(self.fp, self.both)
+        except debug.CollectiveMismatchError as error:
+            self.error = error
+            return
+        except CommTimeoutError as error:
+            self.error = error
+            self.group._fail(error)
+            return
+        self.request = self.start(*self.args)
+
+    def Test(self):
+        if self.request is None:
+            if self.error is None:
+                self.group._advance()
+            if self.request is None:
+                return self.error is not None
+        return self.request.Test()
+
+    def check(self):
+        if self.error is not None:
+            raise self.error
+
+
+class _Settled:
+    """Quacks like a request for wait_requests: 'complete' once no call of ``group`` waits
+    for its check (Note [Checked collectives])."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group):
+        self.group = group
+
+    def Test(self):
+        self.group._advance()
+        return not self.group._deferred
 
 
 class _ProbeRequest:

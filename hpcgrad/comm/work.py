@@ -198,9 +198,10 @@ watchdog = Watchdog()
 
 
 def _detail_hint():
-    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "").upper() in ("INFO", "DETAIL"):
+    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "INFO").upper() in ("INFO", "DETAIL"):
         return ""  # the checks ran: the peer is missing, not calling something else
-    return (" (set HPCGRAD_DISTRIBUTED_DEBUG=INFO, or DETAIL, to compare every rank's calls)")
+    return (" (HPCGRAD_DISTRIBUTED_DEBUG=OFF: unset it, or set INFO or DETAIL, to compare "
+            "every rank's calls)")
 
 
 class Work:

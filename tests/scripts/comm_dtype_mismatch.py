@@ -1,7 +1,7 @@
 """Rank 1 calls a collective with another dtype (or op, count, reduce op) than the other ranks.
 
-    HPCGRAD_DISTRIBUTED_DEBUG=INFO mpiexec -n 3 python tests/scripts/comm_dtype_mismatch.py
-    mpiexec -n 2 python tests/scripts/comm_dtype_mismatch.py dtype     # no checks: see debug.py
+    mpiexec -n 3 python tests/scripts/comm_dtype_mismatch.py   # the default checks (INFO)
+    HPCGRAD_DISTRIBUTED_DEBUG=OFF mpiexec -n 2 python tests/scripts/comm_dtype_mismatch.py dtype
 
 With INFO every rank raises CollectiveMismatchError (printed on one line, " | " for newlines) and
 the group still works; without checks the float32/float64 all_reduce returns what MPI makes of
