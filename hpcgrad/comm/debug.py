@@ -1,25 +1,26 @@
-"""HPCGRAD_DISTRIBUTED_DEBUG=INFO or DETAIL: compare every rank's collective call before running it.
+"""HPCGRAD_DISTRIBUTED_DEBUG: compare every rank's collective call before its data moves.
 
-A rank that calls a different collective, or the same one with another size or dtype, would
-hang, crash MPICH or corrupt data silently; here every rank raises CollectiveMismatchError
-listing each rank's call, and the refused call sends nothing (the group still works).
+A rank that calls a different collective, or the same one with another count, dtype, root or
+reduce op, would hang, crash MPICH or, with the nonblocking calls every collective posts,
+return garbage with exit status 0; checked, every rank raises CollectiveMismatchError listing
+each rank's call, and the refused call moves no data (the group still works).
 
-- OFF (the default): no check. A float32 all_reduce on one rank against a float64 one on
-  another runs on different communicators (Note [Wide elements on their own communicator] in
-  process_group.py): both wait, the stall inspector shows each rank's call, and the group's
-  timeout ends the job; another op or count hangs the same way, or MPI errors; the same
-  element size with another type (float32 against int32) is not caught.
-- INFO: a fingerprint of each call (call number, op, element count, dtype, root, reduce op: six
-  integers) and its negation are reduced with MPI_MAX in one extra 96-byte all_reduce on a
-  private communicator; the ranks agree when every maximum equals minus the negation's. Only on
-  a mismatch do the ranks gather their fingerprints to say who called what. Its cost per 4 KB
-  all_reduce (``python benchmarks/comm.py --overhead --debug INFO``, over comm.Allreduce; three
-  runs on a 2-core machine shared with other test runs): one process +11-16 us hot, +13-32 us
-  cold (OFF: +1.0-1.8 and +2.0-7.2 us); 2 ranks (``mpiexec -n 2 ...``, which adds the extra
-  round trip) +18-28 us hot, +38-117 us cold in the runs not swamped by the load. Use it
-  while developing, or for a few steps to check a run; it also forces the general path.
+- INFO (the default): the hash of a fingerprint of each call (call number, op, element count,
+  dtype, root, reduce op: six integers) and its negation are all-reduced with MPI_MAX (16
+  bytes) on a private communicator before the call's data is posted; the ranks agree when the
+  two maxima are each other's negation. Only on a mismatch do the ranks gather their
+  fingerprints to say who called what. Blocking calls wait for the check; asynchronous ones
+  post their data when it has completed (Note [Checked collectives] in process_group.py).
+  Its cost per call, from ``mpiexec -n 2 python benchmarks/checks.py``, is in README.rst
+  (Reliability).
+- OFF: no check, for raw speed. What is lost: a mismatch of element sizes (float32 against
+  float64) still waits on two communicators (Note [Wide elements on their own communicator]
+  in process_group.py) until the stall inspector and the timeout report it, but another op,
+  count or root, or another dtype of the same size (float32 against int32, float16 against
+  bfloat16), mixes the ranks' data silently or hangs.
 - DETAIL: a 512-byte signature (the call's fields as JSON, the shape included) is
-  all-gathered and compared as text: one process +37-81 us hot, 2 ranks +78-121 us hot.
+  all-gathered and compared as text, at the call: slower, and it also tells shapes apart
+  that have the same element count.
 """
 
 import json

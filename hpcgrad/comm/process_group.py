@@ -78,9 +78,10 @@ class ProcessGroup:
     """Ranks of one MPI communicator (a private duplicate, so user traffic never mixes in).
 
     Every collective must be called by every rank of the group, in the same order, with
-    matching shapes and dtypes. With HPCGRAD_DISTRIBUTED_DEBUG=INFO each call's fingerprint
-    (op, count, dtype, root, reduce op) is compared across ranks first, with DETAIL its shape
-    too, and a mismatch raises on every rank instead of hanging or corrupting (debug.py).
+    matching shapes and dtypes. By default each call's fingerprint (op, count, dtype, root,
+    reduce op) is compared across ranks before its data moves (Note [Checked collectives]),
+    with HPCGRAD_DISTRIBUTED_DEBUG=DETAIL its shape too, and a mismatch raises on every rank
+    instead of hanging or corrupting (debug.py); HPCGRAD_DISTRIBUTED_DEBUG=OFF skips it.
     After a wait on the group times out, the group refuses every call (Note [A timed-out
     group]). Every call is kept in the flight recorder (Note [Flight recorder]).
 
@@ -92,8 +93,10 @@ class ProcessGroup:
     both ranks garbage without an error (the blocking MPI_Allreduce aborted MPICH with
     "Message truncated"). On two communicators they never match: both ranks wait, the stall
     inspector shows each rank's call, and the timeout ends the job. This costs one attribute
-    test per call and one communicator per group. Mixing elements of one size (float32 and
-    int32) is still undetected without HPCGRAD_DISTRIBUTED_DEBUG=INFO (debug.py).
+    test per call and one communicator per group. Since the default checks (Note [Checked
+    collectives]) catch every such mismatch first, this matters with
+    HPCGRAD_DISTRIBUTED_DEBUG=OFF, where mixing elements of one size (float32 and int32)
+    is still undetected.
     """
 
     def __init__(self, comm, timeout, ranks=None, recorder_id=None, name=None,
