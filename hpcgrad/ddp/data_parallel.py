@@ -19,7 +19,7 @@ from ..autograd.function import Function
 from ..comm import progress
 from ..comm.flight_recorder import RECORDER
 from ..comm.process_group import ProcessGroup
-from ..comm.work import wait_requests
+from ..comm.work import CommTimeoutError, wait_requests
 from ..distributed import api as dist_api
 from ..distributed.algorithms.join import (Join, JoinHook, Joinable, _JoinConfig,
                                            raise_if_a_rank_exhausted)
@@ -175,9 +175,38 @@ def _spans_default_group(group):
     return group is default or group.size() == default.size()
 
 
+# Note [DDP construction meets first]
+# MPI_Comm_idup is nonblocking, but the flight recorder does not see it: a DDP built on some
+# ranks only waited there in silence until the group's timeout (30 minutes by default). So
+# the ranks first meet in a barrier through the group's own API: recorded like any call of
+# the group, so the stall inspector reports it at HPCGRAD_STALL_WARNING (which ranks are in
+# it, what the others do), and bounded by the group's timeout, past which every rank that
+# came raises naming DDP's construction and the ranks that may not have come. Once every
+# rank is in the barrier, the duplicate completes at once. It is a call on the user's group,
+# at a point every rank reaches together anyway (the duplicate is collective over it).
+def _meet(group):
+    """Return once every rank of ``group`` is constructing DDP (Note [DDP construction meets
+    first]); CommTimeoutError past the group's timeout."""
+    try:
+        group.ibarrier().wait()
+    except CommTimeoutError as error:
+        me = group.ranks[group.rank()]
+        others = [r for r in group.ranks if r != me]
+        who = (f"rank {others[0]} did not come" if len(others) == 1 else
+               f"one or more of ranks {', '.join(map(str, others))} did not come (the stall "
+               f"inspector's report, at HPCGRAD_STALL_WARNING, names them)")
+        raise CommTimeoutError(
+            f"DistributedDataParallel construction on group {_recorder_name(group)} (world "
+            f"ranks {', '.join(map(str, group.ranks))}) did not complete within "
+            f"{group.timeout:g} s on rank {me}: {who}. Every rank of the group must construct "
+            f"DDP at the same point of its program (or run its first synced forward after "
+            f"unpickling together); the group is unusable now ({error})") from None
+
+
 def private_group(group):
     """A ProcessGroup over a duplicate of ``group``'s communicator (same ranks, same timeout);
     collective over ``group``, raising CommTimeoutError past its timeout."""
+    _meet(group)
     comm, request = group.comm.Idup()
     wait_requests([request], group.timeout,
                   lambda: f"DistributedDataParallel's communicator duplicate (MPI_Comm_idup) "

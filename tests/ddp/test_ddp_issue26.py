@@ -1,7 +1,8 @@
 """Issue 26's DDP rows: a static graph that changes stops every rank before an unsynchronised
 step (Note [Static graph] in hpcgrad/ddp/reducer.py), as launched 2-rank jobs; DDP's
 communicator in the flight recorder under its own name (Note [DDP in the flight recorder] in
-hpcgrad/ddp/data_parallel.py), run under mpiexec."""
+hpcgrad/ddp/data_parallel.py), run under mpiexec; a DDP built on one rank only speaks and ends
+within the group's timeout (Note [DDP construction meets first]), launched."""
 
 import sys
 from pathlib import Path
@@ -134,6 +135,30 @@ def test_ddp_over_a_subgroup_keeps_the_user_group_id():
     dist.all_gather_object(everyone, (later._gid, len(RECORDER.groups())))
     assert len(set(everyone)) == 1, everyone
     dist.destroy_process_group(later)
+
+
+# --- DDP construction meets first ---------------------------------------------------------------
+def test_ddp_built_on_one_rank_speaks_and_ends_within_the_timeout(launch):
+    """Rank 1 never constructs DDP (it sleeps 120 s). Before: rank 0 waited in MPI_Comm_idup,
+    which nothing records, in silence until the group's timeout (30 minutes by default). Now
+    the stall inspector reports rank 0's construction barrier at HPCGRAD_STALL_WARNING, and
+    the group's timeout ends the job with an error naming DDP construction and rank 1."""
+    script = SCRIPTS / "ddp_construct_on_one_rank.py"
+    job = launch([sys.executable, str(script)], nprocs=2,
+                 env={"HPCGRAD_COMM_TIMEOUT": "4", "HPCGRAD_STALL_WARNING": "1"},
+                 timeout=60, mpiexec_timeout=40)
+    assert job.returncode not in (0, None) and not job.timed_out, job.output
+    assert job.elapsed < 30, f"took {job.elapsed:.1f} s (rank 1 sleeps 120 s):\n{job.output}"
+    warning = [line for line in job.stderr.splitlines()
+               if line.startswith("[hpcgrad stall inspector] barrier #")]
+    assert warning and "on group default (world ranks 0, 1)" in warning[0] \
+        and "not reached by rank 1" in warning[0], job.output
+    assert ("[rank 0] hpcgrad.comm.work.CommTimeoutError: DistributedDataParallel "
+            "construction on group default (world ranks 0, 1) did not complete within 4 s on "
+            "rank 0: rank 1 did not come. Every rank of the group must construct DDP") \
+        in job.stderr, job.output
+    # The warning came before the error.
+    assert job.stderr.index(warning[0]) < job.stderr.index("CommTimeoutError"), job.output
 
 
 if __name__ == "__main__":
