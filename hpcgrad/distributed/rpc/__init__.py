@@ -24,6 +24,7 @@ import numbers
 import threading
 import traceback
 
+from ...comm.flight_recorder import install_signal_handler
 from ...comm.mpi import comm_world
 from ...comm.work import default_timeout
 from . import message
@@ -31,6 +32,7 @@ from .agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F4
 
 DEFAULT_RPC_TIMEOUT = 60.0
 UNSET_RPC_TIMEOUT = -1.0   # as PyTorch: a timeout argument left out means the default
+DEFAULT_SHUTDOWN_TIMEOUT = 0  # as PyTorch: shutdown() waits without a limit
 _default_timeout = DEFAULT_RPC_TIMEOUT
 _log = logging.getLogger(__name__)
 
@@ -159,24 +161,36 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     _codec.install(agent)
     _agent = agent
     agent.start()  # only now: a request arriving earlier would find no handler
+    # As init_process_group: SIGUSR2 dumps this rank's flight record (Note [Flight recorder])
+    # instead of killing an RPC-only rank with the signal's default action.
+    install_signal_handler()
     return agent
 
 
-def shutdown(graceful=True, timeout=DEFAULT_RPC_TIMEOUT):
-    """Stop the agent. ``graceful``: every rank first reaches shutdown (serving until then),
-    within ``timeout`` s (0: no limit; UNSET_RPC_TIMEOUT: the default RPC timeout)."""
+def shutdown(graceful=True, timeout=DEFAULT_SHUTDOWN_TIMEOUT):
+    """Stop the agent, as PyTorch's ``rpc.shutdown``.
+
+    ``graceful``: first wait until every rank has called shutdown and all outstanding work
+    (requests in flight or being served, replies not yet received) is done everywhere, serving
+    this rank's requests meanwhile (Note [Quiet shutdown] in agent.py): a worker parked here
+    serves while the master trains, however long. ``timeout`` (s) bounds that wait: 0 (the
+    default, PyTorch's) none, UNSET_RPC_TIMEOUT the default RPC timeout; past it this rank
+    still shuts down, then raises RpcTimeoutError. ``graceful=False``: stop at once, locally.
+    """
     global _agent
     timeout = _timeout_of(timeout, "shutdown")
     agent = _require_agent()
-    if graceful:
-        agent.join(timeout)
-    agent.fail_pending(RpcError("RPC agent shut down before the reply arrived"))
-    agent.stop()
-    _agent = None
-    _codec.uninstall()
-    with _rref_lock:
-        _rrefs.clear()
-        _rref_users.clear()
+    try:
+        if graceful:
+            agent.quiesce(timeout)
+    finally:  # as PyTorch, a failed wait still ends this rank's agent
+        agent.fail_pending(RpcError("RPC agent shut down before the reply arrived"))
+        agent.stop()
+        _agent = None
+        _codec.uninstall()
+        with _rref_lock:
+            _rrefs.clear()
+            _rref_users.clear()
 
 
 def get_rpc_timeout():

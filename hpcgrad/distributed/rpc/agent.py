@@ -105,6 +105,22 @@ Note [Serving threads]
     KeyboardInterrupt as the call's error (the pass's origin, as the pass's) and
     ``rpc.shutdown()`` raises it, as it did when Ctrl-C met its wait.
 
+Note [Quiet shutdown]
+    ``rpc.shutdown()`` returns, as PyTorch's graceful one, once every rank has called it and
+    no work is left anywhere: no message in flight, none being served, no request waiting for
+    its reply. Each rank counts the envelopes it sent and received and its work in progress
+    (handed to a pool or a serving thread and not done, requests waiting for a reply, calls
+    queued for the progress thread, carried messages); shutdown gathers those (a nonblocking
+    all-gather on the agent's communicator, serving meanwhile) in rounds until two rounds in a
+    row find no work on any rank and each rank's counts unchanged with as many received as
+    sent. Every rank's first-round numbers are taken before any rank's second, so nothing was
+    sent, received or running in between: the job was quiet. It used to be a barrier: a
+    request or reply still in flight when every rank had reached shutdown was never received,
+    its sender's stop() waited 10 s for the send to complete (4-cycle init_rpc/shutdown
+    programs skewed by 10 s), and a message of one cycle could be left on a freed
+    communicator. No limit by default (PyTorch's DEFAULT_SHUTDOWN_TIMEOUT, 0): a worker parked
+    in shutdown() serves while the master trains, for as long as that takes.
+
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
     queues such a message for a peer; it rides inside the envelope of the next message to that
@@ -270,6 +286,9 @@ class MPIRpcAgent:
         self._callback_pool = ThreadPoolExecutor(num_callback_threads,
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
+        self._envelopes = [0, 0]      # envelopes sent, received: Note [Quiet shutdown]
+        self._dispatched = 0          # work handed to a pool or a serving thread, not yet done
+        self._dispatched_lock = threading.Lock()
         self.sent_by_kind = collections.Counter()  # envelopes per kind; "+kind": carried ones
         self._carried = {}            # dst -> [(kind, fields)]: Note [Carried messages]
         self._carried_lock = threading.Lock()
@@ -357,6 +376,7 @@ class MPIRpcAgent:
             requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
             self._pending_sends.append((requests, (buffers, data)))
             self.messages_sent += len(requests)
+            self._envelopes[0] += 1
             self.sent_by_kind[kind] += 1
             for carried_kind, _ in envelope.get("carried", ()):
                 self.sent_by_kind["+" + carried_kind] += 1
@@ -554,6 +574,7 @@ class MPIRpcAgent:
     def _receive(self, src, nbytes):
         data = np.empty(nbytes, np.uint8)
         self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
+        self._envelopes[1] += 1  # (under the receive lock)
         envelope = pickle.loads(data.tobytes())
         carried = envelope.pop("carried", None)
         if carried:  # Note [Carried messages]: handled before the message that carried them
@@ -588,8 +609,8 @@ class MPIRpcAgent:
             inline_reply = future.inline_reply  # Note [Replies on the callback pool]
             if inline_reply is True or (inline_reply is not None and inline_reply()):
                 self._resolve(future, src, envelope, payloads)
-            elif not run_here_later(self._resolve, future, src, envelope, payloads):
-                self._callback_pool.submit(self._resolve, future, src, envelope, payloads)
+            else:
+                self._dispatch(self._callback_pool, self._resolve, future, src, envelope, payloads)
             return
         handler, inline = self._handlers.get(envelope["kind"], (None, False))
         if handler is None:
@@ -599,8 +620,24 @@ class MPIRpcAgent:
             return
         if inline:
             self._run_handler(handler, src, envelope, payloads)
-        elif not run_here_later(self._run_handler, handler, src, envelope, payloads):
-            self._pool.submit(self._run_handler, handler, src, envelope, payloads)
+        else:
+            self._dispatch(self._pool, self._run_handler, handler, src, envelope, payloads)
+
+    def _dispatch(self, pool, fn, *args):
+        """Run ``fn(*args)`` on this serving thread once it stops receiving, else on ``pool``;
+        counted until done (Note [Quiet shutdown])."""
+        with self._dispatched_lock:
+            self._dispatched += 1
+
+        def counted():
+            try:
+                fn(*args)
+            finally:
+                with self._dispatched_lock:
+                    self._dispatched -= 1
+
+        if not run_here_later(counted):
+            pool.submit(counted)
 
     def _resolve(self, future, src, envelope, payloads):
         future.try_set_result((envelope, payloads))  # may have been cancelled meanwhile
@@ -622,6 +659,37 @@ class MPIRpcAgent:
         if not self.progress_until(request.Test, timeout or None, serve=True):
             raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
                                   f"within {timeout:g} s")
+
+    def quiesce(self, timeout):
+        """Return once every rank calls this and no work is left anywhere: Note [Quiet
+        shutdown]. Serves meanwhile (Note [Serving threads]). Past ``timeout`` s (0 or None:
+        no limit) raise RpcTimeoutError saying which ranks still had work, if all came."""
+        deadline = time.monotonic() + timeout if timeout else None
+        previous = None
+        rows = np.empty((self.size, 3), np.int64)
+        while True:
+            self.flush_carried()  # Note [Carried messages]: nothing is left behind
+            with self._dispatched_lock, self._waiting_lock, self._carried_lock:
+                busy = (self._dispatched + len(self._waiting) + len(self._soon)
+                        + len(self._carried))
+            mine = np.array([self._envelopes[0], self._envelopes[1], busy], np.int64)
+            request = self.comm.Iallgather(mine, rows)
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not self.progress_until(request.Test, left, serve=True):
+                if previous is None:
+                    raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
+                                          f"within {timeout:g} s")
+                working = [r for r in range(self.size) if previous[r, 2]]
+                raise RpcTimeoutError(
+                    f"rpc.shutdown(): every worker reached shutdown, but work was still "
+                    f"running within {timeout:g} s (RPCs waiting for a reply or being served "
+                    f"on rank{'s' if len(working) != 1 else ''} "
+                    f"{', '.join(map(str, working)) or '(messages in flight)'})")
+            totals = rows.sum(axis=0)
+            if (previous is not None and not totals[2] and not previous[:, 2].any()
+                    and totals[0] == totals[1] and (rows[:, :2] == previous[:, :2]).all()):
+                return
+            previous = rows.copy()
 
     def stop(self):
         self._running = False
