@@ -74,3 +74,59 @@ def test_sigusr2_in_an_rpc_only_job(launch):
     assert "rank 0: rank 1 sent SIGUSR2 to itself" in job.stdout, job.output
     assert "rank 0: rank 1 still serves: True" in job.stdout, job.output
     assert "rank 1 done" in job.stdout and "rank 0 done" in job.stdout, job.output
+
+
+def test_allowed_refuses_while_unpickling(launch, tmp_path):
+    """Rank 1 runs with init_rpc(allowed=[identity, "numpy"]). Before: os.system ran and the
+    argument's __reduce__ wrote its file while the message was decoded (init_rpc had no
+    allowed). Rank 0, with allowed left out, still trusts every rank, as PyTorch."""
+    job = run(launch, f"allowed:{tmp_path}", 2)
+    assert job.returncode == 0, job.output
+    refused = ("rank 0: {} refused: RefusedGlobal on worker1 (rank 1): init_rpc(allowed=...) on "
+               "'worker1' (rank 1) refuses to unpickle global '{}': not in its allowed set")
+    assert refused.format("os.system", "posix.system") in job.stdout, job.output
+    assert refused.format("__reduce__", "__main__.write_file") in job.stdout, job.output
+    assert not (tmp_path / "system").exists() and not (tmp_path / "reduce").exists()
+    assert "rank 0: allowed calls: np.float64(2.5) [1, 2, 3]" in job.stdout, job.output
+    assert (tmp_path / "trusted").exists()  # the default: every rank trusted
+
+
+class _WritesWhenUnpickled:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_allowed_policy_in_one_process(tmp_path):
+    """The Unpickler alone, against pickle.loads as the reference of what would have run."""
+    import os
+    import pickle
+
+    import numpy as np
+
+    from hpcgrad.distributed.rpc.message import Allowed, RefusedGlobal
+    policy = Allowed([os.path.join, "json"], where="here")
+    evil = pickle.dumps(_WritesWhenUnpickled(tmp_path / "evil"))
+    with pytest.raises(RefusedGlobal, match=r"^here refuses to unpickle global "
+                                            r"'pathlib.*touch': not in its allowed set"):
+        policy.loads(evil)
+    assert not (tmp_path / "evil").exists()
+    pickle.loads(evil)  # the reference: unrestricted, the __reduce__ runs
+    assert (tmp_path / "evil").exists()
+    with pytest.raises(RefusedGlobal, match="global 'posix.system'"):
+        policy.loads(pickle.dumps(os.system))
+    import json.decoder
+    assert policy.loads(pickle.dumps(os.path.join)) is os.path.join
+    assert policy.loads(pickle.dumps(json.decoder.JSONDecoder)) is json.decoder.JSONDecoder
+    data = {"a": (np.float32(1.5), np.dtype("int16"), {1, 2}, complex(1, 2), np.arange(3))}
+    got = policy.loads(pickle.dumps(data))
+    assert got["a"][:4] == data["a"][:4] and got["a"][4].tolist() == [0, 1, 2]
+    with pytest.raises(RefusedGlobal, match="global 'json.loads'"):  # envelopes: built-ins only
+        policy.envelope_loads(pickle.dumps(json.loads))
+    with pytest.raises(TypeError, match="allowed entries are callables, classes or module-name "
+                                        "prefixes"):
+        Allowed([3])
+    with pytest.raises(ValueError, match="allowed entry 'my pkg' is not a module name"):
+        Allowed(["my pkg"])

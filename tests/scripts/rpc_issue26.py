@@ -9,6 +9,10 @@
   call shutdown() at once while rank 0 "trains" for 5 s, calling each worker every 0.25 s.
 - ``park_timeout``: as ``park``, but the workers call shutdown(timeout=1) and rank 0 trains
   for 4 s.
+- ``allowed:DIR`` (2 ranks): rank 1 starts RPC with allowed=[identity, "numpy"]; rank 0
+  (every rank trusted) asks it to run os.system("touch DIR/system"), and identity() of an
+  object whose __reduce__ writes DIR/reduce when unpickled, then allowed calls; rank 1 sends
+  rank 0 such an object too (DIR/trusted: rank 0 trusts, as PyTorch).
 - ``signal``: RPC only (no process group); rank 1 gets SIGUSR2 (the flight recorder's dump
   signal) while rank 0 calls it, then both shut down.
 """
@@ -37,7 +41,44 @@ def send_signal():
     return "sent"
 
 
-if mode.startswith("cycles:"):
+def identity(x):
+    return x
+
+
+def write_file(path):
+    with open(path, "w") as f:
+        f.write("written while unpickling\n")
+    return path
+
+
+class WritesWhenUnpickled:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (write_file, (self.path,))
+
+
+if mode.startswith("allowed:"):
+    where = mode.split(":", 1)[1]
+    rpc.init_rpc(f"worker{rank}", allowed=[identity, "numpy"] if rank == 1 else None)
+    if rank == 0:
+        for what, call in [
+                ("os.system", lambda: rpc.rpc_sync(1, os.system,
+                                                   args=(f"touch {where}/system",))),
+                ("__reduce__", lambda: rpc.rpc_sync(
+                    1, identity, args=(WritesWhenUnpickled(f"{where}/reduce"),)))]:
+            try:
+                print(f"rank 0: {what} ran: {call()!r}", flush=True)
+            except rpc.RpcError as exc:
+                print(f"rank 0: {what} refused: {str(exc).splitlines()[0]}", flush=True)
+        print(f"rank 0: allowed calls: {rpc.rpc_sync(1, identity, args=(np.float64(2.5),))!r} "
+              f"{rpc.rpc_sync(1, np.add, args=(np.arange(3), 1)).tolist()}", flush=True)
+    else:
+        rpc.rpc_sync(0, identity, args=(WritesWhenUnpickled(f"{where}/trusted"),))
+    rpc.shutdown()
+    print(f"rank {rank} done", flush=True)
+elif mode.startswith("cycles:"):
     for cycle in range(int(mode.split(":")[1])):
         rpc.init_rpc(f"worker{rank}")
         rref = rpc.remote(peer, np.add, args=(np.ones(3), cycle))

@@ -120,7 +120,8 @@ class RpcBackendOptions:
 TensorPipeRpcBackendOptions = RpcBackendOptions  # PyTorch's name; there is one backend here
 
 
-def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None):
+def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None,
+             allowed=None):
     """Start this rank's agent. Every rank calls it (collective); names must be unique.
 
     PyTorch's arguments: ``backend`` may only be left out (one backend); ``rank`` and
@@ -129,6 +130,17 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     call; without, the bound is HPCGRAD_COMM_TIMEOUT (30 min; PyTorch's rendezvous waits as
     long for every worker). A rank missing past the bound ends the job, rank 0 naming the
     missing ranks (Note [Bounded start-up] in comm/rendezvous.py).
+
+    ``allowed`` (hpcgrad's; None: every rank is trusted, as in PyTorch) restricts what this
+    rank runs for others: an iterable of callables and classes (allowed exactly, e.g.
+    ``[mymodule.train_step, numpy.add]``) and strings (module-name prefixes, e.g.
+    ``"mypkg.models"`` or ``"numpy"``). Every message this rank receives (requests, replies)
+    is unpickled refusing any global outside that set, the built-in ones RPC itself needs
+    (tensor and array placeholders, RRefs, WorkerInfo, numpy scalars and dtypes) and a few
+    data-only constructors: a refused call never runs, a refused argument's ``__reduce__``
+    never runs, and the caller gets an error naming the refused global (Note [What a worker
+    unpickles] in message.py). Results coming back must pass the same check, so allow the
+    classes your callees return.
     """
     global _agent, _default_timeout
     if _agent is not None:
@@ -142,6 +154,8 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
                         f"{type(rpc_backend_options).__name__}")
     options = rpc_backend_options or RpcBackendOptions()
     comm = comm_world()
+    policy = None if allowed is None else message.Allowed(
+        allowed, f"init_rpc(allowed=...) on {name!r} (rank {comm.Get_rank()})")
     if rank == -1:  # PyTorch's default: not given
         rank = None
     if rank is not None and rank != comm.Get_rank():
@@ -150,7 +164,8 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     if world_size is not None and world_size != comm.Get_size():
         raise ValueError(f"world_size={world_size} but the MPI job has {comm.Get_size()} ranks")
     init_timeout = options.rpc_timeout if rpc_backend_options is not None else default_timeout()
-    agent = MPIRpcAgent(name, comm, options.num_worker_threads, init_timeout=init_timeout)
+    agent = MPIRpcAgent(name, comm, options.num_worker_threads, init_timeout=init_timeout,
+                        allowed=policy)
     if rpc_backend_options is not None:
         _default_timeout = options.rpc_timeout
     for kind, handler in (("call", _serve_call), ("remote", _serve_remote),
@@ -260,8 +275,15 @@ def _encode(obj, dst):
 
 
 def _decode(body, payloads, src):
+    agent = _agent
     return message.decode(body, payloads,
-                          lambda tensors, metadata: _codec.on_receive(src, tensors, metadata))
+                          lambda tensors, metadata: _codec.on_receive(src, tensors, metadata),
+                          loads=agent.loads if agent is not None else _strict_loads)
+
+
+def _strict_loads(data):
+    """A message decoded after shutdown: the built-in globals only."""
+    return message.Allowed(()).loads(data)
 
 
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):

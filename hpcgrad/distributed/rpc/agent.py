@@ -252,9 +252,14 @@ class RpcFuture(Future):
 class MPIRpcAgent:
     """Sends and serves RPCs for one rank over a private duplicate of COMM_WORLD."""
 
-    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4, init_timeout=0):
+    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4, init_timeout=0,
+                 allowed=None):
         """Collective over ``comm``; past ``init_timeout`` s (0: none) without every rank, the
-        job ends naming the missing ranks (Note [Bounded start-up] in comm/rendezvous.py)."""
+        job ends naming the missing ranks (Note [Bounded start-up] in comm/rendezvous.py).
+        ``allowed``: None (every peer trusted) or a message.Allowed policy that every message
+        received is unpickled with (Note [What a worker unpickles] in message.py)."""
+        self.loads = pickle.loads if allowed is None else allowed.loads
+        self._envelope_loads = pickle.loads if allowed is None else allowed.envelope_loads
         rendezvous(comm, init_timeout, "init_rpc",
                    "every rank must call init_rpc(); check the missing ranks' output (an "
                    "error, an exit or a long step before it), or give it more time: "
@@ -575,7 +580,11 @@ class MPIRpcAgent:
         data = np.empty(nbytes, np.uint8)
         self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
         self._envelopes[1] += 1  # (under the receive lock)
-        envelope = pickle.loads(data.tobytes())
+        try:
+            envelope = self._envelope_loads(data.tobytes())
+        except pickle.UnpicklingError as exc:  # a refused global: no id to answer to
+            print(f"rank {self.rank}: dropped a message from rank {src}: {exc}", flush=True)
+            return
         carried = envelope.pop("carried", None)
         if carried:  # Note [Carried messages]: handled before the message that carried them
             for kind, fields in carried:

@@ -8,6 +8,7 @@ receiver's ``on_receive`` (Note [RPC codec] in rpc/__init__.py). RPC itself know
 what the codec does with them.
 """
 
+import io
 import pickle
 
 import numpy as np
@@ -74,10 +75,11 @@ def encode(obj, on_send=None):
     return header, payloads
 
 
-def decode(header, payloads, on_receive=None):
+def decode(header, payloads, on_receive=None, loads=pickle.loads):
     """The object ``encode`` took apart. Its tensors that require grad come back as new leaves,
-    or, when the sender's codec attached metadata, go to ``on_receive(tensors, metadata)``."""
-    skeleton, metadata = pickle.loads(header)
+    or, when the sender's codec attached metadata, go to ``on_receive(tensors, metadata)``.
+    ``loads``: the unpickler (an Allowed policy's, Note [What a worker unpickles])."""
+    skeleton, metadata = loads(header)
     grad_tensors = []
 
     def leaf(x):
@@ -112,3 +114,88 @@ def host_array(array):
     if not small.flags.c_contiguous:
         small = np.array(small, order="C")
     return small if shape is None else np.broadcast_to(small, shape)
+
+
+# Note [What a worker unpickles]
+#     By default every rank is trusted, as in PyTorch: a worker unpickles whatever a peer sends,
+#     so any importable callable can run there, and an argument's ``__reduce__`` runs while the
+#     message is decoded, before any handler. ``init_rpc(..., allowed=...)`` restricts this
+#     where it happens: the rank's messages are read by an Unpickler whose ``find_class``
+#     refuses every global outside the allowed set, so a refused function is never looked up
+#     and a refused argument's ``__reduce__`` never called. Always allowed: the placeholders
+#     RPC itself sends (ArrayRef, RRef handles, WorkerInfo) and data-only constructors (numpy
+#     scalars, dtypes and arrays, complex, set, frozenset, bytearray, slice, range,
+#     OrderedDict). An envelope (Note [RPC wire format] in agent.py) gets only those.
+_BUILT_IN_GLOBALS = frozenset([
+    ("hpcgrad.distributed.rpc.message", "ArrayRef"),
+    ("hpcgrad.distributed.rpc", "_rref_handle"),
+    ("hpcgrad.distributed.rpc", "WorkerInfo"),
+    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
+    ("collections", "OrderedDict"),
+    ("numpy", "dtype"), ("numpy", "ndarray"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+])
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """A message named a global that init_rpc(allowed=...) does not allow on this rank."""
+
+
+class Allowed:
+    """What a worker may unpickle, and so run: Note [What a worker unpickles].
+
+    ``entries``: callables and classes (allowed exactly: ``os.path.join`` allows that function
+    only) and strings (module-name prefixes: ``"mypkg.models"`` allows every global of
+    ``mypkg.models`` and its submodules, ``"numpy"`` all of numpy).
+    """
+
+    def __init__(self, entries, where="this rank"):
+        if isinstance(entries, (str, bytes)) or callable(entries):
+            entries = [entries]  # one entry given alone
+        self.exact, self.prefixes, self.where = set(_BUILT_IN_GLOBALS), [], where
+        for entry in entries:
+            if isinstance(entry, str):
+                if not entry or not all(part.isidentifier() for part in entry.split(".")):
+                    raise ValueError(f"init_rpc: allowed entry {entry!r} is not a module name "
+                                     "(a string is a module-name prefix, e.g. 'mypkg.models')")
+                self.prefixes.append(entry)
+            elif callable(entry):
+                name = getattr(entry, "__qualname__", None) or getattr(entry, "__name__", None)
+                if name is None:
+                    raise TypeError(f"init_rpc: allowed entry {entry!r} has no name to be "
+                                    "pickled by; pass a module-level function or class")
+                self.exact.add((pickle.whichmodule(entry, name), name))
+            else:
+                raise TypeError(f"init_rpc: allowed entries are callables, classes or "
+                                f"module-name prefixes (str), got {type(entry).__name__} "
+                                f"{entry!r}")
+
+    def permits(self, module, name):
+        return (module, name) in self.exact or any(
+            module == prefix or module.startswith(prefix + ".") for prefix in self.prefixes)
+
+    def loads(self, data):
+        """``pickle.loads(data)``, refusing every global outside the allowed set."""
+        return _Unpickler(io.BytesIO(data), self).load()
+
+    def envelope_loads(self, data):
+        """An envelope's loads: only the built-in globals."""
+        return _Unpickler(io.BytesIO(data), self, built_in_only=True).load()
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, allowed, built_in_only=False):
+        super().__init__(file)
+        self._allowed, self._built_in_only = allowed, built_in_only
+
+    def find_class(self, module, name):
+        allowed = self._allowed
+        if ((module, name) in _BUILT_IN_GLOBALS
+                or (not self._built_in_only and allowed.permits(module, name))):
+            return super().find_class(module, name)
+        raise RefusedGlobal(f"{allowed.where} refuses to unpickle global '{module}.{name}': "
+                            f"not in its allowed set; add the callable (or its module prefix "
+                            f"'{module}') to allowed on that rank, or leave allowed out to "
+                            f"trust every rank")
