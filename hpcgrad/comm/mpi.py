@@ -228,6 +228,11 @@ def _abort_on_exception(exc_type, exc, tb, fallback, args=None):
 #     mpiexec (hydra) kills the other ranks at once itself, silently and with the job's exit
 #     status 0 for os._exit(0); a rank killed by a signal (mpiexec ends the job). A rank that
 #     exits 0 aborts nothing, whenever it finishes.
+#     An exit that every rank agreed on (a usage error all ranks found, a preemption all ranks
+#     stopped for) needs no abort: every rank ends with its status, MPI finalizes and mpiexec
+#     (or srun) returns it, with no abort message. ``exit_together`` is that exit; the caller
+#     promises that every rank takes it (after a collective that told them all, as
+#     jobs/job_args.py's ``agree``), else a peer would wait for this rank until its timeout.
 _sys_exit = sys.exit
 _last_exit = None  # the SystemExit the wrapper raised last in the main thread
 _WENT_ON = {opcode.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE")
@@ -294,6 +299,14 @@ def _abort_on_exit():
     status, where = failed
     abort_job([(f"exited with status {status} ({where}) while the other ranks may still run "
                 f"or wait for it -> MPI_Abort(COMM_WORLD, {status})")], status)
+
+
+def exit_together(status):
+    """End this rank with ``status`` (an int) without aborting the job: every rank of the job
+    exits so too, having agreed on it (Note [Exit status]). Raises SystemExit(status)."""
+    global _last_exit
+    _last_exit = None  # not a failure: _abort_on_exit must not abort
+    raise SystemExit(status)
 
 
 _installed = False

@@ -42,3 +42,13 @@ def test_clean_exits_at_different_times_end_nothing(launch):
     assert "MPI_Abort" not in job.output, job.output
     for rank in (0, 2):
         assert f"rank {rank} done" in job.stdout, job.output
+
+
+def test_exit_together_ends_every_rank_with_its_status_without_abort(launch):
+    """An exit every rank agreed on (a usage error, a preemption): status 3, no MPI_Abort.
+    Before exit_together, sys.exit(3) on every rank aborted the job from the first one."""
+    job = run(launch, "together", nprocs=3)
+    assert not job.timed_out and job.returncode == 3, job.output
+    assert "MPI_Abort" not in job.output and "exited with status" not in job.output, job.output
+    for rank in range(3):
+        assert f"rank {rank} leaves" in job.stdout, job.output

@@ -10,6 +10,8 @@ MODE:
 - ``os-exit``: rank 1 calls os._exit(1) (no Python exit hooks run; mpiexec ends the job).
 - ``clean``: rank 1 catches a sys.exit(2) and goes on, then every rank ends with status 0 at
   different times (rank 0 last, rank 1 through sys.exit(0)): the job must exit 0.
+- ``together``: after an all_reduce every rank calls exit_together(3), at different times
+  (an exit all ranks agreed on): the job must exit 3 without MPI_Abort.
 """
 
 import os
@@ -19,7 +21,7 @@ import time
 import numpy as np
 
 import hpcgrad.distributed as dist
-from hpcgrad.comm.mpi import comm_world
+from hpcgrad.comm.mpi import comm_world, exit_together
 
 comm = comm_world()
 rank = comm.Get_rank()
@@ -58,5 +60,11 @@ elif mode == "clean":
         sys.exit(0)
     time.sleep(0.5 * rank if rank else 1.5)
     print(f"rank {rank} done", flush=True)
+elif mode == "together":
+    dist.init_process_group(timeout=120)
+    dist.all_reduce(np.ones(4, np.float32))
+    time.sleep(0.5 * rank)
+    print(f"rank {rank} leaves", flush=True)
+    exit_together(3)
 else:
     raise SystemExit(f"unknown mode {mode!r}")
