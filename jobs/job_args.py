@@ -1,9 +1,109 @@
-"""Argument types for the jobs' command lines: a nonsense value is an argparse error (exit 2)
-that says what was expected, what came and what to pass instead."""
+"""The jobs' command lines and exits: a nonsense value is an argparse error (exit 2) that says
+what was expected, what came and what to pass instead, printed once; every rank agrees before it
+exits (Note [Exit status] in hpcgrad/comm/mpi.py), so no exit needs MPI_Abort.
+
+Exit statuses of jobs/*.py (the README's table):
+    0    done (or --max-steps reached, or nothing left to train)
+    1    a checkpoint could not be written or read (one line on rank 0); an uncaught exception
+         (MPI_Abort with the rank's traceback)
+    2    usage: a bad argument, or a run that cannot start (too large a batch, an unwritable
+         --checkpoint-dir, --resume without a checkpoint, another number of ranks)
+    128+N  stopped by signal N after a checkpoint, resumable with --resume: 130 SIGINT (Ctrl-C),
+         138 SIGUSR1 (SLURM's --signal=USR1 notice), 143 SIGTERM (preemption, scancel); the
+         shell's and SLURM's reading of a job a signal ended. <checkpoint-dir>/PREEMPTED is left.
+"""
 
 import argparse
+import contextlib
+import io
+import json
 import math
 import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from hpcgrad.comm.mpi import abort_job, comm_world, exit_together
+from hpcgrad.comm.work import default_timeout
+
+# The signals a job stops at (checkpoint, then 128 + the number); on two ranks' different
+# signals the job exits with the larger number (TERM over USR1 over INT).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
+
+
+def stop_status(signum):
+    """The exit status of a job stopped by ``signum`` (0: not by a signal)."""
+    return 128 + signum if signum else 0
+
+
+def agree(problem, what):
+    """Every rank of the job passes its ``problem`` (a str) or None; every rank gets (rank,
+    problem) of the lowest rank that has one, or None. Collective over COMM_WORLD, before or
+    after init_process_group; the wait is bounded by HPCGRAD_COMM_TIMEOUT (default 30 min):
+    a rank that never arrives ends the job with MPI_Abort saying ``what`` was waited for."""
+    comm = comm_world()
+    if comm.Get_size() == 1:
+        return None if problem is None else (0, problem)
+    data = np.frombuffer(bytearray((problem or "").encode("utf-8")), np.uint8)
+    lengths = np.empty(comm.Get_size(), np.int64)
+    timeout = default_timeout()
+    deadline = time.monotonic() + timeout if timeout else None
+    _bounded(comm.Iallgather(np.array([-1 if problem is None else data.size], np.int64), lengths),
+             deadline, timeout, what)
+    failing = [r for r, n in enumerate(lengths) if n >= 0]
+    if not failing:
+        return None
+    root = failing[0]
+    text = data.copy() if comm.Get_rank() == root else np.empty(int(lengths[root]), np.uint8)
+    _bounded(comm.Ibcast(text, root=root), deadline, timeout, what)
+    return root, text.tobytes().decode("utf-8")
+
+
+def _bounded(request, deadline, timeout, what):
+    while not request.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            abort_job([f"{what}: not every rank arrived within {timeout:g} s "
+                       f"(HPCGRAD_COMM_TIMEOUT); a rank failed before it or hangs"])
+        time.sleep(0.002)
+
+
+def stop_if_any(problem, prog, what, status=2):
+    """Collective: if any rank has a ``problem``, rank 0 prints one line, '<prog>: error:
+    <problem>' (naming the rank if not every rank found it), and every rank exits with
+    ``status``, without a traceback or MPI_Abort; else return."""
+    agreed = agree(problem, what)
+    if agreed is None:
+        return
+    if comm_world().Get_rank() == 0:
+        root, text = agreed
+        where = "" if root == 0 else f"rank {root}: "
+        print(f"{prog}: error: {where}{text}", file=sys.stderr, flush=True)
+    exit_together(status)
+
+
+def parse_together(parser, argv=None):
+    """``parser.parse_args(argv)`` on every rank, its output (usage and error, or --help)
+    printed once, by rank 0, and the exit (2, or 0 for --help) taken by every rank together."""
+    out, err = io.StringIO(), io.StringIO()
+    outcome = None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        outcome = json.dumps([status, out.getvalue(), err.getvalue()])
+    agreed = agree(outcome, "checking the command line")
+    if agreed is None:
+        return args
+    status, stdout, stderr = json.loads(agreed[1])
+    if comm_world().Get_rank() == 0:
+        sys.stdout.write(stdout)
+        sys.stdout.flush()
+        sys.stderr.write(stderr)
+        sys.stderr.flush()
+    exit_together(status)
 
 
 def integer(minimum, what, example):

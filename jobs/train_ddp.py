@@ -9,8 +9,9 @@ Rank 0 prints a header and one line per epoch (train loss, test loss and accurac
 sample once, time, samples/s), shows a progress bar on a terminal, appends to
 <checkpoint-dir>/metrics.jsonl (``python -m hpcgrad.plot <checkpoint-dir>`` draws it), and saves
 checkpoints atomically every --checkpoint-every steps and at the end of each epoch. On SIGTERM,
-SIGUSR1 or SIGINT (preemption, Ctrl-C) all ranks stop at the next step after a final checkpoint
-and rank 0 leaves <checkpoint-dir>/PREEMPTED, so --resume (or slurm/train_ddp.sbatch's requeue)
+SIGUSR1 or SIGINT (preemption, Ctrl-C) all ranks stop at the next step after a final checkpoint,
+rank 0 leaves <checkpoint-dir>/PREEMPTED and the job exits with 128 + the signal's number
+(jobs/job_args.py: the exit statuses), so --resume (or slurm/train_ddp.sbatch's requeue)
 continues exactly where the job stopped. HPCGRAD_TIMELINE=path records a timeline of every rank.
 """
 
@@ -20,20 +21,30 @@ import sys
 import time
 
 import numpy as np
-from job_args import add_run_arguments, real, training_parser, unwritable
+from job_args import (
+    STOP_SIGNALS,
+    add_run_arguments,
+    parse_together,
+    real,
+    stop_if_any,
+    stop_status,
+    training_parser,
+    unwritable,
+)
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import checkpoint, optim
-from hpcgrad.comm.mpi import MPI, cuda_aware_mpi
+from hpcgrad.comm.mpi import MPI, cuda_aware_mpi, exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, Sampler, load_digits
 from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.timeline import TIMELINE, merge
 
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
+PROG = "train_ddp.py"
 
 
 def build_model(kind):
@@ -55,20 +66,26 @@ def parse_args(argv=None):
     add_run_arguments(p, checkpoint_dir="checkpoints",
                       checkpoint_help="checkpoints and metrics.jsonl of the run",
                       resume_help="continue from <checkpoint-dir>/last.npz")
-    return p.parse_args(argv)
+    return parse_together(p, argv)
 
 
 class Preemption:
     """SIGTERM/SIGUSR1/SIGINT set a flag; ranks agree on it at step boundaries (one tiny
-    all-reduce), so Ctrl-C checkpoints like a preemption instead of a traceback per rank."""
+    all-reduce), so Ctrl-C checkpoints like a preemption instead of a traceback per rank, and
+    the job exits with ``stop_status`` of the largest signal number any rank received."""
 
     def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        self.signum = 0  # the largest stop signal this rank received
+        self.stopped_by = 0  # the largest any rank received, once agreed
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
+    @property
+    def requested(self):
+        return bool(self.signum)
+
     def _handle(self, signum, frame):
-        self.requested = True
+        self.signum = max(self.signum, int(signum))
 
     @staticmethod
     def ignore_from_now():
@@ -79,9 +96,34 @@ class Preemption:
             signal.signal(sig, signal.SIG_IGN)
 
     def agreed(self):
-        flag = np.array([1.0 if self.requested else 0.0])
+        """The largest stop signal any rank received (0: none). Every rank calls it."""
+        flag = np.array([float(self.signum)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag[0])
+        self.stopped_by = int(flag[0])
+        return self.stopped_by
+
+
+def stopped_line(step, path, signum):
+    """'stopped at step 30 by SIGTERM (exit status 143); checkpoint ...' (rank 0 prints it)."""
+    why = f" by {signal.Signals(signum).name} (exit status {stop_status(signum)})" if signum else ""
+    return f"\nstopped at step {step}{why}; checkpoint {path}; continue with --resume"
+
+
+def resume_extra(path):
+    """Every rank: the ``extra`` values of checkpoint ``path`` (checkpoint.read_extra's checks),
+    or the job ends on every rank with one line: status 2 if there is no file, 1 if it is
+    unreadable."""
+    missing = None if os.path.exists(path) else (
+        f"--resume: no checkpoint at {path}; run without --resume first, or point "
+        "--checkpoint-dir at it")
+    stop_if_any(missing, PROG, "looking for the checkpoint")
+    extra, problem = None, None
+    try:
+        extra = checkpoint.read_extra(path)
+    except (checkpoint.CheckpointError, OSError) as exc:
+        problem = str(exc)
+    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
+    return extra
 
 
 class EvaluationShard(Sampler):
@@ -176,32 +218,26 @@ def main(argv=None):
     test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
     path = os.path.join(args.checkpoint_dir, "last.npz")
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
-    problem = check_setup(args, world, train)
-    if problem:
-        if rank == 0:
-            print(f"train_ddp.py: error: {problem}", file=sys.stderr, flush=True)
-        dist.barrier()  # said before any rank's exit status ends the job
-        return 2
+    stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
     lines = header(args, world, train, test)
     if rank == 0:
         print(lines, flush=True)
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"--resume: no checkpoint at {path}; run without --resume "
-                                    "first, or point --checkpoint-dir at it")
-        meta = checkpoint.load(path, model, optimizer)
+        meta = resume_extra(path)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         saved_world = int(meta.get("world_size", world))
-        if saved_world != world and skip:
-            if rank == 0:
-                print(f"train_ddp.py: error: {path} was saved by {saved_world} ranks in the "
-                      f"middle of epoch {start_epoch + 1} (after {skip} of its steps); at {world} "
-                      f"ranks the epoch's shards differ, so it cannot continue exactly. Resume "
-                      f"with {saved_world} ranks, or start a new run (another --checkpoint-dir)",
-                      file=sys.stderr, flush=True)
-            dist.barrier()
-            return 2
+        stop_if_any(f"{path} was saved by {saved_world} ranks in the middle of epoch "
+                    f"{start_epoch + 1} (after {skip} of its steps); at {world} ranks the epoch's "
+                    f"shards differ, so it cannot continue exactly. Resume with {saved_world} "
+                    f"ranks, or start a new run (another --checkpoint-dir)"
+                    if saved_world != world and skip else None, PROG, "checking the checkpoint")
+        problem = None
+        try:
+            checkpoint.load(path, model, optimizer)
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, PROG, "loading the checkpoint", status=1)
         if saved_world != world and rank == 0:
             print(f"note: {path} was saved by {saved_world} ranks; continuing at {world} from the "
                   f"start of epoch {start_epoch + 1} (global batch now "
@@ -222,11 +258,16 @@ def main(argv=None):
     metrics = MetricsLog(args.checkpoint_dir, rank)
 
     def save(epoch, batches_done):
+        problem = None
         if rank == 0:
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-            checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
-                            batches_done=batches_done, world_size=world, args=vars(args))
-        dist.barrier()  # nobody reads or overwrites it before it is complete
+            try:
+                os.makedirs(args.checkpoint_dir, exist_ok=True)
+                checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
+                                batches_done=batches_done, world_size=world, args=vars(args))
+            except (checkpoint.CheckpointError, OSError) as exc:
+                problem = str(exc)
+        # Nobody reads or overwrites it before it is complete; a failure ends every rank.
+        stop_if_any(problem, PROG, "saving the checkpoint", status=1)
 
     progress = None
     # A bar only on a terminal: in a SLURM log its carriage returns are noise.
@@ -261,12 +302,12 @@ def main(argv=None):
                     with TIMELINE.span("checkpoint", "step", step=step):
                         save(epoch, batch + 1)
                 if stop:
+                    status = stop_status(preemption.stopped_by)
                     if rank == 0:
-                        if preemption.requested or not args.max_steps or step < args.max_steps:
+                        if status or not args.max_steps or step < args.max_steps:
                             open(marker, "w").close()  # requeue me (slurm/train_ddp.sbatch)
-                        print(f"\nstopped at step {step}; checkpoint {path}; continue with "
-                              "--resume", flush=True)
-                    return 0
+                        print(stopped_line(step, path, preemption.stopped_by), flush=True)
+                    return status
             elapsed = time.perf_counter() - epoch_started
             # Loss and samples of the steps this run made: after a mid-epoch resume, a part.
             totals = np.array([sum(losses), len(losses), samples, elapsed])
@@ -307,4 +348,4 @@ def main(argv=None):
 if __name__ == "__main__":
     status = main()
     Preemption.ignore_from_now()
-    sys.exit(status)
+    exit_together(status)  # every return of main is the same on every rank

@@ -15,11 +15,15 @@ rank's labels line up with rank 0's images.
 
 Rank 0 prints a header and one line per epoch (train loss and accuracy, test loss and accuracy
 over every test sample once, epoch time, samples/s); the figures come from the last rank. It
-shows a progress bar on a terminal and appends to <checkpoint-dir>/metrics.jsonl. Every rank
-saves its own stage (stage<R>.npz, atomically) every --checkpoint-every steps and at the end of
-each epoch. On SIGTERM, SIGUSR1 or SIGINT (preemption, Ctrl-C) sent to any rank, all ranks stop
-at the next step after a checkpoint and rank 0 leaves <checkpoint-dir>/PREEMPTED; --resume
-continues exactly. HPCGRAD_TIMELINE=path records a timeline of every rank.
+shows a progress bar on a terminal and appends to <checkpoint-dir>/metrics.jsonl. Every
+--checkpoint-every steps and at the end of each epoch the ranks save a multi-part checkpoint
+(Note [Multi-part commit] in hpcgrad/checkpoint.py): each rank its stage, then rank 0 commits a
+manifest naming every stage's file once all are durable; --resume continues from the newest
+complete commit, so a job killed at any moment loses at most the steps since it. On SIGTERM,
+SIGUSR1 or SIGINT (preemption, Ctrl-C) sent to any rank, all ranks stop at the next step after a
+checkpoint, rank 0 leaves <checkpoint-dir>/PREEMPTED and the job exits with 128 + the signal's
+number (jobs/job_args.py: the exit statuses); --resume continues exactly. HPCGRAD_TIMELINE=path
+records a timeline of every rank.
 
 Note [Pipeline job's learning]
     The first version reached 0.93 test accuracy at epoch 4 and fell to 0.84 at epoch 5 (2
@@ -38,7 +42,6 @@ Note [Pipeline job's learning]
     schedule (raising --epochs on resume stretches it: the rate rises again).
 """
 
-import json
 import math
 import os
 import signal
@@ -46,14 +49,23 @@ import sys
 import time
 
 import numpy as np
-from job_args import add_run_arguments, real, training_parser, unwritable
+from job_args import (
+    STOP_SIGNALS,
+    add_run_arguments,
+    parse_together,
+    real,
+    stop_if_any,
+    stop_status,
+    training_parser,
+    unwritable,
+)
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.nn.functional as F
 from hpcgrad import checkpoint, nn, optim
-from hpcgrad.comm.mpi import MPI, comm_world
+from hpcgrad.comm.mpi import MPI, comm_world, exit_together
 from hpcgrad.data import load_digits
 from hpcgrad.distributed import rpc
 from hpcgrad.metrics import MetricsLog
@@ -62,6 +74,7 @@ from hpcgrad.timeline import TIMELINE, merge
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
+PROG = "train_pipeline.py"
 
 
 def stage_layers(rank, world):
@@ -111,17 +124,18 @@ def parse_args(argv=None):
                                           positive=True),
                    default=60, help="seconds any rank waits for another")
     add_run_arguments(p, checkpoint_dir="checkpoints-pipeline",
-                      checkpoint_help="each rank's stage<R>.npz and metrics.jsonl of the run",
-                      resume_help="continue from <checkpoint-dir>/stage<R>.npz (same number of "
-                                  "ranks)")
-    return p.parse_args(argv)
+                      checkpoint_help="the run's commits (commit-*.json) and metrics.jsonl",
+                      resume_help="continue from the newest complete commit in <checkpoint-dir> "
+                                  "(same number of ranks)")
+    return parse_together(p, argv)
 
 
 class Preemption:
     """SIGTERM/SIGUSR1/SIGINT set a flag; the ranks agree on it with one tiny all-reduce per
     step on the world (which also brings the last rank's step loss to rank 0), so a signal to
     any one rank stops them all at the same step after a checkpoint, and Ctrl-C checkpoints
-    like a preemption instead of a traceback per rank.
+    like a preemption instead of a traceback per rank. The job then exits with
+    ``stop_status`` of the largest signal number any rank received (``stopped_by``).
 
     The all-reduce of step k is waited for after step k + 1 (``exchange``): in a pipeline the
     ranks finish a step at different times, and a blocking one had rank 0 spin in MPI_Wait
@@ -130,30 +144,39 @@ class Preemption:
     once. A signal thus stops the job one step later, on every rank alike."""
 
     def __init__(self):
-        self.requested = False
+        self.received = set()  # the signals this rank received
+        self.stopped_by = 0  # the largest signal any rank received, once agreed
         self._pending = None  # (step, values, work) of the last step's all-reduce
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
+    @property
+    def requested(self):
+        return bool(self.received)
+
     def _handle(self, signum, frame):
-        self.requested = True
+        self.received.add(signum)
 
     def exchange(self, step, loss):
-        """Post ``step``'s agreement (the last rank gives the loss, the others 0) and return
-        the previous one's (step, any rank signalled, loss), or None. Every rank calls it."""
-        values = np.array([1.0 if self.requested else 0.0, loss])
+        """Post ``step``'s agreement (per stop signal, whether this rank received it; the
+        last rank gives the loss, the others 0) and return the previous one's (step, the
+        largest signal any rank received or 0, loss), or None. Every rank calls it."""
+        values = np.array([1.0 if sig in self.received else 0.0 for sig in STOP_SIGNALS]
+                          + [loss])
         work = dist.all_reduce(values, async_op=True)
         previous, self._pending = self.settle(), (step, values, work)
         return previous
 
     def settle(self):
-        """Wait for the agreement in flight, if any: (step, any rank signalled, loss), or None."""
+        """Wait for the agreement in flight, if any: (step, signal or 0, loss), or None."""
         if self._pending is None:
             return None
         step, values, work = self._pending
         self._pending = None
         work.wait()
-        return step, bool(values[0]), float(values[1])
+        signals = [int(sig) for sig, n in zip(STOP_SIGNALS, values) if n > 0]
+        self.stopped_by = max([self.stopped_by, *signals])
+        return step, max(signals, default=0), float(values[-1])
 
 
 def train_step(stage, optimizer, images, labels, rank, last, timeout, step):
@@ -220,53 +243,53 @@ def check_setup(args, train_size):
     return unwritable(args.checkpoint_dir)
 
 
-def stage_path(directory, rank):
-    return os.path.join(directory, f"stage{rank}.npz")
-
-
-def saved_position(path):
-    """The ``extra`` values a stage checkpoint was saved with (step, epoch, world_size...), or
-    None if there is no file. Read from the ``__meta__`` entry of the documented layout
-    (hpcgrad/checkpoint.py), before loading: a stage of another world size holds other layers,
-    which ``checkpoint.load`` would refuse without saying why."""
-    if not os.path.exists(path):
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return json.loads(f["__meta__"].tobytes().decode("utf-8"))["extra"]
-    except Exception:  # noqa: BLE001  unreadable: checkpoint.load says why, with the fix
-        return {}
-
-
-def resume_problem(args, world, positions):
-    """Why the stage files in --checkpoint-dir cannot continue this run (every rank computes
-    the same answer from every rank's ``positions``), or None."""
-    here = stage_path(args.checkpoint_dir, "<R>")
-    if positions[0] is None:
-        return (f"--resume: no checkpoint at {stage_path(args.checkpoint_dir, 0)}; run without "
-                "--resume first, or point --checkpoint-dir at a pipeline run")
-    saved_world = positions[0].get("world_size")
-    if saved_world is not None and saved_world != world:
+def resume_problem(args, world, commit):
+    """Why ``commit`` (checkpoint.find_commit's) cannot continue this run, or None."""
+    if commit is None:
+        legacy = os.path.exists(os.path.join(args.checkpoint_dir, "stage0.npz"))
+        hint = (" (its stage<R>.npz files were written by an hpcgrad without commits, which "
+                "cannot tell whether they belong together; start afresh)" if legacy else "")
+        return (f"--resume: no checkpoint (commit-*.json) in {args.checkpoint_dir}{hint}; run "
+                "without --resume first, or point --checkpoint-dir at a pipeline run")
+    saved_world = commit.world_size
+    if saved_world != world:
         layers = [list(stage_layers(r, saved_world)) for r in range(saved_world)] \
             if 2 <= saved_world <= len(WIDTHS) - 1 else "?"
         return (f"{args.checkpoint_dir} holds a pipeline of {saved_world} stages (saved by "
                 f"{saved_world} ranks; Linear layers per rank {layers}), but this job has "
                 f"{world} ranks, whose stages hold other layers: it cannot continue. Resume "
                 f"with {saved_world} ranks (mpiexec -n {saved_world} ... --resume), or start "
-                f"fresh at {world}: without --resume and with another --checkpoint-dir (or "
-                f"after removing {here})")
-    keys = ("step", "epoch", "batches_done")
-    first = tuple(positions[0].get(k) for k in keys)
-    for r, position in enumerate(positions):
-        if position == {} or positions[0] == {}:
-            continue  # unreadable: checkpoint.load on that rank says why
-        if position is None or tuple(position.get(k) for k in keys) != first:
-            seen = "missing" if position is None else f"at step {position.get('step')}"
-            return (f"the stage checkpoints in {args.checkpoint_dir} do not belong together "
-                    f"(rank 0's at step {first[0]}, rank {r}'s {seen}): the run was stopped "
-                    f"while saving. Start fresh: without --resume and with another "
-                    f"--checkpoint-dir (or after removing {here})")
+                f"fresh at {world}: without --resume and with another --checkpoint-dir")
     return None
+
+
+def resume(args, world, rank, stage, optimizer):
+    """Every rank restores its stage from the newest complete commit; returns its ``extra``
+    values, or exits every rank together with one line on rank 0 (status 2 where there is
+    nothing to resume at this size, 1 where the checkpoints are damaged)."""
+    commit, problem = None, None
+    try:
+        commit = checkpoint.find_commit(args.checkpoint_dir)
+    except checkpoint.CheckpointError as exc:
+        problem = str(exc)
+    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
+    stop_if_any(resume_problem(args, world, commit), PROG, "checking the checkpoint")
+    meta = None
+    try:
+        meta = checkpoint.load_commit(commit, stage, optimizer)
+    except checkpoint.CheckpointError as exc:
+        problem = str(exc)
+    stop_if_any(problem, PROG, "loading the checkpoint", status=1)
+    if rank == 0:
+        where = os.path.join(args.checkpoint_dir, commit.name)
+        for skipped in commit.skipped:
+            print(f"note: skipped a newer commit, {skipped}", flush=True)
+        newer = checkpoint.newer_uncommitted_steps(args.checkpoint_dir, commit)
+        if newer:
+            print(f"note: ignored the parts of step(s) {', '.join(map(str, newer))}: a save "
+                  "stopped before every stage had committed it", flush=True)
+        print(f"resumed from {where}: epoch {meta['epoch']}, step {meta['step']}", flush=True)
+    return meta
 
 
 def main(argv=None):
@@ -274,10 +297,10 @@ def main(argv=None):
     rank, world = comm_world().Get_rank(), comm_world().Get_size()
     if not 2 <= world <= len(WIDTHS) - 1:
         if rank == 0:
-            print(f"train_pipeline.py: error: run with 2 to {len(WIDTHS) - 1} ranks (one stage "
+            print(f"{PROG}: error: run with 2 to {len(WIDTHS) - 1} ranks (one stage "
                   f"each), e.g. mpiexec -n 3 python jobs/train_pipeline.py; got {world}",
                   file=sys.stderr, flush=True)
-        return 2
+        return 2  # every rank: the world size is the same everywhere
     # The world group carries the barriers and the per-step agreement; the RPC agent (started
     # below) talks on a communicator of its own.
     dist.init_process_group(timeout=args.timeout)
@@ -286,36 +309,19 @@ def main(argv=None):
     train_x, train_y = (t.data for t in train.tensors)
     test_x, test_y = (t.data for t in test.tensors)
     steps_per_epoch = -(-len(train_y) // args.batch_size)
-    problem = check_setup(args, len(train_y))
-    if problem:
-        if rank == 0:
-            print(f"train_pipeline.py: error: {problem}", file=sys.stderr, flush=True)
-        dist.barrier()  # said before any rank's exit status ends the job
-        return 2
+    stop_if_any(check_setup(args, len(train_y)), PROG, "checking the set-up")
     lines = header(args, world, len(train_y), len(test_y), steps_per_epoch)
     if rank == 0:
         print(lines, flush=True)
     stage = build_stage(rank, world, args.seed)
     optimizer = optim.SGD(stage.parameters(), lr=args.lr, momentum=args.momentum)
-    path = stage_path(args.checkpoint_dir, rank)
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
     step, start_epoch, skip = 0, 0, 0
     sums = np.zeros(3)  # the last rank's loss sum, correct and samples of the epoch so far
     if args.resume:
-        positions = [None] * world
-        dist.all_gather_object(positions, saved_position(path))
-        problem = resume_problem(args, world, positions)
-        if problem:
-            if rank == 0:
-                print(f"train_pipeline.py: error: {problem}", file=sys.stderr, flush=True)
-            dist.barrier()
-            return 2
-        meta = checkpoint.load(path, stage, optimizer)
+        meta = resume(args, world, rank, stage, optimizer)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         sums[:] = meta.get("epoch_sums", sums)
-        if rank == 0:
-            print(f"resumed from {stage_path(args.checkpoint_dir, '<R>')}: epoch {start_epoch}, "
-                  f"step {step}", flush=True)
         if start_epoch >= args.epochs:
             if rank == 0:
                 print(f"the run in {args.checkpoint_dir} is complete ({start_epoch} of "
@@ -332,12 +338,20 @@ def main(argv=None):
     total_steps = args.epochs * steps_per_epoch
 
     def save(epoch, batches_done):
+        """A multi-part commit (collective); a failure, found by every rank alike, ends the
+        job with one line (status 1), the last commit standing."""
         with TIMELINE.span("checkpoint", "step", step=step):
             extra = {"epoch_sums": sums.tolist()} if rank == last else {}
-            checkpoint.save(path, stage, optimizer, step=step, epoch=epoch,
-                            batches_done=batches_done, world_size=world,
-                            layers=list(stage_layers(rank, world)), args=vars(args), **extra)
-            dist.barrier()  # every stage saved at this step before anyone goes on
+            try:
+                return checkpoint.save_parts(
+                    args.checkpoint_dir, stage, optimizer, step=step, epoch=epoch,
+                    batches_done=batches_done, world_size=world,
+                    layers=list(stage_layers(rank, world)), args=vars(args), **extra)
+            except checkpoint.CheckpointError as exc:
+                failed = str(exc)
+        if rank == 0:
+            print(f"{PROG}: error: {failed}", file=sys.stderr, flush=True)
+        exit_together(1)  # every rank raised: as a stop, without rpc.shutdown
 
     progress = None
     # A bar only on a terminal: in a SLURM log its carriage returns are noise.
@@ -369,22 +383,26 @@ def main(argv=None):
                 if stop or (agreed[0] and agreed[0][1]) or batch + 1 == steps_per_epoch:
                     agreed.append(preemption.settle())  # this step's too: none left in flight
                 for done in filter(None, agreed):
-                    stop = stop or done[1]
+                    stop = stop or bool(done[1])
                     metrics.write("step", done[0], epoch, time.perf_counter() - started,
                                   loss=done[2])
                     if progress is not None:
                         progress.update(1)
                         progress.set_postfix(epoch=epoch, loss=f"{done[2]:.3f}")
+                committed = None
                 if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                    save(epoch, batch + 1)
+                    committed = save(epoch, batch + 1)
                 if stop:
+                    status = stop_status(preemption.stopped_by)
                     if rank == 0:
-                        if preemption.requested or not args.max_steps or step < args.max_steps:
+                        if status or not args.max_steps or step < args.max_steps:
                             open(marker, "w").close()  # the next run should --resume
-                        print(f"\nstopped at step {step}; checkpoint "
-                              f"{stage_path(args.checkpoint_dir, '<R>')}; continue with --resume",
-                              flush=True)
-                    return 0
+                        why = (f" by {signal.Signals(preemption.stopped_by).name} (exit status "
+                               f"{status})" if status else "")
+                        print(f"\nstopped at step {step}{why}; checkpoint "
+                              f"{os.path.join(args.checkpoint_dir, committed)}; continue with "
+                              "--resume", flush=True)
+                    return status
             elapsed = time.perf_counter() - epoch_started
             figures = evaluate(stage, hg.tensor(test_x) if rank == 0 else None,
                                hg.tensor(test_y) if rank == last else None, rank, last,
@@ -427,4 +445,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_together(main())  # every return of main is the same on every rank

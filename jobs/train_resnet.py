@@ -17,17 +17,25 @@ Progress, checkpoints and preemption as jobs/train_ddp.py: a header with the ran
 pids, one line per epoch on rank 0 (and a bar on a terminal), <checkpoint-dir>/metrics.jsonl, an
 atomic checkpoint every --checkpoint-every steps and at each epoch's end (the model, the ZeRO
 state consolidated on rank 0, the scheduler and every rank's PowerSGD memory), and on
-SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step and <checkpoint-dir>/PREEMPTED, so
---resume continues exactly where the job stopped.
+SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step, <checkpoint-dir>/PREEMPTED and exit status
+128 + the signal's number, so --resume continues exactly where the job stopped. Every rank
+restores from the one file rank 0 wrote (it holds every rank's state), so a commit of several
+files is not needed here.
 """
 
-import json
 import os
 import sys
 import time
 
 import numpy as np
-from job_args import add_run_arguments, integer, training_parser
+from job_args import (
+    add_run_arguments,
+    integer,
+    parse_together,
+    stop_if_any,
+    stop_status,
+    training_parser,
+)
 from train_ddp import (
     PREEMPTED,
     EvaluationShard,
@@ -36,12 +44,14 @@ from train_ddp import (
     dist_hosts,
     evaluate,
     rank_places,
+    stopped_line,
 )
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
 from hpcgrad import checkpoint, nn, optim
+from hpcgrad.comm.mpi import exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, load_digits
 from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
@@ -95,7 +105,10 @@ def parse_args(argv=None):
     add_run_arguments(p, checkpoint_dir="checkpoints-resnet",
                       checkpoint_help="checkpoints and metrics.jsonl of the run",
                       resume_help="continue from <checkpoint-dir>/last.npz")
-    return p.parse_args(argv)
+    return parse_together(p, argv)
+
+
+PROG = "train_resnet.py"
 
 
 def header(args, world, train, test, model):
@@ -154,9 +167,20 @@ def restore_buckets(model, bucket_indices):
 
 
 def saved_extra(path):
-    """The ``extra`` values of checkpoint ``path`` (its ``__meta__`` JSON), restoring nothing."""
-    with np.load(path, allow_pickle=False) as f:
-        return json.loads(f["__meta__"].tobytes().decode("utf-8"))["extra"]
+    """Every rank: the ``extra`` values of checkpoint ``path`` after checkpoint.read_extra's
+    checks, restoring nothing; or the job ends on every rank with one line: status 2 if there
+    is no file, 1 if it is unreadable."""
+    missing = None if os.path.exists(path) else (
+        f"--resume: no checkpoint at {path}; run without --resume first, or point "
+        "--checkpoint-dir at it")
+    stop_if_any(missing, PROG, "looking for the checkpoint")
+    extra, problem = None, None
+    try:
+        extra = checkpoint.read_extra(path)
+    except (checkpoint.CheckpointError, OSError) as exc:
+        problem = str(exc)
+    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
+    return extra
 
 
 def resume_problem(meta, path, world, args):
@@ -200,27 +224,21 @@ def main(argv=None):
         scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
     path = os.path.join(args.checkpoint_dir, "last.npz")
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
-    problem = check_setup(args, world, train)
-    if problem:
-        if rank == 0:
-            print(f"train_resnet.py: error: {problem}", file=sys.stderr, flush=True)
-        dist.barrier()  # said before any rank's exit status ends the job
-        return 2
+    stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
     lines = header(args, world, train, test, module)
     if rank == 0:
         print(lines, flush=True)
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"--resume: no checkpoint at {path}; run without --resume "
-                                    "first, or point --checkpoint-dir at it")
-        problem = resume_problem(saved_extra(path), path, world, args)
-        if problem:  # found before the model is loaded: another --width would not fit it
-            if rank == 0:
-                print(f"train_resnet.py: error: {problem}", file=sys.stderr, flush=True)
-            dist.barrier()
-            return 2
-        meta = checkpoint.load(path, model, optimizer)  # every rank keeps its ZeRO shard
+        # Found before the model is loaded: another --width would not fit it.
+        stop_if_any(resume_problem(saved_extra(path), path, world, args), PROG,
+                    "checking the checkpoint")
+        meta, problem = None, None
+        try:
+            meta = checkpoint.load(path, model, optimizer)  # every rank keeps its ZeRO shard
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, PROG, "loading the checkpoint", status=1)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         scheduler.load_state_dict(meta["scheduler"])
         if hook_state is not None:
@@ -245,15 +263,20 @@ def main(argv=None):
         optimizer.consolidate_state_dict(to=0)  # every rank's shard of the momentum to rank 0
         memories = [None] * world
         dist.all_gather_object(memories, powersgd_memory(hook_state))
+        problem = None
         if rank == 0:
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-            checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
-                            batches_done=batches_done, world_size=world, args=vars(args),
-                            scheduler=scheduler.state_dict(),
-                            powersgd=memories if hook_state is not None else None,
-                            buckets=model.reducer.bucket_indices()
-                            if model.reducer.has_rebuilt_buckets else None)
-        dist.barrier()  # nobody reads or overwrites it before it is complete
+            try:
+                os.makedirs(args.checkpoint_dir, exist_ok=True)
+                checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
+                                batches_done=batches_done, world_size=world, args=vars(args),
+                                scheduler=scheduler.state_dict(),
+                                powersgd=memories if hook_state is not None else None,
+                                buckets=model.reducer.bucket_indices()
+                                if model.reducer.has_rebuilt_buckets else None)
+            except (checkpoint.CheckpointError, OSError) as exc:
+                problem = str(exc)
+        # Nobody reads or overwrites it before it is complete; a failure ends every rank.
+        stop_if_any(problem, PROG, "saving the checkpoint", status=1)
 
     progress = None
     if rank == 0 and not args.no_progress and sys.stdout.isatty():
@@ -286,12 +309,12 @@ def main(argv=None):
                 if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
                     save(epoch, batch + 1)
                 if stop:
+                    status = stop_status(preemption.stopped_by)
                     if rank == 0:
-                        if preemption.requested or not args.max_steps or step < args.max_steps:
+                        if status or not args.max_steps or step < args.max_steps:
                             open(marker, "w").close()  # requeue me
-                        print(f"\nstopped at step {step}; checkpoint {path}; continue with "
-                              "--resume", flush=True)
-                    return 0
+                        print(stopped_line(step, path, preemption.stopped_by), flush=True)
+                    return status
             if args.scheduler == "cosine":
                 scheduler.step()
             elapsed = time.perf_counter() - epoch_started
@@ -326,4 +349,4 @@ def main(argv=None):
 if __name__ == "__main__":
     status = main()
     Preemption.ignore_from_now()
-    sys.exit(status)
+    exit_together(status)  # every return of main is the same on every rank
