@@ -313,3 +313,21 @@ def test_load_checks_optimizer(tmp_path):
     checkpoint.save(path, model)
     with pytest.raises(ValueError, match="holds no optimizer state"):
         checkpoint.load(path, model, SGD(model.parameters()))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_truncate(0.5), "BadZipFile"),
+    (_flip_weight_byte, "Bad CRC-32"),
+    (_drop_meta, "no '__meta__' entry"),
+], ids=["half", "flipped-byte", "no-meta"])
+def test_read_extra_checks_the_whole_file(tmp_path, damage, reason):
+    """What a job reads to decide whether it can resume (issue 26): reading only __meta__ gave
+    the extra values of a file whose weights were bit-flipped, and raw BadZipFile/KeyError."""
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save(path, make_model(seed=1), step=3, epoch=1)
+    assert checkpoint.read_extra(path) == {"step": 3, "epoch": 1}
+    damage(path)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.read_extra(path)
+    assert str(path) in str(info.value) and reason in str(info.value)
+    assert "move this one away and start afresh" in str(info.value)
