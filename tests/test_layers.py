@@ -42,6 +42,8 @@ DEFERRED_IMPORTS = {
     "hpcgrad.ops.elementwise": "numba kernels compile only when first used",
     "hpcgrad.optim.sgd": "numba kernels compile only when first used",
     "hpcgrad.data.distributed": "importing hpcgrad.data must not start MPI",
+    "hpcgrad.checkpoint": "import hpcgrad imports checkpoint and must not start MPI; only a "
+                          "multi-part save or resume (collective) reaches hpcgrad.distributed",
     "hpcgrad.nn": "hpcgrad.nn.SyncBatchNorm, built above nn (hpcgrad/ddp), is reached through "
                   "hpcgrad.nn.parallel on first use, so importing hpcgrad.nn never starts MPI",
 }
