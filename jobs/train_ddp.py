@@ -109,20 +109,20 @@ def stopped_line(step, path, signum):
     return f"\nstopped at step {step}{why}; checkpoint {path}; continue with --resume"
 
 
-def resume_extra(path):
-    """Every rank: the ``extra`` values of checkpoint ``path`` (checkpoint.read_extra's checks),
-    or the job ends on every rank with one line: status 2 if there is no file, 1 if it is
-    unreadable."""
+def resume_extra(path, prog=PROG):
+    """Every rank: the ``extra`` values of checkpoint ``path`` (checkpoint.read_extra's checks,
+    restoring nothing), or job ``prog`` ends on every rank with one line: status 2 if there is
+    no file, 1 if it is unreadable."""
     missing = None if os.path.exists(path) else (
         f"--resume: no checkpoint at {path}; run without --resume first, or point "
         "--checkpoint-dir at it")
-    stop_if_any(missing, PROG, "looking for the checkpoint")
+    stop_if_any(missing, prog, "looking for the checkpoint")
     extra, problem = None, None
     try:
         extra = checkpoint.read_extra(path)
     except (checkpoint.CheckpointError, OSError) as exc:
         problem = str(exc)
-    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
+    stop_if_any(problem, prog, "reading the checkpoint", status=1)
     return extra
 
 

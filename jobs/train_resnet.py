@@ -44,6 +44,7 @@ from train_ddp import (
     dist_hosts,
     evaluate,
     rank_places,
+    resume_extra,
     stopped_line,
 )
 
@@ -166,23 +167,6 @@ def restore_buckets(model, bucket_indices):
         model.reducer.has_rebuilt_buckets = True
 
 
-def saved_extra(path):
-    """Every rank: the ``extra`` values of checkpoint ``path`` after checkpoint.read_extra's
-    checks, restoring nothing; or the job ends on every rank with one line: status 2 if there
-    is no file, 1 if it is unreadable."""
-    missing = None if os.path.exists(path) else (
-        f"--resume: no checkpoint at {path}; run without --resume first, or point "
-        "--checkpoint-dir at it")
-    stop_if_any(missing, PROG, "looking for the checkpoint")
-    extra, problem = None, None
-    try:
-        extra = checkpoint.read_extra(path)
-    except (checkpoint.CheckpointError, OSError) as exc:
-        problem = str(exc)
-    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
-    return extra
-
-
 def resume_problem(meta, path, world, args):
     """Why the checkpoint cannot continue at this world size / with these flags, or None."""
     saved_world = int(meta.get("world_size", world))
@@ -231,7 +215,7 @@ def main(argv=None):
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
         # Found before the model is loaded: another --width would not fit it.
-        stop_if_any(resume_problem(saved_extra(path), path, world, args), PROG,
+        stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args), PROG,
                     "checking the checkpoint")
         meta, problem = None, None
         try:

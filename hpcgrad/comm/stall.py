@@ -25,16 +25,7 @@ Note [Stall inspector]
     (registered with atexit, so before mpi4py's MPI_Finalize) only ends the threads.
 
     Every rank must register the same groups in the same order with the recorder. The
-    warning is agreed by ``start`` (Note [Group names]
-    A group is printed by the name it was registered under with the recorder ("group
-    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
-    never by its id alone: ids are registration order, and DDP's communicator reading as
-    "group 0" made a DDP divergence look like the default group's. Only a group registered
-    without a name reads "group 3"; a name two groups share gets its id too ("group
-    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
-    (which reads files only, so imports nothing of this module) print the same words.
-
-Note [One stall warning]).
+    warning is agreed by ``start`` (Note [One stall warning]).
 
 Note [Diagnostics messages are data]
     Nothing another rank sends the stall inspector is unpickled: a pickle runs whatever
