@@ -221,6 +221,15 @@ def get_world_size(group=None):
     return -1 if group is NON_GROUP_MEMBER else _group(group).size()
 
 
+def get_backend(group=None):
+    """The backend of ``group`` (default: the default group), as torch.distributed names it:
+    always 'mpi', since 'gloo' and 'nccl' run over MPI here (init_process_group says so)."""
+    if group is NON_GROUP_MEMBER:
+        raise ValueError("Invalid process group specified: this rank is not a member of it")
+    _group(group)
+    return "mpi"
+
+
 def get_local_rank():
     """Rank among the ranks of this node (shared-memory split)."""
     _group(None)

@@ -1,0 +1,44 @@
+"""PyTorch's module paths and small functions a script reaches for after ``import hpcgrad as
+torch`` (issue 27): each is the same object as hpcgrad's own, or behaves as PyTorch's."""
+
+import subprocess
+import sys
+
+import pytest
+
+import hpcgrad
+import hpcgrad.data
+
+
+def test_torch_utils_data_path_is_hpcgrad_data():
+    import hpcgrad.utils.data as data
+    from hpcgrad.utils.data.distributed import DistributedSampler
+
+    for name in ("DataLoader", "Dataset", "TensorDataset", "Sampler", "RandomSampler",
+                 "SequentialSampler", "BatchSampler", "DistributedSampler", "default_collate"):
+        assert getattr(data, name) is getattr(hpcgrad.data, name), name
+    assert DistributedSampler is hpcgrad.data.DistributedSampler
+
+
+def test_cuda_is_there_after_import_hpcgrad():
+    """torch.cuda needs no import of its own; a fresh process, so no other test imported it."""
+    code = ("import hpcgrad; print(hpcgrad.cuda.is_available() in (True, False), "
+            "hpcgrad.cuda.device_count() >= 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_get_backend_names_mpi():
+    import hpcgrad.distributed as dist
+    dist.init_process_group()
+    assert dist.get_backend() == "mpi"
+    group = dist.new_group()
+    try:
+        assert dist.get_backend(group) == "mpi"
+    finally:
+        dist.destroy_process_group(group)
+    with pytest.raises(ValueError, match="Invalid process group specified"):
+        dist.get_backend(dist.NON_GROUP_MEMBER)
