@@ -42,4 +42,5 @@ from .ops.reduce import argmax, argmin, cumsum, min  # noqa: F401
 from .ops.promotion import promote_types, result_type  # noqa: F401
 from .ops.split import chunk, split, unbind  # noqa: F401
 from .tensor import Tensor  # noqa: E402,F401
-from . import checkpoint, cuda, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)
+from .devices import device  # noqa: E402,F401
+from . import accelerator, checkpoint, cuda, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)

@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 
 from . import backend
+from . import devices as _device
 from .autograd import executor as _executor
 from .autograd import function as _function
 from .autograd import grad_mode as _grad_mode
@@ -250,14 +251,25 @@ class Tensor:
         backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     # --- conversion -----------------------------------------------------------------------
-    def to(self, dtype_or_device):
-        """``to(np.float64)`` casts (differentiably); ``to("cpu")`` / ``to("cuda:0")`` moves."""
-        if isinstance(dtype_or_device, str) and (dtype_or_device == "cpu"
-                                                 or dtype_or_device.startswith("cuda")):
-            device = "cuda:0" if dtype_or_device == "cuda" else dtype_or_device
-            return self if device == self.device else _ops.ToDevice.apply(self, device)
-        dtype = np.dtype(dtype_or_device)
-        return self if dtype == self.data.dtype else _ops.Cast.apply(self, dtype)
+    def to(self, *args, **kwargs):
+        """PyTorch's forms, differentiably: ``to(np.float64)`` casts, ``to("cuda:0")``,
+        ``to(hpcgrad.device("cpu"))`` or ``to(0)`` moves, ``to(device, dtype)``,
+        ``to(device=, dtype=)``, ``to(other)`` takes other's device and dtype; itself when
+        nothing changes."""
+        if len(args) == 1 and not kwargs and type(args[0]) is not str:  # the common cast
+            try:
+                dtype = np.dtype(args[0])
+            except TypeError:
+                dtype = None
+            if dtype is not None and not isinstance(args[0], (int, np.integer)):
+                return self if dtype == self.data.dtype else _ops.Cast.apply(self, dtype)
+        device, dtype = _device.parse_to(args, kwargs, "to")
+        out = self
+        if device is not None and device != out.device:
+            out = _ops.ToDevice.apply(out, device)
+        if dtype is not None and dtype != out.data.dtype:
+            out = _ops.Cast.apply(out, dtype)
+        return out
 
     def float(self):
         return self.to(np.float32)

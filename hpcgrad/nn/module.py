@@ -5,6 +5,7 @@ import collections
 import numpy as np
 
 from .. import backend
+from .. import devices as _device
 from ..autograd.graph import RemovableHandle
 from ..tensor import Tensor
 from .parameter import Parameter
@@ -335,19 +336,21 @@ class Module:
         fn(self)
         return self
 
-    def to(self, dtype_or_device):
-        """Cast floating-point parameters and buffers (``to(np.float64)``) or move them all
-        (``to("cuda:0")``), in place: the Parameter objects stay the same."""
-        arg = dtype_or_device
-        if isinstance(arg, str) and (arg == "cpu" or arg.startswith("cuda")):
-            device = "cuda:0" if arg == "cuda" else arg
-            convert = lambda a: backend.to_device(a, device)  # noqa: E731
-        else:
-            dtype = np.dtype(arg)
-            if dtype.kind not in "fc":
-                raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, "
-                                f"but got desired dtype={dtype}")
-            convert = lambda a: a.astype(dtype) if a.dtype.kind in "fc" else a  # noqa: E731
+    def to(self, *args, **kwargs):
+        """Move parameters and buffers (``to("cuda:0")``, ``to(device)``, ``to(0)``) and/or
+        cast the floating-point ones (``to(np.float64)``, ``to(device, dtype)``,
+        ``to(dtype=)``), in place: the Parameter objects stay the same (PyTorch's forms)."""
+        device, dtype = _device.parse_to(args, kwargs, "to")
+        if dtype is not None and dtype.kind not in "fc":
+            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, "
+                            f"but got desired dtype={dtype}")
+
+        def convert(a):
+            if device is not None:
+                a = backend.to_device(a, device)
+            if dtype is not None and a.dtype.kind in "fc":
+                a = a.astype(dtype)
+            return a
         for module in self.modules():
             for store in (module._parameters, module._buffers):
                 for tensor in store.values():
