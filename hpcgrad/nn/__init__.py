@@ -14,6 +14,7 @@ from .module import Module  # noqa: F401
 from .normalization import LayerNorm  # noqa: F401
 from .parameter import Parameter  # noqa: F401
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNBase, RNNCell, RNNCellBase  # noqa: F401
 
 
 def __getattr__(name):
