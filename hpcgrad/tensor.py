@@ -382,6 +382,14 @@ class Tensor:
     def __ge__(self, other):
         return self._compare(other, lambda a, b: a >= b)
 
+    # PyTorch's method names of the comparisons (``pred.eq(target.view_as(pred))``)
+    eq, ne, lt, le, gt, ge = __eq__, __ne__, __lt__, __le__, __gt__, __ge__
+    greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne
+
+    def equal(self, other):
+        """True if ``other`` has this shape and the same elements (PyTorch's torch.equal)."""
+        return self.shape == other.shape and bool((self == other).data.all())
+
     # --- element-wise, reductions, shapes: see hpcgrad/ops -----------------------------------
     def exp(self):
         return _ops.Exp.apply(self)
@@ -465,6 +473,16 @@ class Tensor:
 
     def expand_as(self, other):
         return _ops.expand(self, other.shape)
+
+    def view_as(self, other):
+        return self.view(other.shape)
+
+    def reshape_as(self, other):
+        return self.reshape(other.shape)
+
+    def type_as(self, other):
+        """Cast (differentiably) to ``other``'s dtype, moved to its device."""
+        return self.to(other)
 
     def gather(self, dim, index):
         return _ops.gather(self, dim, index)
