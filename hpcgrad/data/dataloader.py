@@ -1,7 +1,11 @@
 """DataLoader: batches of a map-style dataset, in sampler order, joined by a collate function."""
 
+import collections
 import collections.abc
+import concurrent.futures
+import itertools
 import numbers
+import threading
 
 import numpy as np
 
@@ -51,40 +55,126 @@ def default_collate(batch):
 
 
 class DataLoader:
-    """Iterate over ``dataset`` in batches (``torch.utils.data.DataLoader``, single process).
+    """Iterate over ``dataset`` in batches, with ``torch.utils.data.DataLoader``'s signature.
 
     ``shuffle=True`` uses a RandomSampler with ``generator`` (an ``np.random.Generator``; without
     one, hpcgrad's global generator seeds each epoch). ``sampler`` (e.g. a DistributedSampler)
-    replaces that choice. ``batch_size=None`` yields single samples, uncollated by default.
-    A TensorDataset with the default collate is gathered with one indexing per tensor.
+    replaces that choice, ``batch_sampler`` the batching too. ``batch_size=None`` yields single
+    samples, uncollated by default. A TensorDataset with the default collate is gathered with
+    one indexing per tensor.
+
+    Note [Loader workers are threads]
+    ``num_workers=N`` loads batches on N threads, ``prefetch_factor`` (2) batches ahead each,
+    yielded in sampler order; PyTorch forks processes, but forking a rank that has started MPI
+    is unsafe (the child shares its communicators and network state), and the common work of
+    a loader here (numpy indexing, copies, decoding) releases the GIL. ``worker_init_fn(id)``
+    runs on each worker thread as it starts; ``persistent_workers`` keeps the threads across
+    epochs; ``timeout`` bounds the wait for one batch (RuntimeError past it), a worker's
+    exception is raised where the batch is consumed. ``pin_memory`` is accepted: there is
+    nothing to pin for host arrays (cupy copies are made by the caller's ``.to``), and
+    ``multiprocessing_context`` is refused unless None.
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False,
-                 generator=None, collate_fn=None):
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 in_order=True):
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                             "disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in "
+                             "multiprocessing.let num_workers > 0 to enable multiprocessing, "
+                             "otherwise set prefetch_factor to None.")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if multiprocessing_context is not None:
+            raise ValueError("multiprocessing_context: hpcgrad's loader workers are threads "
+                             "(Note [Loader workers are threads]); leave it None")
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size, drop_last = None, False
         if sampler is None:
             sampler = (RandomSampler(dataset, generator=generator) if shuffle
                        else SequentialSampler(dataset))
         self.dataset, self.sampler, self.generator = dataset, sampler, generator
         self.batch_size, self.drop_last = batch_size, drop_last
-        self.batch_sampler = None if batch_size is None else BatchSampler(sampler, batch_size,
-                                                                          drop_last)
+        if batch_sampler is None and batch_size is not None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.batch_sampler = batch_sampler
         self._fast = collate_fn is None and type(dataset) is TensorDataset
         if collate_fn is None:
-            collate_fn = default_collate if batch_size is not None else (lambda sample: sample)
+            collate_fn = default_collate if batch_sampler is not None else (lambda sample: sample)
         self.collate_fn = collate_fn
+        self.num_workers, self.timeout, self.worker_init_fn = num_workers, timeout, worker_init_fn
+        self.prefetch_factor = 2 if num_workers and prefetch_factor is None else prefetch_factor
+        self.persistent_workers, self.pin_memory = persistent_workers, pin_memory
+        self.pin_memory_device, self.in_order = pin_memory_device, in_order
+        self._pool = None
+
+    def _fetch(self, item):
+        if self.batch_sampler is None:
+            return self.collate_fn(self.dataset[item])
+        if self._fast:
+            return self.dataset._collated(item)
+        return self.collate_fn([self.dataset[i] for i in item])
+
+    def _items(self):
+        return iter(self.sampler if self.batch_sampler is None else self.batch_sampler)
 
     def __iter__(self):
-        if self.batch_sampler is None:
-            for index in self.sampler:
-                yield self.collate_fn(self.dataset[index])
+        if self.num_workers == 0:
+            for item in self._items():
+                yield self._fetch(item)
             return
-        for indices in self.batch_sampler:
-            if self._fast:
-                yield self.dataset._collated(indices)
-            else:
-                yield self.collate_fn([self.dataset[i] for i in indices])
+        yield from self._threaded()
+
+    def _threaded(self):
+        """Note [Loader workers are threads]."""
+        pool = self._pool or self._start_pool()
+        window = collections.deque()
+        items = self._items()
+        ahead = self.num_workers * self.prefetch_factor
+        try:
+            for item in items:
+                window.append(pool.submit(self._fetch, item))
+                if len(window) >= ahead:
+                    yield self._next(window)
+            while window:
+                yield self._next(window)
+        finally:
+            for future in window:
+                future.cancel()
+            if not self.persistent_workers:
+                pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+
+    def _next(self, window):
+        try:
+            return window.popleft().result(timeout=self.timeout or None)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
+
+    def _start_pool(self):
+        ids = itertools.count()
+        lock = threading.Lock()
+
+        def start():
+            with lock:
+                worker_id = next(ids)
+            if self.worker_init_fn is not None:
+                self.worker_init_fn(worker_id)
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.num_workers, thread_name_prefix="hpcgrad-loader", initializer=start)
+        return self._pool
 
     def __len__(self):
         return len(self.sampler) if self.batch_sampler is None else len(self.batch_sampler)
