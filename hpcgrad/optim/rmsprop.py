@@ -69,8 +69,9 @@ class RMSprop(Optimizer):
         square_avg *= alpha
         square_avg += avg
         if group["centered"]:
-            # switched on after the first steps: PyTorch would fail; start from zero instead
-            grad_avg = state.setdefault("grad_avg", xp.zeros_like(p.data))
+            grad_avg = state.get("grad_avg")
+            if grad_avg is None:  # centered switched on after the first steps (PyTorch fails)
+                grad_avg = state["grad_avg"] = xp.zeros_like(p.data)
             _lerp_(grad_avg, g, 1 - alpha, scratch=avg)
             xp.multiply(grad_avg, grad_avg, out=avg)
             xp.subtract(square_avg, avg, out=avg)
@@ -80,7 +81,9 @@ class RMSprop(Optimizer):
         avg += eps
         lr = scalar(group["lr"])
         if momentum > 0:
-            buf = state.setdefault("momentum_buffer", xp.zeros_like(p.data))
+            buf = state.get("momentum_buffer")
+            if buf is None:  # momentum switched on after the first steps (PyTorch fails)
+                buf = state["momentum_buffer"] = xp.zeros_like(p.data)
             buf *= momentum
             xp.divide(g, avg, out=avg)
             buf += avg
