@@ -275,7 +275,16 @@ def main(argv=None):
                              "(mpiexec -n 2 beside this Python); Note [CUDA-aware decision]")
     parser.add_argument("--probe-timeout", type=float, default=60, help="seconds for the probe job")
     parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--coverage", nargs="+", metavar="FILE",
+                        help="list the torch.* names these scripts use that hpcgrad lacks, with their "
+                             "lines (parsed, not run); status 1 when some are missing, 2 when a file "
+                             "cannot be read or parsed; with --json, as JSON")
     args = parser.parse_args(argv)
+    if args.coverage:
+        if args.probe or args.probe_child:
+            parser.error("--coverage reads scripts and starts no job: leave out --probe")
+        from hpcgrad import coverage
+        return coverage.main(args.coverage, as_json=args.json)
     if args.probe_child:
         return probe_child()
     reports = gather_info()
