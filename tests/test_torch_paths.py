@@ -42,3 +42,16 @@ def test_get_backend_names_mpi():
         dist.destroy_process_group(group)
     with pytest.raises(ValueError, match="Invalid process group specified"):
         dist.get_backend(dist.NON_GROUP_MEMBER)
+
+
+def test_torchrun_variables_under_mpiexec(launch):
+    """Before: a torchrun script's os.environ["LOCAL_RANK"] raised KeyError under mpiexec."""
+    from pathlib import Path
+    script = Path(__file__).parent / "scripts" / "torchrun_env.py"
+    job = launch([sys.executable, str(script)], nprocs=2, timeout=90, mpiexec_timeout=60)
+    assert job.returncode == 0 and not job.timed_out, job.output
+    for rank in range(2):
+        line = next(x for x in job.stdout.splitlines() if x.startswith(f"[rank {rank}]"))
+        expected = [str(rank), "2", str(rank), "2"]  # one node: local ranks are the ranks
+        assert f"after {expected} local {rank} 2" in line, line
+        assert f"before ['{rank}', '2'," in line, line  # rank and size known at import

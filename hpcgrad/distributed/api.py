@@ -6,6 +6,7 @@ Ranks given as ``src``/``dst`` are world ranks, whatever the group, as in PyTorc
 import datetime
 import math
 import numbers
+import os
 import pickle
 import sys
 
@@ -25,6 +26,39 @@ from ..tensor import Tensor
 
 _default_group = None
 _local = None  # (local rank, local size) from the shared-memory split
+
+# Note [torchrun's variables]
+# Scripts written for torchrun read RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
+# environment (``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))``); under mpiexec or srun
+# they are absent and such a script died with KeyError. So importing hpcgrad.distributed sets
+# them where they are absent, from MPI (rank, size) and the launcher's own variables for the
+# node-local ones (MPICH's MPI_LOCALRANKID/MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_*,
+# SLURM's SLURM_LOCALID), with no collective; init_process_group fills the local ones from
+# its shared-memory split where no launcher said. A value already set is never changed.
+_LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def _export_torchrun_env(rank, size, local=None):
+    """Note [torchrun's variables]: set what is absent; ``local``: (local rank, local size)."""
+    env = os.environ
+    env.setdefault("RANK", str(rank))
+    env.setdefault("WORLD_SIZE", str(size))
+    if local is None and size == 1:
+        local = (0, 1)
+    if local is None:
+        found_rank = next((env[v] for v in _LOCAL_RANK_VARS if env.get(v, "").isdigit()), None)
+        found_size = next((env[v] for v in _LOCAL_SIZE_VARS if env.get(v, "").isdigit()), None)
+        if found_rank is not None:
+            env.setdefault("LOCAL_RANK", found_rank)
+        if found_size is not None:
+            env.setdefault("LOCAL_WORLD_SIZE", found_size)
+        return
+    env.setdefault("LOCAL_RANK", str(local[0]))
+    env.setdefault("LOCAL_WORLD_SIZE", str(local[1]))
+
+
+_export_torchrun_env(comm_world().Get_rank(), comm_world().Get_size())
 
 
 class _NonMember:
@@ -172,6 +206,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
+        _export_torchrun_env(world.Get_rank(), world.Get_size(), _local)
         start_from_env()
         # Failure knowledge by default (Note [Flight recorder], Note [Stall inspector]):
         # SIGUSR2 dumps this rank's record; rank 0 names the ranks a stalled call waits for.
