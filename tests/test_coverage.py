@@ -1,4 +1,4 @@
-"""Tests for hpcgrad.coverage: the torch names a script uses that hpcgrad lacks, and `hpcgrad-info --coverage`.
+"""Tests for hpcgrad.coverage: torch names a script uses that hpcgrad lacks, and `hpcgrad-info --coverage`.
 
 The expected names and lines are read off the fixture scripts by hand (tests/data/coverage/); the
 missing ones are made up (``torch.nn.Quux``), so they stay missing as hpcgrad grows.
