@@ -34,7 +34,12 @@ _local = None  # (local rank, local size) from the shared-memory split
 # them where they are absent, from MPI (rank, size) and the launcher's own variables for the
 # node-local ones (MPICH's MPI_LOCALRANKID/MPI_LOCALNRANKS, Open MPI's OMPI_COMM_WORLD_LOCAL_*,
 # SLURM's SLURM_LOCALID), with no collective; init_process_group fills the local ones from
-# its shared-memory split where no launcher said. A value already set is never changed.
+# its shared-memory split where no launcher said. A value already set is never changed,
+# unless an hpcgrad process set it and this process inherited it (a test or a workflow that
+# imported hpcgrad.distributed, then started mpiexec): HPCGRAD_TORCHRUN_ENV_PID names the
+# process that set them, and another process sets them afresh.
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_SETTER = "HPCGRAD_TORCHRUN_ENV_PID"
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
@@ -42,6 +47,11 @@ _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 def _export_torchrun_env(rank, size, local=None):
     """Note [torchrun's variables]: set what is absent; ``local``: (local rank, local size)."""
     env = os.environ
+    me = str(os.getpid())
+    if env.get(_SETTER, me) != me:  # inherited from the hpcgrad process that started us
+        for name in _TORCHRUN_VARS:
+            env.pop(name, None)
+    env[_SETTER] = me
     env.setdefault("RANK", str(rank))
     env.setdefault("WORLD_SIZE", str(size))
     if local is None and size == 1:
