@@ -6,7 +6,9 @@ from .batchnorm import BatchNorm1d, BatchNorm2d  # noqa: F401
 from .container import ModuleList, Sequential  # noqa: F401
 from .conv import Conv1d, Conv2d  # noqa: F401
 from .dropout import Dropout  # noqa: F401
+from ._dropout2d import Dropout2d  # noqa: F401
 from .embedding import Embedding  # noqa: F401
+from ._embedding_bag import EmbeddingBag  # noqa: F401
 from .flatten import Flatten  # noqa: F401
 from .linear import Identity, Linear  # noqa: F401
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
