@@ -1,9 +1,8 @@
 """Adagrad (lr decay, maximize, L2 weight decay, sparse gradients): PyTorch's update rule."""
 
 from .. import backend
-from .adadelta import refuse_unsupported
-from .optimizer import (Optimizer, check_lr, check_nonnegative, scalar, update_direction,
-                        written)
+from .optimizer import (Optimizer, check_lr, check_nonnegative, refuse_unsupported, scalar,
+                        update_direction, written)
 
 
 class Adagrad(Optimizer):

@@ -243,3 +243,33 @@ def scalar(value):
 def check_nonnegative(value, what):
     if not 0.0 <= value:
         raise ValueError(f"Invalid {what}: {value}")
+
+
+# Note [Accepted at their defaults]
+# PyTorch's Adadelta, RMSprop and Adagrad take implementation switches: foreach (one kernel over
+# all parameters), capturable (CUDA graphs), differentiable (autograd through step()) and, for
+# Adagrad, fused. hpcgrad updates one parameter at a time with plain array operations, which is
+# PyTorch's foreach=False path, so foreach=None/False and fused=None/False are accepted (and not
+# stored in the parameter groups), and every other value is refused rather than silently
+# ignored: a script that asks for differentiable=True would otherwise get wrong gradients.
+_DEFAULTS = {"foreach": (None, False), "fused": (None, False), "capturable": (False,),
+             "differentiable": (False,)}
+
+
+def refuse_unsupported(name, **flags):
+    """NotImplementedError for a switch hpcgrad lacks (Note [Accepted at their defaults])."""
+    for flag, value in flags.items():
+        allowed = _DEFAULTS[flag]
+        if not any(value is a or (a is not None and value == a) for a in allowed):
+            choices = " or ".join(repr(a) for a in allowed)
+            raise NotImplementedError(
+                f"{name}({flag}={value!r}) is not supported: hpcgrad implements only PyTorch's "
+                f"plain per-parameter update (no foreach/fused kernels, no CUDA-graph capture, "
+                f"no autograd through step()); pass {flag}={choices} or leave it out")
+
+
+def refuse_sparse(optimizer, name):
+    """PyTorch's error for a sparse gradient, before any parameter changes."""
+    if any(getattr(p.grad, "is_sparse", False)
+           for g in optimizer.param_groups for p in g["params"]):
+        raise RuntimeError(f"{name} does not support sparse gradients")

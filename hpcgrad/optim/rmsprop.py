@@ -1,9 +1,8 @@
 """RMSprop (with momentum, centering, maximize and L2 weight decay): PyTorch's update rule."""
 
 from .. import backend
-from .adadelta import refuse_sparse, refuse_unsupported
-from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, scalar,
-                        update_direction, written)
+from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, refuse_sparse,
+                        refuse_unsupported, scalar, update_direction, written)
 
 
 class RMSprop(Optimizer):
