@@ -89,3 +89,35 @@ def ones_like(t, dtype=None, requires_grad=False):
 
 def randn_like(t, requires_grad=False):
     return randn(*t.shape, dtype=t.dtype, requires_grad=requires_grad)
+
+
+def _legacy_constructor(name, dtype):
+    """PyTorch's legacy typed constructors: ``LongTensor([1, 2])`` from data, ``FloatTensor(2,
+    3)`` of a shape (zeros here, where PyTorch leaves the memory uninitialised), and
+    ``isinstance(t, LongTensor)`` true for a tensor of that dtype."""
+    class Meta(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, Tensor) and obj.data.dtype == dtype
+
+        def __call__(cls, *args):
+            if len(args) == 1 and not isinstance(args[0], (int, np.integer)):
+                return tensor(np.asarray(args[0].data if isinstance(args[0], Tensor)
+                                         else args[0], dtype=dtype))
+            for n in args:
+                if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+                    raise TypeError(f"{name}(): expected data (a list or array) or sizes "
+                                    f"(ints >= 0), got {args!r}")
+            return Tensor(np.zeros(tuple(int(n) for n in args), dtype))
+
+    return Meta(name, (), {"__doc__": f"torch.{name}: tensors of {np.dtype(dtype)}"})
+
+
+FloatTensor = _legacy_constructor("FloatTensor", np.float32)
+DoubleTensor = _legacy_constructor("DoubleTensor", np.float64)
+HalfTensor = _legacy_constructor("HalfTensor", np.float16)
+LongTensor = _legacy_constructor("LongTensor", np.int64)
+IntTensor = _legacy_constructor("IntTensor", np.int32)
+ShortTensor = _legacy_constructor("ShortTensor", np.int16)
+CharTensor = _legacy_constructor("CharTensor", np.int8)
+ByteTensor = _legacy_constructor("ByteTensor", np.uint8)
+BoolTensor = _legacy_constructor("BoolTensor", np.bool_)
