@@ -14,11 +14,12 @@ import warnings
 import numpy as np
 
 from .. import backend, ops
-from ..ops.split import chunk
+from ..ops.split import chunk, split
 from ..tensor import Tensor
 from . import functional as F
 from . import init
 from ._factory import parameter
+from ._packed import PackedSequence
 from .module import Module
 
 __all__ = ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNBase", "RNNCell", "RNNCellBase"]
@@ -165,6 +166,10 @@ class GRUCell(RNNCellBase):
 
 
 # --- multi-layer, (bi)directional sequences -------------------------------------------------
+def _state_rows(state, pair):
+    return (state[0] if pair else state).shape[0]
+
+
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 
@@ -262,11 +267,12 @@ class RNNBase(Module):
         return s
 
     # -- checks, with PyTorch's wording --
-    def _check_input(self, input, name, tensor_word):
+    def _check_input(self, input, name, tensor_word, packed=False):
         if not isinstance(input, Tensor):
             raise TypeError(f"{name}: expected input to be a hpcgrad Tensor (seq_len, batch, "
-                            f"input_size), got {type(input).__name__} (PackedSequence is not "
-                            f"supported)")
+                            f"input_size) or a PackedSequence, got {type(input).__name__}")
+        if packed and input.ndim != 2:
+            raise RuntimeError(f"input must have 2 dimensions, got {input.ndim}")
         if input.ndim not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.ndim}D"
                              f"{tensor_word} instead")
@@ -278,7 +284,7 @@ class RNNBase(Module):
         if input.shape[-1] != self.input_size:
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected "
                                f"{self.input_size}, got {input.shape[-1]}")
-        return input.ndim == 3
+        return packed or input.ndim == 3
 
     def _expected_hidden(self, batch, size):
         return (self.num_layers * (2 if self.bidirectional else 1), batch, size)
@@ -288,11 +294,12 @@ class RNNBase(Module):
         if tuple(hx.shape) != expected:
             raise RuntimeError(msg.format(expected, list(hx.shape)))
 
-    def _run(self, input, hx, step):
-        """input (T, N, in); hx: per-direction-layer states stacked on axis 0 (a tensor, or
-        LSTM's pair); returns output (T, N, D*H) and the final states in the same form."""
+    def _run(self, input, hx, step, sizes=None):
+        """input (T, N, in), or a PackedSequence's data with its batch ``sizes`` per step; hx:
+        per-direction-layer states stacked on axis 0 (a tensor, or LSTM's pair); returns output
+        (T, N, D*H) (packed: data of D*H features) and the final states in the same form."""
         directions = 2 if self.bidirectional else 1
-        steps = input.shape[0]
+        steps = input.shape[0] if sizes is None else len(sizes)
         if steps == 0:
             raise RuntimeError(f"{type(self).__name__}: expected a sequence of at least one "
                                f"step, got input of shape {list(input.shape)}")
@@ -307,14 +314,25 @@ class RNNBase(Module):
                 w_ih, w_hh = params[0], params[1]
                 b_ih, b_hh = (params[2], params[3]) if self.bias else (None, None)
                 extra = params[-1:] if self.proj_size > 0 else []
-                gi = F.linear(layer_input, w_ih, b_ih).unbind(0)
+                gi = F.linear(layer_input, w_ih, b_ih)
+                gi = gi.unbind(0) if sizes is None else split(gi, sizes, 0)
                 state = (hx[0][index], hx[1][index]) if pair else hx[index]
                 ys = [None] * steps
                 order = range(steps - 1, -1, -1) if direction == 1 else range(steps)
                 for t in order:
-                    state = step(gi[t], state, w_hh, b_hh, *extra)
+                    active = gi[t].shape[0]
+                    if active == _state_rows(state, pair):
+                        state = step(gi[t], state, w_hh, b_hh, *extra)
+                    else:  # packed: the sequences past their end keep their state
+                        rest = state
+                        new = step(gi[t], tuple(s[:active] for s in state) if pair
+                                   else state[:active], w_hh, b_hh, *extra)
+                        state = tuple(ops.cat([n, r[active:]], 0) for n, r in zip(new, rest)) \
+                            if pair else ops.cat([new, rest[active:]], 0)
+                        ys[t] = new[0] if pair else new
+                        continue
                     ys[t] = state[0] if pair else state
-                outs.append(ops.stack(ys, 0))
+                outs.append(ops.stack(ys, 0) if sizes is None else ops.cat(ys, 0))
                 finals.append(state)
             layer_input = outs[0] if directions == 1 else ops.cat(outs, -1)
             if self.dropout and self.training and layer < self.num_layers - 1:
@@ -325,13 +343,21 @@ class RNNBase(Module):
         return layer_input, ops.stack(finals, 0)
 
     def _forward(self, input, hx, name, tensor_word, step):
-        batched = self._check_input(input, name, tensor_word)
+        packed = isinstance(input, PackedSequence)
+        sizes = order = unorder = None
+        if packed:
+            input, batch_sizes, order, unorder = input
+            sizes = [int(b) for b in batch_sizes.detach().cpu().numpy()]
+        batched = self._check_input(input, name, tensor_word, packed)
         pair = self.mode == "LSTM"
-        if not batched:
+        if packed:
+            batch = sizes[0]
+        elif not batched:
             input = input.unsqueeze(1)
         elif self.batch_first:
             input = input.transpose(0, 1)
-        batch = input.shape[1]
+        if not packed:
+            batch = input.shape[1]
         real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
         if hx is None:
             h0 = _zeros(self._expected_hidden(batch, real_hidden), input)
@@ -357,7 +383,15 @@ class RNNBase(Module):
                                    "Expected hidden[1] size {}, got {}")
             else:
                 self._check_hidden(hx, self._expected_hidden(batch, real_hidden))
-        output, hidden = self._run(input, hx, step)
+            if order is not None:  # the caller's batch order -> the packed (sorted) order
+                hx = tuple(ops.index_select(h, 1, order) for h in hx) if pair \
+                    else ops.index_select(hx, 1, order)
+        output, hidden = self._run(input, hx, step, sizes)
+        if packed:
+            if unorder is not None:
+                hidden = tuple(ops.index_select(h, 1, unorder) for h in hidden) if pair \
+                    else ops.index_select(hidden, 1, unorder)
+            return PackedSequence(output, batch_sizes, order, unorder), hidden
         if not batched:
             output = output.squeeze(1)
             hidden = tuple(h.squeeze(1) for h in hidden) if pair else hidden.squeeze(1)

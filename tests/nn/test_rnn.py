@@ -231,3 +231,85 @@ def test_trains_a_sequence_task():
         losses.append(trace)
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-9)
     assert losses[0][-1] < losses[0][0]
+
+
+# --- packed sequences -----------------------------------------------------------------------
+from hpcgrad.nn import _packed as hpack  # noqa: E402  (nn.utils.rnn's functions)
+
+LENGTHS = np.array([3, 5, 1, 4])
+
+
+def _packed_run(module, lib, x, states, batch_first):
+    """Pack x (lengths LENGTHS, unsorted), run, pad the output back; backward of fixed random
+    projections of the padded output and the final states."""
+    rnn_utils = hpack if lib == "hg" else torch.nn.utils.rnn
+    make = hg.tensor if lib == "hg" else torch.from_numpy
+    xt = make(x.copy()).requires_grad_(True)
+    packed = rnn_utils.pack_padded_sequence(xt, make(LENGTHS.copy()), batch_first=batch_first,
+                                            enforce_sorted=False)
+    st = None if states is None else [make(s.copy()).requires_grad_(True) for s in states]
+    args = (packed,) if st is None else (packed, st[0] if len(st) == 1 else tuple(st))
+    out, hidden = module(*args)
+    assert type(out).__name__ == "PackedSequence"
+    padded, lengths = rnn_utils.pad_packed_sequence(out, batch_first=batch_first)
+    np.testing.assert_array_equal(_np(lengths), LENGTHS)
+    outs = [padded] + _flat(hidden)
+    rng = np.random.default_rng(5)
+    total = sum(((o * make(rng.standard_normal(tuple(o.shape)))).sum() for o in outs[1:]),
+                (outs[0] * make(rng.standard_normal(tuple(outs[0].shape)))).sum())
+    total.backward()
+    return ([_np(o) for o in outs], _np(xt.grad),
+            [] if st is None else [_np(s.grad) for s in st])
+
+
+PACKED_CASES = [("RNN", dict(num_layers=2, bidirectional=True), True),
+                ("LSTM", dict(num_layers=2, bidirectional=True), True),
+                ("LSTM", dict(proj_size=2, batch_first=True), False),
+                ("GRU", dict(bidirectional=True, batch_first=True), True),
+                ("GRU", dict(num_layers=2), False)]
+
+
+@pytest.mark.parametrize("name,kwargs,given_h0", PACKED_CASES)
+def test_packed_sequences_match_torch(name, kwargs, given_h0):
+    batch_first = kwargs.get("batch_first", False)
+    x = _x(len(LENGTHS), 5, IN) if batch_first else _x(5, len(LENGTHS), IN)
+    layers, dirs = kwargs.get("num_layers", 1), 2 if kwargs.get("bidirectional") else 1
+    states = None
+    if given_h0:
+        states = [_h(layers, dirs, len(LENGTHS), kwargs.get("proj_size", 0) or HID)]
+        if name == "LSTM":
+            states.append(_h(layers, dirs, len(LENGTHS)))
+    ours = getattr(hnn, name)(IN, HID, **kwargs).double()
+    theirs = getattr(torch.nn, name)(IN, HID, **kwargs).double()
+    ours.load_state_dict({k: hg.tensor(v.numpy().copy()) for k, v in
+                          theirs.state_dict().items()})
+    got = _packed_run(ours, "hg", x, states, batch_first)
+    want = _packed_run(theirs, "torch", x, states, batch_first)
+    for g, w in zip(got[0] + [got[1]] + got[2], want[0] + [want[1]] + want[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    theirs_params = dict(theirs.named_parameters())
+    for key, p in ours.named_parameters():
+        np.testing.assert_allclose(_np(p.grad), _np(theirs_params[key].grad), rtol=1e-10,
+                                   atol=1e-12, err_msg=key)
+
+
+def test_pack_and_pad_helpers_match_torch():
+    seqs = [_x(n, 2) for n in (4, 2, 3)]
+    ours = hpack.pack_sequence([hg.tensor(s) for s in seqs], enforce_sorted=False)
+    theirs = torch.nn.utils.rnn.pack_sequence([torch.from_numpy(s) for s in seqs],
+                                              enforce_sorted=False)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(_np(a), _np(b))
+    padded, lengths = hpack.pad_packed_sequence(ours, batch_first=True, padding_value=-1.0,
+                                                total_length=6)
+    want, want_lengths = torch.nn.utils.rnn.pad_packed_sequence(
+        theirs, batch_first=True, padding_value=-1.0, total_length=6)
+    np.testing.assert_array_equal(_np(padded), _np(want))
+    np.testing.assert_array_equal(_np(lengths), _np(want_lengths))
+    for side in ("left", "right"):
+        np.testing.assert_array_equal(
+            _np(hpack.pad_sequence([hg.tensor(s) for s in seqs], True, 9.0, side)),
+            _np(torch.nn.utils.rnn.pad_sequence([torch.from_numpy(s) for s in seqs], True, 9.0,
+                                                side)))
+    with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+        hpack.pack_sequence([hg.tensor(s) for s in seqs])
