@@ -55,3 +55,14 @@ def test_torchrun_variables_under_mpiexec(launch):
         expected = [str(rank), "2", str(rank), "2"]  # one node: local ranks are the ranks
         assert f"after {expected} local {rank} 2" in line, line
         assert f"before ['{rank}', '2'," in line, line  # rank and size known at import
+
+
+def test_nn_paths_of_the_new_layers():
+    import hpcgrad.nn as nn
+    import hpcgrad.nn.functional as F
+    from hpcgrad.nn import _dropout2d, _embedding_bag, _packed
+    from hpcgrad.nn.utils import rnn
+
+    assert F.dropout2d is _dropout2d.dropout2d and F.embedding_bag is _embedding_bag.embedding_bag
+    assert rnn.pack_padded_sequence is _packed.pack_padded_sequence
+    assert nn.utils.rnn.PackedSequence is _packed.PackedSequence

@@ -11,7 +11,7 @@ from . import _avgpool, _functions, _maxpool
 from ._window import Im2Col, out_size
 
 __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "conv1d", "conv2d", "cross_entropy",
-           "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d",
+           "dropout", "dropout2d", "embedding", "embedding_bag", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d",
            "mse_loss", "nll_loss", "pad", "relu", "sigmoid", "softmax", "tanh"]
 
 
@@ -411,3 +411,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
 def mse_loss(input, target, reduction="mean"):
     diff = input - target
     return _reduce(diff * diff, reduction)
+
+
+# Built on this module's functions, so imported last (they import it).
+from ._dropout2d import dropout2d  # noqa: E402
+from ._embedding_bag import embedding_bag  # noqa: E402

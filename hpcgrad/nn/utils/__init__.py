@@ -1,4 +1,4 @@
-"""hpcgrad.nn.utils: gradient clipping, as torch.nn.utils."""
+"""hpcgrad.nn.utils: gradient clipping and packed sequences (``rnn``), as torch.nn.utils."""
 
 from .clip_grad import (
     clip_grad_norm_,
@@ -6,5 +6,6 @@ from .clip_grad import (
     clip_grads_with_norm_,
     get_total_norm,
 )
+from . import rnn  # noqa: F401  (torch.nn.utils.rnn)
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm"]
