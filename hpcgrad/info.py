@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import hpcgrad
+from hpcgrad import coverage
 from hpcgrad.comm import hierarchical
 from hpcgrad.comm.mpi import (  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
     CUDA_AWARE_ENV,
@@ -283,7 +284,6 @@ def main(argv=None):
     if args.coverage:
         if args.probe or args.probe_child:
             parser.error("--coverage reads scripts and starts no job: leave out --probe")
-        from hpcgrad import coverage
         return coverage.main(args.coverage, as_json=args.json)
     if args.probe_child:
         return probe_child()
