@@ -20,6 +20,7 @@ This module sits below every other one: it imports nothing of hpcgrad.
 
 import sys
 import threading
+import time
 import types
 
 
@@ -172,10 +173,39 @@ class Future:
         return chained
 
 
+def _future_list(futures, what):
+    """``futures`` as a list, each checked to be a Future (PyTorch refuses anything else)."""
+    try:
+        futures = list(futures)
+    except TypeError:
+        raise TypeError(f"{what}() expects a list of Futures, got {type(futures).__name__}") from None
+    for i, fut in enumerate(futures):
+        if not isinstance(fut, Future):
+            raise TypeError(f"{what}() expects a list of Futures, got {type(fut).__name__} at "
+                            f"index {i} (a Work's future is work.get_future())")
+    return futures
+
+
 def collect_all(futures):
-    """A future of the list of ``futures``, completed when all are (PyTorch's collect_all)."""
-    futures = list(futures)
-    combined = Future(describe=f"collect_all of {len(futures)}")
+    """A future of the list of ``futures``, completed once all of them are (PyTorch's).
+
+    As PyTorch's, if any of them failed the combined future fails, once all are done, with the
+    error of the first failed one in list order. Waiting on it drives the producers of futures
+    that need their waiter to make progress (a Work's MPI requests), so it never waits on a
+    request nobody tests.
+    """
+    futures = _future_list(futures, "collect_all")
+    driven = [fut for fut in futures if fut._wait_fn is not None]
+
+    def drive():  # their errors are the combined future's, set by the last callback
+        for fut in driven:
+            try:
+                fut.wait()
+            except BaseException:  # noqa: BLE001  (reported through the combined future)
+                pass
+
+    combined = Future(wait_fn=drive if driven else None,
+                      describe=f"collect_all of {len(futures)}")
     remaining = [len(futures)]
     lock = threading.Lock()
     if not futures:
@@ -186,9 +216,37 @@ def collect_all(futures):
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
-        if last:
-            combined.set_result(futures)
+        if not last:
+            return
+        for fut in futures:
+            if fut._error is not None:
+                combined.set_exception(fut._error)
+                return
+        combined.set_result(futures)
 
     for fut in futures:
         fut.add_done_callback(one_done)
     return combined
+
+
+def wait_all(futures, timeout=None):
+    """The values of ``futures``, in order, once all are complete (PyTorch's ``wait_all``).
+
+    As PyTorch's, it waits for every one of them, then raises the error of the first failed
+    one in list order. ``timeout`` (hpcgrad's; seconds, None: none) bounds the whole wait.
+    """
+    futures = _future_list(futures, "wait_all")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    values, error = [], None
+    for fut in futures:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            values.append(fut.wait(left))
+        except BaseException as exc:  # noqa: BLE001  (the first is raised once all are done)
+            if not fut.done():  # this wait ran out of time (or was interrupted)
+                raise
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+    return values
