@@ -1,4 +1,4 @@
-"""torch.distributed.rpc on MPI: init_rpc, rpc_sync, rpc_async, remote/RRef, shutdown.
+"""torch.distributed.rpc on MPI: init_rpc, rpc_sync, rpc_async, remote/RRef (and its proxies), shutdown.
 
 Functions run on the callee's pool threads, or on its thread parked in ``shutdown()`` (Note
 [Serving threads] in agent.py); a remote exception is raised in the caller with the remote rank
@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import enum
+import functools
 import numbers
 import threading
 import traceback
@@ -298,12 +299,15 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     return rpc_async(to, func, args, kwargs, _timeout_of(timeout, "rpc_sync")).wait()
 
 
-def _call(to, kind, obj, timeout):
-    """Send a request of ``kind`` to ``to``; ``timeout``: checked seconds (0: none)."""
+def _call(to, kind, obj, timeout, keep=(), name=None):
+    """Send a request of ``kind`` to ``to``; ``timeout``: checked seconds (0: none). ``keep``:
+    objects held until the reply has arrived (an RRef a proxy call names by id: Note [RRef
+    proxies]); ``name``: what the call is called in messages (default: the function's name)."""
     agent = _require_agent()
     dst = _rank_of(to)
     body, payloads = _encode(obj, dst)
-    name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
+    if name is None:
+        name = getattr(obj[0], "__qualname__", kind) if kind in ("call", "remote") else kind
     result = RpcFuture(f"RPC {name} to {agent.names[dst]} (rank {dst})", timeout, agent=agent)
     # With no callback chained to ``result`` (rpc_sync, a plain wait) the reply is decoded and
     # its waiter woken on the progress thread: Note [Replies on the callback pool].
@@ -311,7 +315,7 @@ def _call(to, kind, obj, timeout):
                           inline_reply=lambda: not result.has_callbacks(),
                           **_codec.request_fields(dst))
 
-    def unpack(fut):  # on the callback pool or the progress thread (see above)
+    def unpack(fut, _keep=keep):  # on the callback pool or the progress thread (see above)
         try:
             envelope, payloads = fut.value()
             if envelope["kind"] == "error":
@@ -428,6 +432,22 @@ class RRef:
             return self.local_value()
         return _call(self._owner, "fetch", self._id, timeout).wait()
 
+    # As PyTorch's: ``rref.rpc_sync().f(*args)`` runs ``f`` on the owner, the value as self.
+    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy whose method calls run on the owner (the value as ``self``) and return the
+        result: ``rref.rpc_sync().forward(x)``. ``timeout`` as rpc_sync's."""
+        return RRefProxy(self, rpc_sync, timeout)
+
+    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy whose method calls run on the owner and return a Future of the result:
+        ``rref.rpc_async().forward(x).wait()``. ``timeout`` as rpc_async's."""
+        return RRefProxy(self, rpc_async, timeout)
+
+    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+        """A proxy whose method calls run on the owner and return an RRef to the result, kept
+        there: ``rref.remote().forward(x).to_here()``. ``timeout`` as remote's."""
+        return RRefProxy(self, remote, timeout)
+
     def __reduce__(self):
         """One more user at the owner, before the message carrying this copy leaves."""
         agent = _require_agent()
@@ -449,6 +469,67 @@ class RRef:
 
     def __repr__(self):
         return f"RRef(owner=rank {self._owner}, id={self._id})"
+
+
+# Note [RRef proxies]
+#     ``rref.rpc_sync().f(*args)`` (and ``rpc_async()``, ``remote()``) sends ``_invoke_on_owner``
+#     to the owner, which calls ``f`` on its value, as PyTorch's rref_proxy.py. PyTorch sends the
+#     RRef itself; pickling a handle costs a "fork" round trip to the owner first (Note [RRef
+#     reference counting]), which would make every ``rpc_async().forward(x)`` of a pipeline
+#     block for one. So a handle travels as its id, and the caller keeps the handle until the
+#     reply has arrived (``_call(keep=)``): its "forget" cannot reach the owner before the call
+#     has used the value. Only the owner's own call sends the RRef (pickled locally, for free).
+#     Under ``init_rpc(allowed=...)`` ``_invoke_on_owner`` is a built-in global, so it checks the
+#     policy itself: the value's class must be allowed, and the method's name public.
+class RRefProxy:
+    """What ``RRef.rpc_sync()``/``rpc_async()``/``remote()`` return: any method called on it
+    runs on the RRef's owner with the owner's value as ``self``, through that RPC API."""
+
+    def __init__(self, rref, rpc_api, timeout=UNSET_RPC_TIMEOUT):
+        self.rref, self.rpc_api, self.rpc_timeout = rref, rpc_api, timeout
+
+    def __getattr__(self, func_name):
+        if func_name in ("rref", "rpc_api", "rpc_timeout"):  # not set yet (copy, unpickling)
+            raise AttributeError(func_name)
+        return functools.partial(_invoke_rpc, self.rref, self.rpc_api, func_name,
+                                 self.rpc_timeout)
+
+    def __repr__(self):
+        return f"RRefProxy({self.rref!r}, {self.rpc_api.__name__})"
+
+
+def _invoke_rpc(rref, rpc_api, func_name, timeout, *args, **kwargs):
+    """Call ``func_name`` of ``rref``'s value on its owner, as ``rpc_api`` would (Note [RRef
+    proxies])."""
+    what = f"RRef.{rpc_api.__name__}().{func_name}"
+    timeout = _timeout_of(timeout, what)
+    if rref.is_owner():
+        target, keep = rref, ()
+    else:
+        target, keep = rref._id, (rref,)
+    call = (target, func_name, args, kwargs)
+    if rpc_api is remote:
+        return _remote(rref._owner, _invoke_on_owner, call, None, timeout, keep, what)
+    future = _call(rref._owner, "call", (_invoke_on_owner, call, {}), timeout, keep, what)
+    return future if rpc_api is rpc_async else future.wait()
+
+
+def _invoke_on_owner(target, func_name, args, kwargs):
+    """On the owner: ``func_name`` of the value that ``target`` (an RRef, or an id the caller
+    holds a handle to) refers to, called with ``args`` and ``kwargs``."""
+    if isinstance(target, RRef):
+        value = target.local_value()
+    else:
+        value = _owned_value(target, _timeout_of(None))
+    policy = _require_agent().allowed
+    if policy is not None:
+        cls = type(value)
+        if func_name.startswith("_") or not policy.permits(cls.__module__, cls.__qualname__):
+            raise PermissionError(
+                f"{policy.where} refuses the RRef proxy call {cls.__qualname__}.{func_name}: "
+                f"under allowed=..., a proxy may call public methods of allowed classes only; "
+                f"add {cls.__module__}.{cls.__qualname__} (or its module prefix) to allowed")
+    return getattr(value, func_name)(*args, **kwargs)
 
 
 def _add_users(rref_id, delta, value=_NO_VALUE):
@@ -494,11 +575,15 @@ def _rref_handle(owner, rref_id):
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Run ``func`` on ``to`` and keep the result there; returns an RRef to it at once."""
-    timeout = _timeout_of(timeout, "remote")
+    return _remote(to, func, args, kwargs, _timeout_of(timeout, "remote"))
+
+
+def _remote(to, func, args, kwargs, timeout, keep=(), name=None):
     agent = _require_agent()
     dst = _rank_of(to)
     rref_id = (agent.rank << 40) | next(_rref_ids)
-    created = _call(dst, "remote", (func, tuple(args or ()), dict(kwargs or {}), rref_id), timeout)
+    created = _call(dst, "remote", (func, tuple(args or ()), dict(kwargs or {}), rref_id), timeout,
+                    keep, name)
     return RRef._handle(dst, rref_id, created)  # errors surface on to_here()
 
 

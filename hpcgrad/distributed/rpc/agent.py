@@ -258,6 +258,7 @@ class MPIRpcAgent:
         job ends naming the missing ranks (Note [Bounded start-up] in comm/rendezvous.py).
         ``allowed``: None (every peer trusted) or a message.Allowed policy that every message
         received is unpickled with (Note [What a worker unpickles] in message.py)."""
+        self.allowed = allowed
         self.loads = pickle.loads if allowed is None else allowed.loads
         self._envelope_loads = pickle.loads if allowed is None else allowed.envelope_loads
         rendezvous(comm, init_timeout, "init_rpc",

@@ -123,13 +123,16 @@ def host_array(array):
 #     where it happens: the rank's messages are read by an Unpickler whose ``find_class``
 #     refuses every global outside the allowed set, so a refused function is never looked up
 #     and a refused argument's ``__reduce__`` never called. Always allowed: the placeholders
-#     RPC itself sends (ArrayRef, RRef handles, WorkerInfo) and data-only constructors (numpy
+#     RPC itself sends (ArrayRef, RRef handles, WorkerInfo, the call an RRef proxy makes: it
+#     runs a method only of an allowed class, Note [RRef proxies] in rpc/__init__.py) and
+#     data-only constructors (numpy
 #     scalars, dtypes and arrays, complex, set, frozenset, bytearray, slice, range,
 #     OrderedDict). An envelope (Note [RPC wire format] in agent.py) gets only those.
 _BUILT_IN_GLOBALS = frozenset([
     ("hpcgrad.distributed.rpc.message", "ArrayRef"),
     ("hpcgrad.distributed.rpc", "_rref_handle"),
     ("hpcgrad.distributed.rpc", "WorkerInfo"),
+    ("hpcgrad.distributed.rpc", "_invoke_on_owner"),  # RRef proxies (checks the policy itself)
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
     ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
     ("collections", "OrderedDict"),
