@@ -17,3 +17,24 @@ def current_accelerator(check_available=False):
     """``device("cuda")`` when cupy sees a GPU, else None (PyTorch's: the accelerator this
     build has; hpcgrad has one only where cupy and a GPU are there)."""
     return device("cuda") if backend.device_count() > 0 else None
+
+
+class device_index:
+    """``with accelerator.device_index(i):`` makes GPU ``i`` current inside the block and
+    restores the previous one after (None: no change), as torch.accelerator.device_index; called
+    without ``with`` it changes nothing, as PyTorch's."""
+
+    def __init__(self, device, /):
+        self.device, self.previous = device, None
+
+    def __enter__(self):
+        if self.device is not None:
+            self.previous = backend.cupy_module().cuda.runtime.getDevice() \
+                if backend.device_count() > 0 else None
+            cuda.set_device(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.device is not None and self.previous is not None:
+            cuda.set_device(self.previous)
+        return False

@@ -66,3 +66,20 @@ def test_nn_paths_of_the_new_layers():
     assert F.dropout2d is _dropout2d.dropout2d and F.embedding_bag is _embedding_bag.embedding_bag
     assert rnn.pack_padded_sequence is _packed.pack_padded_sequence
     assert nn.utils.rnn.PackedSequence is _packed.PackedSequence
+
+
+@pytest.mark.mpi(min_size=1)
+def test_default_backend_for_device_as_torch():
+    import hpcgrad.distributed as dist
+    torch = pytest.importorskip("torch")
+    for device in ("cpu", "cuda", "cuda:1", hpcgrad.device("cpu")):
+        assert dist.get_default_backend_for_device(device) == \
+            torch.distributed.get_default_backend_for_device(str(device))
+    with pytest.raises(ValueError, match="Default backend not registered for device"):
+        dist.get_default_backend_for_device("tpu")
+
+
+def test_accelerator_device_index_changes_nothing_without_with():
+    hpcgrad.accelerator.device_index(None)  # PyTorch's ddp_rpc example calls it bare
+    with hpcgrad.accelerator.device_index(None):
+        pass

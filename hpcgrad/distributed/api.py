@@ -275,6 +275,15 @@ def get_backend(group=None):
     return "mpi"
 
 
+def get_default_backend_for_device(device):
+    """PyTorch's default backend name for ``device`` ('gloo' for the CPU, 'nccl' for CUDA);
+    init_process_group runs either over MPI."""
+    kind = str(device).partition(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return "gloo" if kind == "cpu" else "nccl"
+
+
 def get_local_rank():
     """Rank among the ranks of this node (shared-memory split)."""
     _group(None)
