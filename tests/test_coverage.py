@@ -1,6 +1,6 @@
 """Tests for hpcgrad.coverage: torch names a script uses that hpcgrad lacks, and `hpcgrad-info --coverage`.
 
-The expected names and lines are read off the fixture scripts by hand (tests/data/coverage/); the
+The expected names and lines are read off the fixture scripts by hand (tests/data/torch_scripts/); the
 missing ones are made up (``torch.nn.Quux``), so they stay missing as hpcgrad grows.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from hpcgrad.coverage import check_file, check_tree
 
-DATA = Path(__file__).parent / "data" / "coverage"
+DATA = Path(__file__).parent / "data" / "torch_scripts"
 ALIASES = str(DATA / "aliases.py")
 MNIST_LIKE = str(DATA / "mnist_like.py")
 ROOT = Path(__file__).parent.parent
@@ -104,19 +104,19 @@ def test_methods_called_on_what_a_torch_function_returned_are_checked():
 
 
 def test_cli_prints_counts_and_missing_names_with_lines_and_exits_1():
-    job = _cli("tests/data/coverage/aliases.py", "tests/data/coverage/mnist_like.py")
+    job = _cli("tests/data/torch_scripts/aliases.py", "tests/data/torch_scripts/mnist_like.py")
     assert job.returncode == 1, job.stderr
     lines = job.stdout.splitlines()
-    assert lines[0] == "tests/data/coverage/aliases.py: 14 of 19 torch names available"
+    assert lines[0] == "tests/data/torch_scripts/aliases.py: 14 of 19 torch names available"
     assert "    torch.nn.Quux               lines 19, 44" in lines
     assert "    torch.fancy                 line 12" in lines
     assert "    .frobnicate_()  line 25" in lines
-    assert "tests/data/coverage/mnist_like.py: 15 of 15 torch names available" in lines
+    assert "tests/data/torch_scripts/mnist_like.py: 15 of 15 torch names available" in lines
     assert lines[-1] == "all 2 files: 22 of 27 distinct torch names available"
 
 
 def test_cli_json_and_exit_0_when_everything_is_available():
-    job = _cli("tests/data/coverage/mnist_like.py", "--json")
+    job = _cli("tests/data/torch_scripts/mnist_like.py", "--json")
     assert job.returncode == 0, job.stderr
     (entry,) = json.loads(job.stdout)["files"]
     assert (entry["used"], entry["available"], entry["missing"]) == (15, 15, {})
