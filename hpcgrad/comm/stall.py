@@ -435,16 +435,7 @@ def _seconds(warning):
 
 
 def agree_warning(comm, warning=None, out=None):
-    """The warning every rank of ``comm`` uses (Note [Group names]
-    A group is printed by the name it was registered under with the recorder ("group
-    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
-    never by its id alone: ids are registration order, and DDP's communicator reading as
-    "group 0" made a DDP divergence look like the default group's. Only a group registered
-    without a name reads "group 3"; a name two groups share gets its id too ("group
-    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
-    (which reads files only, so imports nothing of this module) print the same words.
-
-Note [One stall warning]): the smallest of the
+    """The warning every rank of ``comm`` uses (Note [One stall warning]): the smallest of the
     ranks' settings that is on, 0 when every rank is off. Collective; ``warning`` None reads
     HPCGRAD_STALL_WARNING. Rank 0 writes one line to ``out`` (stderr) when the ranks differ."""
     error = None

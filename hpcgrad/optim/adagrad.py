@@ -2,7 +2,7 @@
 
 from .. import backend
 from .optimizer import (Optimizer, check_lr, check_nonnegative, refuse_unsupported, scalar,
-                        update_direction, written)
+                        update_direction)
 
 
 class Adagrad(Optimizer):
@@ -54,11 +54,7 @@ class Adagrad(Optimizer):
                                                   for p in group["params"]):
                 raise RuntimeError("weight_decay option is not compatible with sparse gradients; "
                                    "use weight_decay=0 for the group holding the sparse parameter")
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-                    written(p)
+        self._update_each()
         return loss
 
     def _update(self, p, group):

@@ -3,7 +3,7 @@
 import math
 
 from .. import backend
-from .optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction, written
+from .optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction
 
 
 class Adam(Optimizer):
@@ -39,11 +39,7 @@ class Adam(Optimizer):
             # before any update, so a refused step changes nothing
             raise RuntimeError(f"{type(self).__name__} does not support sparse gradients, please "
                                "consider SparseAdam instead")
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-                    written(p)
+        self._update_each()
         return loss
 
     def _update(self, p, group):

@@ -117,6 +117,15 @@ class Optimizer:
         with enable_grad():
             return closure()
 
+    def _update_each(self):
+        """``self._update(p, group)`` for every parameter with a gradient, in group order,
+        each counted as an in-place write of ``p`` (``written``)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+                    written(p)
+
     # --- state_dict ----------------------------------------------------------------------
     def state_dict(self):
         """PyTorch's layout: parameters become indices, numbered in group order.

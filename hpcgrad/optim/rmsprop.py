@@ -2,7 +2,7 @@
 
 from .. import backend
 from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, refuse_sparse,
-                        refuse_unsupported, scalar, update_direction, written)
+                        refuse_unsupported, scalar, update_direction)
 
 
 class RMSprop(Optimizer):
@@ -40,11 +40,7 @@ class RMSprop(Optimizer):
         """One update of every parameter that has a gradient; returns closure() if given."""
         loss = self._closure_loss(closure)
         refuse_sparse(self, "RMSprop")
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-                    written(p)
+        self._update_each()
         return loss
 
     def _update(self, p, group):
