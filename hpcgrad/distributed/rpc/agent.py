@@ -340,10 +340,11 @@ class MPIRpcAgent:
                            agent=self)
         future.inline_reply = inline_reply
         message_id = future.message_id = next(self._ids)
+        future.deadline = time.monotonic() + timeout if timeout else None
         with self._waiting_lock:
             self._waiting[message_id] = future
             if timeout:
-                heapq.heappush(self._deadlines, (time.monotonic() + timeout, message_id))
+                heapq.heappush(self._deadlines, (future.deadline, message_id))
         try:
             self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
         except BaseException:
@@ -460,8 +461,11 @@ class MPIRpcAgent:
                 self._deadlines = [d for d in deadlines if d[1] in self._waiting]
                 heapq.heapify(self._deadlines)
         for future in expired:
-            future.try_set_exception(RpcTimeoutError(f"{future.describe} timed out after "
-                                                 f"{future.timeout:g} s"))
+            future.try_set_exception(self._timed_out(future))
+
+    @staticmethod
+    def _timed_out(future):
+        return RpcTimeoutError(f"{future.describe} timed out after {future.timeout:g} s")
 
     # --- receiving ------------------------------------------------------------------------------
     def register_handler(self, kind, handler, inline=False):
@@ -615,6 +619,11 @@ class MPIRpcAgent:
             with self._waiting_lock:
                 future = self._waiting.pop(reply_to, None)
             if future is None:
+                return
+            if future.deadline is not None and time.monotonic() >= future.deadline:
+                # Past its deadline the request has timed out, whether or not the progress
+                # thread has looked at the heap yet: a late reply is dropped, never used.
+                future.try_set_exception(self._timed_out(future))
                 return
             inline_reply = future.inline_reply  # Note [Replies on the callback pool]
             if inline_reply is True or (inline_reply is not None and inline_reply()):
