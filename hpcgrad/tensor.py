@@ -603,6 +603,7 @@ def _slot_property(name, doc, deleter=None):
 
 
 Tensor.data = _slot_property("data", "The array (numpy or cupy).")
+Tensor.array = _slot_property("data", "The array (numpy or cupy) that holds the values.")
 Tensor.requires_grad = _slot_property("requires_grad", "Whether ops on it record a graph.")
 Tensor.grad_fn = _slot_property("grad_fn", "The Node that made it (None for a leaf).")
 # ``del t.grad`` clears the gradient, as PyTorch; the other attributes cannot go.
