@@ -46,3 +46,4 @@ from .ops.split import chunk, split, unbind  # noqa: F401
 from .tensor import Tensor  # noqa: E402,F401
 from .devices import device  # noqa: E402,F401
 from . import accelerator, checkpoint, cuda, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)
+from .serialization import load, save  # noqa: E402,F401  (torch.save / torch.load)
