@@ -202,7 +202,7 @@ def _load_stream(f, what, place, weights_only, pickle_module):
             pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
             if pickles:
                 return _load_torch_zip(archive, pickles[0][:-len("data.pkl")], what, place,
-                                       weights_only, pickle_module)
+                                       weights_only)
             if any(n.endswith("/constants.pkl") for n in names):
                 raise RuntimeError(f"{what} is a TorchScript archive (torch.jit.save); hpcgrad "
                                    f"loads torch.save files: save the model's state_dict")
@@ -542,7 +542,7 @@ class _TorchUnpickler(pickle.Unpickler):
         return func(*args)
 
 
-def _load_torch_zip(archive, prefix, what, place, weights_only, pickle_module):
+def _load_torch_zip(archive, prefix, what, place, weights_only):
     with archive.open(f"{prefix}data.pkl") as stream:
         unpickler = _TorchUnpickler(io.BytesIO(stream.read()), archive, prefix, what, place,
                                     weights_only)

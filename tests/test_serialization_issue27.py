@@ -85,6 +85,15 @@ def test_tensors_keep_requires_grad_parameter_class_and_identity(tmp_path):
     assert back["ints"].dtype == np.int64 and not back["ints"].requires_grad
 
 
+def test_bfloat16_round_trips(tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    t = hg.Tensor(np.array([1.5, -2.0], ml_dtypes.bfloat16))
+    hg.save({"t": t, "dtype": t.dtype}, tmp_path / "x.pt")  # .npy keeps only its bytes (V2)
+    back = hg.load(tmp_path / "x.pt")
+    assert back["t"].dtype == t.dtype and back["dtype"] == t.dtype
+    assert back["t"].array.astype(np.float32).tolist() == [1.5, -2.0]
+
+
 def test_optimizer_state_dict_round_trip_resumes_identically(tmp_path):
     def steps(model, opt, n):
         for i in range(n):
@@ -162,6 +171,12 @@ def test_weights_only_refuses_a_torch_file_with_a_custom_global(tmp_path):
     assert RAN == []
     back = hg.load(tmp_path / "evil.pt", weights_only=False)
     assert back["evil"] == "evil ran" and RAN == ["evil ran"]
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # a whole module, not weights
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        hg.load(tmp_path / "module.pt")
+    with pytest.raises(pickle.UnpicklingError, match="torch.nn.modules.linear.Linear, a PyTorch "
+                                                     "type that hpcgrad does not rebuild"):
+        hg.load(tmp_path / "module.pt", weights_only=False)
 
 
 def test_map_location_forms(tmp_path):
