@@ -2,7 +2,9 @@
 
 Functions run on the callee's pool threads, or on its thread parked in ``shutdown()`` (Note
 [Serving threads] in agent.py); a remote exception is raised in the caller with the remote rank
-and traceback, and logged on the rank where it happened.
+and traceback, and logged on the rank where it happened. A function decorated with
+``rpc.functions.async_execution`` returns a Future, and its reply goes when that completes
+(Note [Async execution] in functions.py).
 
 Note [RPC codec]
     RPC knows nothing of autograd. One codec rides along with every message: ``on_send`` gets
@@ -28,7 +30,7 @@ import traceback
 from ...comm.flight_recorder import install_signal_handler
 from ...comm.mpi import comm_world
 from ...comm.work import default_timeout
-from . import message
+from . import functions, message
 from .agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
 
 DEFAULT_RPC_TIMEOUT = 60.0
@@ -145,7 +147,8 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     """
     global _agent, _default_timeout
     if _agent is not None:
-        raise RuntimeError("init_rpc was already called on this rank; call shutdown() first")
+        raise RuntimeError(f"RPC is already initialized: init_rpc was already called on this "
+                           f"rank (as {_agent.name!r}); call shutdown() first")
     if backend is not None and not isinstance(backend, BackendType):
         raise TypeError(f"Argument backend must be a member of BackendType (hpcgrad has one: "
                         f"rpc.BackendType.TENSORPIPE, or leave it out), got {backend!r}")
@@ -258,15 +261,16 @@ def _rank_of(to):
         return to.id
     if isinstance(to, numbers.Integral) and not isinstance(to, bool):
         if not 0 <= to < agent.size:
-            raise RuntimeError(f"could not find destination: no worker with rank {to} "
-                               f"(world size {agent.size}; ranks are 0 to {agent.size - 1})")
+            raise RuntimeError(f"Unknown destination worker {to}: could not find destination: "
+                               f"no worker with rank {to} (world size {agent.size}; ranks are "
+                               f"0 to {agent.size - 1})")
         return int(to)
     if not isinstance(to, str):
         raise ValueError(f"a destination is a worker name, a rank (int) or a WorkerInfo; got "
                          f"{type(to).__name__} {to!r}")
     if to not in agent.names:
-        raise RuntimeError(f"could not find destination: unknown worker {to!r}; workers are "
-                           f"{agent.names}")
+        raise RuntimeError(f"Unknown destination worker {to}: could not find destination: "
+                           f"unknown worker {to!r}; workers are {agent.names}")
     return agent.names.index(to)
 
 
@@ -351,15 +355,55 @@ def error_fields(exc, what="a request"):
 
 def _serve_call(src, envelope, payloads):
     agent = _require_agent()
+    what = f"an RPC from rank {src}"
     try:
         with _codec.serving(envelope):
             func, args, kwargs = _decode(envelope["body"], payloads, src)
-            body, out = _encode(func(*args, **kwargs), src)
+            result = func(*args, **kwargs)
+            future = functions.future_of(func, result)
+            if future is not None:  # Note [Async execution]: reply when it completes
+                _reply_when_done(agent, src, envelope, future, what)
+                return
+            body, out = _encode(result, src)
         agent.reply(src, envelope["id"], "result", body, out)
     except BaseException as exc:
-        agent.reply(src, envelope["id"], "error", **error_fields(exc, f"an RPC from rank {src}"))
+        agent.reply(src, envelope["id"], "error", **error_fields(exc, what))
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C on a serving main thread: the caller
             raise                               # has its answer; this rank stops serving
+
+
+def _reply_when_done(agent, src, envelope, future, what, rref_id=None):
+    """Reply to ``envelope`` once ``future`` (an async function's) completes, on the thread that
+    completes it: its value encoded as a normal reply, in the request's codec scope, or its
+    error. ``rref_id``: a remote() call's, whose value (or error) the owner keeps. Counted as
+    this rank's outstanding work until sent (Note [Async execution] in functions.py)."""
+    agent.work_started()
+
+    def reply(fut):
+        try:
+            if not agent.running:  # stopped without waiting for it (graceful=False)
+                return
+            try:
+                value = fut.value()
+            except BaseException as exc:  # noqa: BLE001  (the caller's error)
+                if rref_id is not None:
+                    _add_users(rref_id, 1, _Failed(exc))  # to_here() raises it too
+                agent.reply(src, envelope["id"], "error", **error_fields(exc, what))
+                return
+            try:
+                with _codec.serving(envelope):
+                    if rref_id is not None:
+                        _add_users(rref_id, 1, value)  # its creator's handle
+                        value = None
+                    body, out = _encode(value, src)
+            except BaseException as exc:  # noqa: BLE001  (a value that cannot be sent)
+                agent.reply(src, envelope["id"], "error", **error_fields(exc, what))
+                return
+            agent.reply(src, envelope["id"], "result", body, out)
+        finally:
+            agent.work_done()
+
+    future.add_done_callback(reply)
 
 
 # --- remote references --------------------------------------------------------------------------
@@ -408,8 +452,12 @@ class RRef:
 
     def local_value(self):
         if not self.is_owner():
-            raise RuntimeError(f"local_value() on rank {_require_agent().rank}: this RRef is owned "
-                               f"by rank {self._owner}; use to_here()")
+            me, owner = get_worker_info(), self.owner()
+            raise RuntimeError(
+                f"For {self!r}, can't call localValue() on user WorkerInfo(id={me.id}, "
+                f"name={me.name}). Call it on owner WorkerInfo(id={owner.id}, name={owner.name}): "
+                f"local_value() on rank {me.id}: this RRef is owned by rank {owner.id}; use "
+                f"to_here()")
         if self._value is not _NO_VALUE:
             return self._value
         return _owned_value(self._id, _timeout_of(None))
@@ -480,7 +528,10 @@ class RRef:
 #     reply has arrived (``_call(keep=)``): its "forget" cannot reach the owner before the call
 #     has used the value. Only the owner's own call sends the RRef (pickled locally, for free).
 #     Under ``init_rpc(allowed=...)`` ``_invoke_on_owner`` is a built-in global, so it checks the
-#     policy itself: the value's class must be allowed, and the method's name public.
+#     policy itself: the value's class must be allowed, and the method's name public. A method
+#     decorated with ``@rpc.functions.async_execution`` (read on the owner, through the bound,
+#     static or class method) is replied to when its Future completes (Note [Async execution]
+#     in functions.py): ``_invoke_on_owner`` hands the serving code that Future.
 class RRefProxy:
     """What ``RRef.rpc_sync()``/``rpc_async()``/``remote()`` return: any method called on it
     runs on the RRef's owner with the owner's value as ``self``, through that RPC API."""
@@ -529,7 +580,11 @@ def _invoke_on_owner(target, func_name, args, kwargs):
                 f"{policy.where} refuses the RRef proxy call {cls.__qualname__}.{func_name}: "
                 f"under allowed=..., a proxy may call public methods of allowed classes only; "
                 f"add {cls.__module__}.{cls.__qualname__} (or its module prefix) to allowed")
-    return getattr(value, func_name)(*args, **kwargs)
+    method = getattr(value, func_name)
+    result = method(*args, **kwargs)
+    if functions.is_async(method):  # the owner replies when it completes: Note [Async execution]
+        return functions.AsyncResult(functions.checked_future(method, result))
+    return result
 
 
 def _add_users(rref_id, delta, value=_NO_VALUE):
@@ -594,8 +649,13 @@ def _serve_remote(src, envelope, payloads):
             func, args, kwargs, rref_id = _decode(envelope["body"], payloads, src)
             try:
                 value = func(*args, **kwargs)
+                future = functions.future_of(func, value)
             except BaseException as exc:
-                value = _Failed(exc)
+                value, future = _Failed(exc), None
+            if future is not None:  # Note [Async execution]: the value is the future's
+                _reply_when_done(agent, src, envelope, future,
+                                 f"a remote() call from rank {src}", rref_id)
+                return
             _add_users(rref_id, 1, value)  # its creator's handle
             if isinstance(value, _Failed):
                 raise value.error

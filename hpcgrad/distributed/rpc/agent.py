@@ -109,8 +109,9 @@ Note [Quiet shutdown]
     ``rpc.shutdown()`` returns, as PyTorch's graceful one, once every rank has called it and
     no work is left anywhere: no message in flight, none being served, no request waiting for
     its reply. Each rank counts the envelopes it sent and received and its work in progress
-    (handed to a pool or a serving thread and not done, requests waiting for a reply, calls
-    queued for the progress thread, carried messages); shutdown gathers those (a nonblocking
+    (handed to a pool or a serving thread and not done, replies that an async function still
+    owes (Note [Async execution] in functions.py), requests waiting for a reply, calls queued
+    for the progress thread, carried messages); shutdown gathers those (a nonblocking
     all-gather on the agent's communicator, serving meanwhile) in rounds until two rounds in a
     row find no work on any rank and each rank's counts unchanged with as many received as
     sent. Every rank's first-round numbers are taken before any rank's second, so nothing was
@@ -159,6 +160,13 @@ _WAITER_SLEEP_SECONDS = 1e-4  # a waiting thread's longest sleep in its first _W
 _WAITER_WATCH_SECONDS = 0.1   # of quiet: Note [How long a waiter sleeps]
 _POLLER_GRACE_SECONDS = 2e-3  # a waiting thread that polled this recently receives alone
 _PROBES_PER_POLL = 4        # Iprobes in a row that make one poll: Note [A poll is several probes]
+MAX_NAME_LEN = 128          # PyTorch's WorkerInfo limit on a worker name
+
+
+def _valid_name(name):
+    """PyTorch's WorkerInfo rule: 1 to 127 characters out of [A-Za-z0-9-_:]."""
+    return (isinstance(name, str) and 0 < len(name) < MAX_NAME_LEN
+            and all(c.isascii() and (c.isalnum() or c in "-_:") for c in name))
 
 
 def _find_prctl():
@@ -273,8 +281,17 @@ class MPIRpcAgent:
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         self._yield_seconds = _YIELD_SECONDS if node.Get_size() <= (os.cpu_count() or 1) else 0.0
         node.Free()
+        # Checked on the gathered names, so every rank raises together (none is left waiting)
+        invalid = [n for n in self.names if not _valid_name(n)]
+        if invalid:
+            self.comm.Free()
+            raise RuntimeError(f"Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty "
+                               f"and shorter than {MAX_NAME_LEN} chars, but got {invalid[0]!r} "
+                               f"(names by rank: {self.names}); as PyTorch, init_rpc takes "
+                               f"letters, digits, '-', '_' and ':' only")
         if len(set(self.names)) != self.size:
             repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+            self.comm.Free()
             raise RuntimeError(f"init_rpc: worker name {repeated[0]!r} is not unique (names by "
                                f"rank: {self.names}); give every rank its own name")
         self._ids = itertools.count(1)
@@ -443,6 +460,17 @@ class MPIRpcAgent:
             self._waiting.pop(getattr(future, "message_id", None), None)
         future.try_set_exception(error)
 
+    def work_started(self):
+        """Count one piece of work that runs outside the pools (a reply an async function owes:
+        Note [Async execution] in functions.py) as outstanding until ``work_done``, so a
+        graceful shutdown waits for it (Note [Quiet shutdown])."""
+        with self._dispatched_lock:
+            self._dispatched += 1
+
+    def work_done(self):
+        with self._dispatched_lock:
+            self._dispatched -= 1
+
     def pending_count(self):
         """Requests still waiting for their reply."""
         with self._waiting_lock:
@@ -465,7 +493,10 @@ class MPIRpcAgent:
 
     @staticmethod
     def _timed_out(future):
-        return RpcTimeoutError(f"{future.describe} timed out after {future.timeout:g} s")
+        # PyTorch's phrase first (what users search for), then which call and its limit
+        return RpcTimeoutError(f"RPC ran for more than set timeout ({future.timeout * 1e3:g} ms) "
+                               f"and will now be marked with an error: {future.describe} timed "
+                               f"out after {future.timeout:g} s")
 
     # --- receiving ------------------------------------------------------------------------------
     def register_handler(self, kind, handler, inline=False):
