@@ -551,8 +551,9 @@ class RRefProxy:
 
 def _invoke_rpc(rref, rpc_api, func_name, timeout, *args, **kwargs):
     """Call ``func_name`` of ``rref``'s value on its owner, as ``rpc_api`` would (Note [RRef
-    proxies])."""
-    what = f"RRef.{rpc_api.__name__}().{func_name}"
+    proxies]); ``func_name`` may also be a module-level function, called with the value first."""
+    name = func_name if isinstance(func_name, str) else func_name.__name__
+    what = f"RRef.{rpc_api.__name__}().{name}"
     timeout = _timeout_of(timeout, what)
     if rref.is_owner():
         target, keep = rref, ()
@@ -567,11 +568,17 @@ def _invoke_rpc(rref, rpc_api, func_name, timeout, *args, **kwargs):
 
 def _invoke_on_owner(target, func_name, args, kwargs):
     """On the owner: ``func_name`` of the value that ``target`` (an RRef, or an id the caller
-    holds a handle to) refers to, called with ``args`` and ``kwargs``."""
+    holds a handle to) refers to, called with ``args`` and ``kwargs``; or, when ``func_name`` is
+    a function (unpickled under the rank's policy as any), ``func_name(value, *args, **kwargs)``."""
     if isinstance(target, RRef):
         value = target.local_value()
     else:
         value = _owned_value(target, _timeout_of(None))
+    if not isinstance(func_name, str):
+        result = func_name(value, *args, **kwargs)
+        if functions.is_async(func_name):  # Note [Async execution]
+            return functions.AsyncResult(functions.checked_future(func_name, result))
+        return result
     policy = _require_agent().allowed
     if policy is not None:
         cls = type(value)

@@ -1,13 +1,13 @@
 """Differentiable collectives: the backward of each is the matching collective on the gradients."""
 
-from ..autograd.function import Function
-from ..comm.process_group import ReduceOp
-from ..tensor import Tensor
-from . import api
+from ...autograd.function import Function
+from ...comm.process_group import ReduceOp
+from ...tensor import Tensor
+from .. import api
 
 
 def _copy(t):
-    return t.data.copy()
+    return t.array.copy()
 
 
 class _AllReduce(Function):
@@ -49,14 +49,14 @@ class _AllGather(Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        gathered = [Tensor(x.data.copy()) for _ in range(api.get_world_size(group))]
+        gathered = [Tensor(x.array.copy()) for _ in range(api.get_world_size(group))]
         api.all_gather(gathered, x, group)
-        return tuple(t.data for t in gathered)
+        return tuple(t.array for t in gathered)
 
     @staticmethod
     def backward(ctx, *grads):
         # My input is block ``me`` of every rank's outputs: sum those blocks across ranks.
-        out = Tensor(grads[0].data.copy())
+        out = Tensor(grads[0].array.copy())
         api.reduce_scatter(out, [g.detach() for g in grads], ReduceOp.SUM, ctx.group)
         return out, None
 
@@ -65,14 +65,14 @@ class _AllToAll(Function):
     @staticmethod
     def forward(ctx, group, *inputs):
         ctx.group = group
-        outputs = [Tensor(t.data.copy()) for t in inputs]
+        outputs = [Tensor(t.array.copy()) for t in inputs]
         api.all_to_all(outputs, list(inputs), group)
-        return tuple(t.data for t in outputs)
+        return tuple(t.array for t in outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         # The transpose of a permutation of blocks is the inverse permutation: all_to_all again.
-        back = [Tensor(g.data.copy()) for g in grads]
+        back = [Tensor(g.array.copy()) for g in grads]
         api.all_to_all(back, [g.detach() for g in grads], ctx.group)
         return (None,) + tuple(back)
 
