@@ -72,7 +72,7 @@ def hpcgrad_step(model, x, y, lr=0.01, zero_in_place=False, span=TIMELINE.span):
             loss = F.cross_entropy(model(x), y)
         for p in params:  # in place keeps a bucket view the gradient (zero_grad(False))
             if zero_in_place and p.grad is not None:
-                p.grad.data[...] = 0
+                p.grad.array[...] = 0
             else:
                 p.grad = None
         with span("backward", "step"):
@@ -93,7 +93,7 @@ def hpcgrad_figures(sizes, batch, repeats, lr=0.01, bucket_view=False, static_gr
     ddp = DistributedDataParallel(mlp(), gradient_as_bucket_view=bucket_view,
                                   static_graph=static_graph)
     step = median_time(step_of(ddp, zero_in_place=bucket_view), repeats)
-    flat = np.zeros(sum(p.data.size for p in ddp.parameters()), np.float32)
+    flat = np.zeros(sum(p.array.size for p in ddp.parameters()), np.float32)
     comm = median_time(lambda: dist.all_reduce(flat), repeats)
     return {"step": step, "compute": compute, "comm": comm, "bytes": flat.nbytes,
             "buckets": len(ddp.reducer.buckets)}

@@ -57,7 +57,7 @@ def train(rank_r, seed, args):
             loss.backward()
             optimizer.step()
     _, accuracy = evaluate(model, test_loader)
-    total = sum(p.data.nbytes for p in model.parameters())
+    total = sum(p.array.nbytes for p in model.parameters())
     sent = state.bytes_per_step if state is not None else total
     return accuracy, sent, total
 

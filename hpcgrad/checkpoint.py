@@ -156,7 +156,7 @@ def read_extra(path):
 
 # --- writing ---------------------------------------------------------------------------------
 def _host_array(value):
-    array = value.data if isinstance(value, Tensor) else value
+    array = value.array if isinstance(value, Tensor) else value
     if backend.is_gpu_array(array):
         return backend.to_device(array, backend.CPU)
     return np.asarray(array)

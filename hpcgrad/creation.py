@@ -21,10 +21,10 @@ def default_generator():
 
 def tensor(data, dtype=None, requires_grad=False):
     """A new leaf tensor holding a copy of ``data``."""
-    source = data.data if isinstance(data, Tensor) else data
+    source = data.array if isinstance(data, Tensor) else data
     t = Tensor(source, dtype=dtype)
-    if t.data is source:
-        t.data = t.data.copy()
+    if t.array is source:
+        t.array = t.array.copy()
     return t.requires_grad_(requires_grad)
 
 
@@ -76,13 +76,13 @@ def eye(n, m=None, dtype=DEFAULT_FLOAT):
 
 
 def zeros_like(t, dtype=None, requires_grad=False):
-    data = t.data if isinstance(t, Tensor) else np.asarray(t)
+    data = t.array if isinstance(t, Tensor) else np.asarray(t)
     xp = get_array_module(data)
     return Tensor(xp.zeros_like(data, dtype=dtype), requires_grad=requires_grad)
 
 
 def ones_like(t, dtype=None, requires_grad=False):
-    data = t.data if isinstance(t, Tensor) else np.asarray(t)
+    data = t.array if isinstance(t, Tensor) else np.asarray(t)
     xp = get_array_module(data)
     return Tensor(xp.ones_like(data, dtype=dtype), requires_grad=requires_grad)
 
@@ -97,11 +97,11 @@ def _legacy_constructor(name, dtype):
     ``isinstance(t, LongTensor)`` true for a tensor of that dtype."""
     class Meta(type):
         def __instancecheck__(cls, obj):
-            return isinstance(obj, Tensor) and obj.data.dtype == dtype
+            return isinstance(obj, Tensor) and obj.array.dtype == dtype
 
         def __call__(cls, *args):
             if len(args) == 1 and not isinstance(args[0], (int, np.integer)):
-                return tensor(np.asarray(args[0].data if isinstance(args[0], Tensor)
+                return tensor(np.asarray(args[0].array if isinstance(args[0], Tensor)
                                          else args[0], dtype=dtype))
             for n in args:
                 if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:

@@ -75,7 +75,7 @@ def parse_to(args, kwargs, what):
                         "arguments")
     for arg in args:
         if hasattr(arg, "data") and hasattr(arg, "requires_grad"):  # a Tensor: its device, dtype
-            target, dtype = backend.device_of(arg.data), arg.data.dtype
+            target, dtype = backend.device_of(arg.array), arg.array.dtype
         elif _is_device(arg):
             target = arg
         else:

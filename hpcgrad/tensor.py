@@ -19,7 +19,7 @@ DEFAULT_FLOAT = np.float32
 
 def _as_array(data, dtype=None):
     if isinstance(data, Tensor):
-        data = data.data
+        data = data.array
     if backend.is_gpu_array(data):
         return data if dtype is None else data.astype(dtype, copy=False)
     if dtype is None and not isinstance(data, (np.ndarray, np.generic)):
@@ -77,7 +77,7 @@ class Tensor:
         if self.grad_fn is not None:
             raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support "
                                "the deepcopy protocol; use .detach().clone() for results of ops")
-        copy = type(self)._make(self.data.copy(), False, None, 0)
+        copy = type(self)._make(self.array.copy(), False, None, 0)
         copy.requires_grad = self.requires_grad
         memo[id(self)] = copy
         if self.grad is not None:
@@ -89,50 +89,55 @@ class Tensor:
         if self.grad_fn is not None:
             raise RuntimeError("cannot pickle a Tensor that is the result of an op (it has a "
                                "grad_fn); pickle .detach() instead")
-        return (_rebuild_tensor, (type(self), backend.to_device(self.data, backend.CPU),
+        return (_rebuild_tensor, (type(self), backend.to_device(self.array, backend.CPU),
                                   self.requires_grad))
 
     # --- array facts ----------------------------------------------------------------------
-    shape = property(lambda self: self.data.shape)
-    dtype = property(lambda self: self.data.dtype)
-    ndim = property(lambda self: self.data.ndim)
-    device = property(lambda self: backend.device_of(self.data))
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+    ndim = property(lambda self: self.array.ndim)
+    device = property(lambda self: backend.device_of(self.array))
     is_leaf = property(lambda self: self.grad_fn is None)
     retains_grad = property(lambda self: self._retains_grad)
     output_nr = property(lambda self: self._output_nr)
 
     def dim(self):
-        return self.data.ndim
+        return self.array.ndim
 
     def size(self, dim=None):
-        return self.data.shape if dim is None else self.data.shape[dim]
+        return self.array.shape if dim is None else self.array.shape[dim]
 
     def numel(self):
-        return int(self.data.size)
+        return int(self.array.size)
 
     def __len__(self):
-        return len(self.data)
+        return len(self.array)
 
     def item(self):
-        return self.data.item()
+        return self.array.item()
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: ``numpy()``'s array (a copy for a GPU tensor), as PyTorch's."""
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
 
     def numpy(self):
         if self.requires_grad and _grad_mode._state.enabled:  # allowed under no_grad, as PyTorch
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
-        return backend.to_device(self.data, backend.CPU)
+        return backend.to_device(self.array, backend.CPU)
 
     def tolist(self):
-        return self.data.tolist()
+        return self.array.tolist()
 
     def __bool__(self):
-        return bool(self.data)
+        return bool(self.array)
 
     def __float__(self):
-        return float(self.data)
+        return float(self.array)
 
     def __int__(self):
-        return int(self.data)
+        return int(self.array)
 
     def __repr__(self):
         extra = ""
@@ -141,9 +146,9 @@ class Tensor:
         elif self.requires_grad:
             extra = ", requires_grad=True"
         device = "" if self.device == backend.CPU else f", device='{self.device}'"
-        body = np.array2string(backend.to_device(self.data, backend.CPU), separator=", ",
+        body = np.array2string(backend.to_device(self.array, backend.CPU), separator=", ",
                                prefix="tensor(")
-        return f"tensor({body}, dtype={self.data.dtype}{device}{extra})"
+        return f"tensor({body}, dtype={self.array.dtype}{device}{extra})"
 
     # --- autograd -------------------------------------------------------------------------
     def requires_grad_(self, requires_grad=True):
@@ -151,15 +156,15 @@ class Tensor:
             raise RuntimeError("you can only change requires_grad flags of leaf variables. If you "
                                "want to use a computed variable in a subgraph that doesn't require "
                                "differentiation use var_no_grad = var.detach().")
-        if requires_grad and self.data.dtype.kind not in "fc":
+        if requires_grad and self.array.dtype.kind not in "fc":
             raise RuntimeError(f"only Tensors of floating point dtype can require gradients "
-                               f"(got {self.data.dtype}); convert first, e.g. x.float()")
+                               f"(got {self.array.dtype}); convert first, e.g. x.float()")
         self.requires_grad = bool(requires_grad)
         return self
 
     def detach(self):
         """Same data, cut from the graph."""
-        return Tensor._make(self.data, False, None, 0)
+        return Tensor._make(self.array, False, None, 0)
 
     def detach_(self):
         """Cut this tensor from the graph in place: a leaf that does not require grad (its
@@ -175,7 +180,7 @@ class Tensor:
         return self
 
     def detach_copy(self):
-        return Tensor._make(self.data.copy(), False, None, 0)
+        return Tensor._make(self.array.copy(), False, None, 0)
 
     def _gradient_edge(self):
         fn = self._grad_fn
@@ -262,12 +267,12 @@ class Tensor:
             except TypeError:
                 dtype = None
             if dtype is not None and not isinstance(args[0], (int, np.integer)):
-                return self if dtype == self.data.dtype else _ops.Cast.apply(self, dtype)
+                return self if dtype == self.array.dtype else _ops.Cast.apply(self, dtype)
         device, dtype = _device.parse_to(args, kwargs, "to")
         out = self
         if device is not None and device != out.device:
             out = _ops.ToDevice.apply(out, device)
-        if dtype is not None and dtype != out.data.dtype:
+        if dtype is not None and dtype != out.array.dtype:
             out = _ops.Cast.apply(out, dtype)
         return out
 
@@ -295,18 +300,18 @@ class Tensor:
 
     def contiguous(self):
         """Itself when its memory is in C order (as PyTorch), else a C-ordered copy (a Clone)."""
-        return self if self.data.flags.c_contiguous else _ops.Clone.apply(self)
+        return self if self.array.flags.c_contiguous else _ops.Clone.apply(self)
 
     def is_contiguous(self):
-        return bool(self.data.flags.c_contiguous)  # size-1 axes' strides ignored, as PyTorch
+        return bool(self.array.flags.c_contiguous)  # size-1 axes' strides ignored, as PyTorch
 
     # --- arithmetic -----------------------------------------------------------------------
     def _other(self, other):
         if isinstance(other, Tensor):
             return other
         if isinstance(other, (int, float, bool)):  # a Python number: the lowest promotion rank
-            if self.data.dtype.kind in "fc":
-                return _WrappedNumber._make(self.data.dtype.type(other), False, None, 0)
+            if self.array.dtype.kind in "fc":
+                return _WrappedNumber._make(self.array.dtype.type(other), False, None, 0)
             return _WrappedNumber._make(_as_array(other), False, None, 0)
         return Tensor._make(_as_array(other), False, None, 0)
 
@@ -358,7 +363,7 @@ class Tensor:
     def _compare(self, other, op):
         """Compared in the dtype PyTorch's promotion gives (float32 0.1 == a float64 0.1)."""
         other = other if isinstance(other, Tensor) else self._other(other)
-        x, y = self.data, other.data
+        x, y = self.array, other.array
         if x.dtype != y.dtype:
             dtype = _promotion.binary_result_type(self, other)
             x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
@@ -388,7 +393,7 @@ class Tensor:
 
     def equal(self, other):
         """True if ``other`` has this shape and the same elements (PyTorch's torch.equal)."""
-        return self.shape == other.shape and bool((self == other).data.all())
+        return self.shape == other.shape and bool((self == other).array.all())
 
     # --- element-wise, reductions, shapes: see hpcgrad/ops -----------------------------------
     def exp(self):
@@ -416,7 +421,7 @@ class Tensor:
         return _ops.Clamp.apply(self, min, max)
 
     def sum(self, dim=None, keepdim=False):
-        return _ops.Sum.apply(self, _ops.normalize_dims(dim, self.data.ndim), keepdim)
+        return _ops.Sum.apply(self, _ops.normalize_dims(dim, self.array.ndim), keepdim)
 
     def mean(self, dim=None, keepdim=False):
         return _ops.mean(self, dim, keepdim)
@@ -425,7 +430,7 @@ class Tensor:
         return _ops.var(self, dim, keepdim, correction if unbiased is None else int(unbiased))
 
     def amax(self, dim=None, keepdim=False):
-        return _ops.Amax.apply(self, _ops.normalize_dims(dim, self.data.ndim), keepdim)
+        return _ops.Amax.apply(self, _ops.normalize_dims(dim, self.array.ndim), keepdim)
 
     def max(self, dim=None, keepdim=False):
         return _ops.max(self, dim, keepdim)
@@ -435,14 +440,14 @@ class Tensor:
 
     def sum_to_size(self, *shape):
         shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return self if shape == self.data.shape else _ops.SumToSize.apply(self, shape)
+        return self if shape == self.array.shape else _ops.SumToSize.apply(self, shape)
 
     def reshape(self, *shape):
-        return _ops.shape.reshape(self, _ops.shape_arg(shape, self.data.size))
+        return _ops.shape.reshape(self, _ops.shape_arg(shape, self.array.size))
 
     def view(self, *shape):
         """The same data in ``shape`` without a copy; raises where only ``reshape`` can."""
-        return _ops.shape.view(self, _ops.shape_arg(shape, self.data.size))
+        return _ops.shape.view(self, _ops.shape_arg(shape, self.array.size))
 
     def flatten(self, start_dim=0, end_dim=-1):
         return _ops.flatten(self, start_dim, end_dim)
@@ -455,12 +460,12 @@ class Tensor:
 
     def permute(self, *dims):
         dims = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else dims
-        return _ops.shape.permute(self, tuple(_ops.wrap_dim(d, self.data.ndim) for d in dims))
+        return _ops.shape.permute(self, tuple(_ops.wrap_dim(d, self.array.ndim) for d in dims))
 
     def transpose(self, dim0, dim1):
         return _ops.transpose(self, dim0, dim1)
 
-    T = property(lambda self: _ops.shape.permute(self, tuple(reversed(range(self.data.ndim)))))
+    T = property(lambda self: _ops.shape.permute(self, tuple(reversed(range(self.array.ndim)))))
     mT = property(lambda self: _ops.transpose(self, -2, -1))
 
     def expand(self, *shape):
@@ -553,12 +558,12 @@ class Tensor:
         return getattr(self, "_view", None) is not None
 
     def t(self):
-        if self.data.ndim > 2:
+        if self.array.ndim > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
-                               f"{self.data.ndim}D")
-        if self.data.ndim == 2:
+                               f"{self.array.ndim}D")
+        if self.array.ndim == 2:
             return _ops.transpose(self, 0, -1)
-        return _ops.shape.permute(self, tuple(range(self.data.ndim)))  # a new view, as PyTorch
+        return _ops.shape.permute(self, tuple(range(self.array.ndim)))  # a new view, as PyTorch
 
     def narrow(self, dim, start, length):
         return _ops.shape.narrow(self, dim, start, length)
@@ -602,8 +607,55 @@ def _slot_property(name, doc, deleter=None):
     return property(slot.__get__, slot.__set__, deleter or refuse, doc)
 
 
-Tensor.data = _slot_property("data", "The array (numpy or cupy).")
 Tensor.array = _slot_property("data", "The array (numpy or cupy) that holds the values.")
+
+
+def _get_data(self):
+    """PyTorch's ``x.data``: a Tensor over ``x``'s memory, outside the graph (Note [Tensor.data])."""
+    return Tensor._make(_untracked_view(self._data), False, None, 0)
+
+
+def _set_data(self, value):
+    if isinstance(value, Tensor):
+        value = value._data
+        source = value.base.obj if type(value.base) is memoryview else None
+        if (source is self._data and source.shape == value.shape and source.dtype == value.dtype
+                and source.strides == value.strides):
+            return  # ``p.data -= u``: the memory already is p's; keep p's own array
+    elif not (isinstance(value, np.ndarray) or backend.is_gpu_array(value)):
+        raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}: "
+                        f"assign a Tensor (or a numpy/cupy array) to .data")
+    self._data = value
+
+
+def _untracked_view(array):
+    """A view of ``array``'s memory that owns its own version counter.
+
+    Note [Tensor.data]
+    PyTorch's ``x.data`` shares ``x``'s storage but not its version counter: writes through it
+    (``p.data.add_(g, alpha=-lr)``, ``p.data.copy_(w)``) are invisible to autograd's checks of
+    saved tensors. Counters here are kept per owning array, found by following ``.base``
+    (Note [Version counters on memory]), so the view must not lead back to ``array``: numpy's
+    is made through a memoryview (which has no ``base``), cupy's over the same device pointer.
+    Every read of ``.data`` builds one such view (about a microsecond); the package itself
+    reads ``Tensor.array``, the array itself.
+    """
+    if isinstance(array, np.ndarray):
+        try:
+            return np.asarray(memoryview(array))
+        except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol lacks
+            return array.view()
+    cupy = backend.cupy_module()
+    return cupy.ndarray(array.shape, array.dtype, memptr=array.data, strides=array.strides)
+
+
+def _refuse_delete(self):
+    raise RuntimeError("The data attribute of a Tensor cannot be deleted")
+
+
+Tensor.data = property(_get_data, _set_data, _refuse_delete,
+                       "A Tensor sharing this one's memory, outside the graph and its version "
+                       "checks, as PyTorch's (the array itself: ``Tensor.array``).")
 Tensor.requires_grad = _slot_property("requires_grad", "Whether ops on it record a graph.")
 Tensor.grad_fn = _slot_property("grad_fn", "The Node that made it (None for a leaf).")
 # ``del t.grad`` clears the gradient, as PyTorch; the other attributes cannot go.

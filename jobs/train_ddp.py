@@ -147,9 +147,9 @@ def evaluate(model, loader):
     with hg.no_grad():
         for images, labels in loader:
             logits = model(images)
-            n = len(labels.data)
+            n = len(labels.array)
             loss = F.cross_entropy(logits, labels).item()
-            sums += [loss * n, (logits.data.argmax(1) == labels.data).sum(), n]
+            sums += [loss * n, (logits.array.argmax(1) == labels.array).sum(), n]
     model.train()
     dist.all_reduce(sums)
     return sums[0] / sums[2], sums[1] / sums[2]
@@ -292,7 +292,7 @@ def main(argv=None):
                     optimizer.step()
                 step += 1
                 losses.append(loss.item())
-                samples += len(labels.data)
+                samples += len(labels.array)
                 metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1])
                 if progress is not None:
                     progress.update(1)

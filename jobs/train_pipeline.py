@@ -195,7 +195,7 @@ def train_step(stage, optimizer, images, labels, rank, last, timeout, step):
                 dist_autograd.wait_for_backward(ctx, timeout=timeout)
             else:
                 dist_autograd.backward(ctx, [loss], timeout=timeout)
-                result = (loss.item(), int((out.data.argmax(1) == labels.data).sum()))
+                result = (loss.item(), int((out.array.argmax(1) == labels.array).sum()))
         grads = dist_autograd.get_gradients(ctx)
     with TIMELINE.span("optimizer step", "step", step=step):
         for p in stage.parameters():
@@ -216,7 +216,7 @@ def evaluate(stage, images, labels, rank, last, timeout):
             dist_autograd.send(out, rank + 1)
             return None
         loss = F.cross_entropy(out, labels).item()
-    return loss, float((out.data.argmax(1) == labels.data).mean())
+    return loss, float((out.array.argmax(1) == labels.array).mean())
 
 
 def header(args, world, train_size, test_size, steps_per_epoch):
@@ -306,8 +306,8 @@ def main(argv=None):
     dist.init_process_group(timeout=args.timeout)
     last = world - 1
     train, test = load_digits("train", flatten=True), load_digits("test", flatten=True)
-    train_x, train_y = (t.data for t in train.tensors)
-    test_x, test_y = (t.data for t in test.tensors)
+    train_x, train_y = (t.array for t in train.tensors)
+    test_x, test_y = (t.array for t in test.tensors)
     steps_per_epoch = -(-len(train_y) // args.batch_size)
     stop_if_any(check_setup(args, len(train_y)), PROG, "checking the set-up")
     lines = header(args, world, len(train_y), len(test_y), steps_per_epoch)
@@ -415,7 +415,7 @@ def main(argv=None):
             skip = 0
             if rank == 0:
                 train_loss, train_accuracy, test_loss, accuracy, elapsed = \
-                    dist_autograd.recv(last, timeout=args.timeout).data.tolist()
+                    dist_autograd.recv(last, timeout=args.timeout).array.tolist()
                 samples_per_s = samples / elapsed if elapsed > 0 else float("nan")
                 metrics.write("epoch", step, epoch + 1, time.perf_counter() - started,
                               loss=train_loss, train_accuracy=train_accuracy,

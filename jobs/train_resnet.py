@@ -283,7 +283,7 @@ def main(argv=None):
                     scheduler.step()
                 step += 1
                 losses.append(loss.item())
-                samples += len(labels.data)
+                samples += len(labels.array)
                 metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1],
                               lr=scheduler.get_last_lr()[0])
                 if progress is not None:

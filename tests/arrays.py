@@ -61,7 +61,7 @@ class ArrayModule:
     # --- reading results back ------------------------------------------------------------------
     def numpy(self, x):
         """``x`` (array or Tensor, on either module) as a numpy array, after checking it lives here."""
-        data = x.data if isinstance(x, Tensor) else x
+        data = x.array if isinstance(x, Tensor) else x
         assert backend.device_of(data) == self.device, \
             f"expected an array on {self.device}, got one on {backend.device_of(data)}"
         return backend.to_device(data, backend.CPU)

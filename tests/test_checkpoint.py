@@ -54,7 +54,7 @@ def _train(model, optimizer, loader, epochs):
 
 
 def _state(model):
-    return {name: t.data.copy() for name, t in model.state_dict().items()}
+    return {name: t.array.copy() for name, t in model.state_dict().items()}
 
 
 def _assert_states_equal(a, b):
@@ -102,7 +102,7 @@ def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
     np.random.seed(8)
     np.random.standard_normal()  # leaves a cached Gaussian in the legacy state
     checkpoint.save(path, model, optimizer, step=1, note="first")
-    expected_draws = hpcgrad.randn(4).data, np.random.standard_normal(3)
+    expected_draws = hpcgrad.randn(4).array, np.random.standard_normal(3)
     saved, saved_opt = _state(model), optimizer.state_dict()
 
     other = make_model(seed=2)
@@ -111,7 +111,7 @@ def test_round_trip_restores_arrays_optimizer_and_rng(tmp_path):
     np.random.seed(99)
     assert checkpoint.load(path, other, other_opt) == {"step": 1, "note": "first"}
     _assert_states_equal(saved, _state(other))
-    np.testing.assert_array_equal(hpcgrad.randn(4).data, expected_draws[0])
+    np.testing.assert_array_equal(hpcgrad.randn(4).array, expected_draws[0])
     np.testing.assert_array_equal(np.random.standard_normal(3), expected_draws[1])
     loaded_opt = other_opt.state_dict()
     assert loaded_opt["param_groups"] == saved_opt["param_groups"]  # incl. the tuple betas

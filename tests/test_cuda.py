@@ -41,7 +41,7 @@ def test_a_cpu_backward_starts_no_device_thread(monkeypatch):
     monkeypatch.setattr(engine_module, "_default_engine", engine)
     x = hg.tensor([1.0, 2.0], requires_grad=True)
     (x * x).sum().backward()
-    assert x.grad.data.tolist() == [2.0, 4.0]
+    assert x.grad.array.tolist() == [2.0, 4.0]
     assert used == [] and engine._device_queues == {}
     assert engine.ready_queue(None, 1) is engine.ready_queue(None, 1)  # started once, on use
     assert list(engine._device_queues) == [1]

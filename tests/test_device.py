@@ -49,7 +49,7 @@ def test_tensor_to_forms():
     other = hg.tensor(np.zeros(2, np.int64))
     assert x.to(other).dtype == np.int64
     (y * 2).sum().backward()
-    assert x.grad.data.tolist() == [2.0, 2.0, 2.0]
+    assert x.grad.array.tolist() == [2.0, 2.0, 2.0]
 
 
 def test_module_to_forms():

@@ -15,7 +15,7 @@ def test_from_data_and_from_sizes_match_torch(name):
     data = [[1, 0, 3], [0, 5, 1]]
     ours, theirs = getattr(hg, name)(data), getattr(torch, name)(data)
     assert str(ours.dtype) == str(theirs.dtype).replace("torch.", "").replace("bool", "bool")
-    assert ours.data.tolist() == theirs.tolist()
+    assert ours.array.tolist() == theirs.tolist()
     shaped = getattr(hg, name)(2, 3)
     assert shaped.shape == tuple(getattr(torch, name)(2, 3).shape)
     assert isinstance(ours, getattr(hg, name)) and isinstance(ours, hg.Tensor)
@@ -26,4 +26,4 @@ def test_from_data_and_from_sizes_match_torch(name):
 def test_bad_arguments():
     with pytest.raises(TypeError, match=r"LongTensor\(\): expected data"):
         hg.LongTensor(2, -1)
-    assert hg.LongTensor(np.arange(3)).data.tolist() == [0, 1, 2]
+    assert hg.LongTensor(np.arange(3)).array.tolist() == [0, 1, 2]

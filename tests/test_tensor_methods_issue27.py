@@ -14,8 +14,8 @@ def test_comparison_methods_match_torch(name):
     b = np.array([2.0, 2.0, 2.0], np.float32)
     ours = getattr(hg.tensor(a), name)(hg.tensor(b))
     theirs = getattr(torch.tensor(a), name)(torch.tensor(b))
-    assert ours.dtype == np.bool_ and ours.data.tolist() == theirs.tolist()
-    assert getattr(hg.tensor(a), name)(2.0).data.tolist() == \
+    assert ours.dtype == np.bool_ and ours.array.tolist() == theirs.tolist()
+    assert getattr(hg.tensor(a), name)(2.0).array.tolist() == \
         getattr(torch.tensor(a), name)(2.0).tolist()
 
 
@@ -36,7 +36,7 @@ def test_view_as_reshape_as_type_as_keep_the_graph():
     y = x.view_as(other).reshape_as(x).type_as(other)
     assert y.dtype == np.float64 and y.shape == (6,)
     (y * 3).sum().backward()
-    assert x.grad.data.tolist() == [3.0] * 6 and x.grad.dtype == np.float32
+    assert x.grad.array.tolist() == [3.0] * 6 and x.grad.dtype == np.float32
 
 
 def test_equal():

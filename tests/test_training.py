@@ -22,7 +22,7 @@ MODELS = {
 def accuracy(model, dataset):
     images, labels = dataset.tensors
     with hg.no_grad():
-        return float((model(images).data.argmax(1) == labels.data).mean())
+        return float((model(images).array.argmax(1) == labels.array).mean())
 
 
 # Thresholds with a margin measured over seeds. A seeded run is reproducible on one machine

@@ -44,13 +44,13 @@ def _make_grads(outputs, grad_outputs):
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
                                    f"{list(g.shape)} and output[{i}] has a shape of {list(shape)}.")
         elif g is None:
-            if out.requires_grad and out.data.size != 1:
+            if out.requires_grad and out.array.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs "
                                    f"(output {i} has shape {list(out.shape)}); pass a gradient "
                                    "of that shape")
-            g = Tensor._make(get_array_module(out.data).ones_like(out.data), False, None, 0)
+            g = Tensor._make(get_array_module(out.array).ones_like(out.array), False, None, 0)
         elif not isinstance(g, Tensor):
-            g = Tensor(g, dtype=out.data.dtype)
+            g = Tensor(g, dtype=out.array.dtype)
         elif g.shape != out.shape:
             raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
                                f"{list(g.shape)} and output[{i}] has a shape of {list(out.shape)}.")
@@ -145,7 +145,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             raise RuntimeError("materialize_grads cannot be used when the given input is a "
                                "GradientEdge")
         result = [g if g is not None else
-                  Tensor._make(get_array_module(t.data).zeros_like(t.data), create_graph, None, 0)
+                  Tensor._make(get_array_module(t.array).zeros_like(t.array), create_graph, None, 0)
                   for g, t in zip(result, inputs)]
     return tuple(result)
 

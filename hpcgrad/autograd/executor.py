@@ -56,17 +56,17 @@ def validate_outputs(edges, grads, describe):
                     f"invalid sparse gradient at index {i} - got shape {list(grad.shape)}, "
                     f"{grad.dtype} on {grad.device}, expected {list(shape)}, {dtype} on {device}"))
             continue
-        data = grad.data
+        data = grad.array
         if data.shape != shape:
             if not _expandable(shape, data.shape):
                 raise RuntimeError(describe(
                     f"invalid gradient at index {i} - got {list(data.shape)} but expected shape "
                     f"compatible with {list(shape)}"))
             grad = grads[i] = grad.sum_to_size(shape)
-        if grad.data.dtype != dtype:
-            if grad.data.dtype.kind not in "fc":
+        if grad.array.dtype != dtype:
+            if grad.array.dtype.kind not in "fc":
                 raise RuntimeError(describe(f"invalid gradient at index {i} - expected dtype "
-                                            f"{dtype} but got {grad.data.dtype}"))
+                                            f"{dtype} but got {grad.array.dtype}"))
             grad = grads[i] = grad.to(dtype)
         if grad.device != device:
             if grad.ndim != 0:
@@ -99,7 +99,7 @@ def _check_outputs(fn, edges, outputs):
             if grad is None or edge is None:
                 continue
             metadata = edge[0].input_metadata[edge[1]]
-            data = grad._data if type(grad) is Tensor else grad.data  # the slot: no property call
+            data = grad._data if type(grad) is Tensor else grad.array  # the slot: no property call
             if metadata is not None and (type(data) is not np.ndarray or metadata[2] != "cpu"
                                          or data.shape != metadata[0]
                                          or data.dtype != metadata[1]):
@@ -113,7 +113,7 @@ def _check_outputs(fn, edges, outputs):
 
 def check_nan(fn, outputs):
     for i, out in enumerate(outputs):
-        if out is not None and bool(backend.get_array_module(out.data).isnan(out.data).any()):
+        if out is not None and bool(backend.get_array_module(out.array).isnan(out.array).any()):
             raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
 
 

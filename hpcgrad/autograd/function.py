@@ -256,7 +256,7 @@ def _record(cls, args, needs):
             continue
         t = None if single else seen.get(id(o))
         if t is None:
-            t = Tensor._make(o.data if isinstance(o, Tensor) else o, False, None, i)
+            t = Tensor._make(o.array if isinstance(o, Tensor) else o, False, None, i)
             if not single:
                 seen[id(o)] = t
         data = t._data
@@ -585,7 +585,7 @@ def once_differentiable(backward):
             if o is None or not isinstance(o, Tensor) and not _is_tensor_output(o):
                 wrapped.append(o)
                 continue
-            data = o.data if isinstance(o, Tensor) else o
+            data = o.array if isinstance(o, Tensor) else o
             wrapped.append(Tensor._make(data, True, node, len(node.input_metadata)))
             node.input_metadata.append((data.shape, data.dtype, "cpu" if type(data) is np.ndarray
                                         else backend.device_of(data)))

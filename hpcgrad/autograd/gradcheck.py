@@ -48,14 +48,14 @@ def _check_inputs(inputs):
         if not _requires_grad(t):
             continue
         any_requires_grad = True
-        if t.data.dtype != np.float64:
+        if t.array.dtype != np.float64:
             warnings.warn(f"Input #{idx} requires gradient and is not a double precision floating "
-                          f"point ({t.data.dtype}). This check will likely fail if all the inputs "
+                          f"point ({t.array.dtype}). This check will likely fail if all the inputs "
                           "are not of double precision floating point (use .double()).",
                           UserWarning, stacklevel=3)
         # (numpy gives empty arrays zero strides: they have no elements to overlap)
-        if t.data.size and any(st == 0 and sz > 1 for st, sz in zip(t.data.strides,
-                                                                    t.data.shape)):
+        if t.array.size and any(st == 0 and sz > 1 for st, sz in zip(t.array.strides,
+                                                                    t.array.shape)):
             raise RuntimeError(
                 f"The {idx}th input has a dimension with stride 0. gradcheck only supports "
                 "inputs that are non-overlapping to be able to compute the numerical gradients "
@@ -72,11 +72,11 @@ def _check_same_dtype_and_shape(out, perturbed, eps, idx):
             f"Expected `func` to return outputs with the same shape when inputs are perturbed "
             f"on index {idx} by {eps}, but got: shapes {tuple(out.shape)} and "
             f"{tuple(perturbed.shape)}.")
-    if out.data.dtype != perturbed.data.dtype:
+    if out.array.dtype != perturbed.array.dtype:
         raise AssertionError(
             f"Expected `func` to return outputs with the same dtype when inputs are perturbed "
-            f"on index {idx} by {eps}, but got: dtypes {out.data.dtype} and "
-            f"{perturbed.data.dtype}.")
+            f"on index {idx} by {eps}, but got: dtypes {out.array.dtype} and "
+            f"{perturbed.array.dtype}.")
 
 
 # --- numerical derivatives ---------------------------------------------------------------------
@@ -91,15 +91,15 @@ def _outputs_at(fn, inputs, outputs, eps, idx):
             continue
         _check_same_dtype_and_shape(out, new, eps, idx)
         # A copy: the output may be a view of the input that is perturbed next.
-        result.append(np.array(new.data, dtype=np.float64).reshape(-1)
-                      if _is_float(out.data) else None)
+        result.append(np.array(new.array, dtype=np.float64).reshape(-1)
+                      if _is_float(out.array) else None)
     return result
 
 
 def _numerical_jacobians(fn, inputs, i, outputs, eps):
     """d outputs[o] / d inputs[i] for every output o (zeros for non-float ones), by central
     differences, column by column: a list of (output size, input size) arrays."""
-    x = inputs[i].data
+    x = inputs[i].array
     columns = [[] for _ in outputs]
     # Not under no_grad: fn may itself differentiate (gradgradcheck's first derivative).
     # Index x itself (C order, as the analytical rows): reshape(-1) of a non-contiguous input
@@ -115,7 +115,7 @@ def _numerical_jacobians(fn, inputs, i, outputs, eps):
             columns[o].append(None if p is None else (p - m) / (2 * eps))
     jacobians = []
     for o, out in enumerate(outputs):
-        size = out.data.size if _is_tensor(out) else 0
+        size = out.array.size if _is_tensor(out) else 0
         cols = [np.zeros(size) if c is None else c for c in columns[o]]
         jacobians.append(np.stack(cols, axis=1) if cols else np.zeros((size, 0)))
     return jacobians
@@ -123,7 +123,7 @@ def _numerical_jacobians(fn, inputs, i, outputs, eps):
 
 def _numerical_jvps(fn, inputs, i, outputs, u, eps):
     """J_o u for every output o, perturbing input i along direction u (fast mode)."""
-    x = inputs[i].data
+    x = inputs[i].array
     orig = x.copy()
     step = (eps * u).reshape(x.shape)
     try:
@@ -133,7 +133,7 @@ def _numerical_jvps(fn, inputs, i, outputs, u, eps):
         minus = _outputs_at(fn, inputs, outputs, eps, None)
     finally:
         x[...] = orig
-    return [np.zeros(o.data.size if _is_tensor(o) else 0) if p is None else (p - m) / (2 * eps)
+    return [np.zeros(o.array.size if _is_tensor(o) else 0) if p is None else (p - m) / (2 * eps)
             for o, p, m in zip(outputs, plus, minus)]
 
 
@@ -143,21 +143,21 @@ def _vjp(out, diff_inputs, v, check_grad_dtypes):
     """v^T J for each differentiable input, as flat float64 arrays (zeros for an unused input)."""
     from . import grad
     from ..tensor import Tensor
-    grads = grad(out, diff_inputs, Tensor(v.reshape(out.shape).astype(out.data.dtype)),
+    grads = grad(out, diff_inputs, Tensor(v.reshape(out.shape).astype(out.array.dtype)),
                  retain_graph=True, allow_unused=True)
     rows = []
     for k, (g, t) in enumerate(zip(grads, diff_inputs)):
         if g is None:
-            rows.append(np.zeros(t.data.size))
+            rows.append(np.zeros(t.array.size))
             continue
         if g.shape != t.shape:
             raise GradcheckError(f"Analytical gradient has incorrect size: the gradient with "
                                  f"respect to differentiable input {k} has shape "
                                  f"{list(g.shape)}, expected {list(t.shape)}")
-        if check_grad_dtypes and g.data.dtype != t.data.dtype:
-            raise GradcheckError(f"Gradient has dtype mismatch: {g.data.dtype} for an input of "
-                                 f"{t.data.dtype}")
-        rows.append(np.asarray(g.data, dtype=np.float64).reshape(-1))
+        if check_grad_dtypes and g.array.dtype != t.array.dtype:
+            raise GradcheckError(f"Gradient has dtype mismatch: {g.array.dtype} for an input of "
+                                 f"{t.array.dtype}")
+        rows.append(np.asarray(g.array, dtype=np.float64).reshape(-1))
     return rows
 
 
@@ -168,7 +168,7 @@ def _analytical(out, diff_inputs, seeds, nondet_tol, check_grad_dtypes):
     for _ in range(2):
         per_seed = [_vjp(out, diff_inputs, v, check_grad_dtypes) for v in seeds]
         runs.append([np.stack([rows[k] for rows in per_seed], axis=0) if per_seed
-                     else np.zeros((0, t.data.size)) for k, t in enumerate(diff_inputs)])
+                     else np.zeros((0, t.array.size)) for k, t in enumerate(diff_inputs)])
     for first, second in zip(*runs):
         if first.size and np.abs(first - second).max() > nondet_tol:
             raise GradcheckError(
@@ -208,7 +208,7 @@ def _slow_gradcheck(fn, inputs, outputs, diff_in, diff_out, eps, atol, rtol, non
     diff_inputs = [inputs[i] for i in diff_in]
     for o in diff_out:
         out = outputs[o]
-        analytical = _analytical(out, diff_inputs, _unit_rows(out.data.size, np.float64),
+        analytical = _analytical(out, diff_inputs, _unit_rows(out.array.size, np.float64),
                                  nondet_tol, check_grad_dtypes)
         for i, a in zip(diff_in, analytical):
             n = numerical[i][o]
@@ -228,8 +228,8 @@ def _fast_gradcheck(fn, inputs, outputs, diff_in, diff_out, eps, atol, rtol, non
     """Compare v^T J u, analytical (one backward per output) against numerical (one pair of
     perturbed calls per input), for random u per input and v per output."""
     rng = np.random.default_rng(0)  # its own generator: the caller's random state is untouched
-    all_u = {i: _random_unit(rng, inputs[i].data.size) for i in diff_in}
-    all_v = {o: _random_unit(rng, outputs[o].data.size) for o in diff_out}
+    all_u = {i: _random_unit(rng, inputs[i].array.size) for i in diff_in}
+    all_v = {o: _random_unit(rng, outputs[o].array.size) for o in diff_out}
     jvps = {i: _numerical_jvps(fn, inputs, i, outputs, all_u[i], eps) for i in diff_in}
     if not diff_out:
         for i in diff_in:
@@ -261,8 +261,8 @@ def _slow_mode_report(fn, inputs, outputs, diff_in, o, i, eps, atol, rtol):
     numerical = _numerical_jacobians(fn, inputs, i, outputs, eps)[o]
     diff_inputs = [inputs[k] for k in diff_in]
     rows = [_vjp(outputs[o], diff_inputs, v, False)[diff_in.index(i)]
-            for v in _unit_rows(outputs[o].data.size, np.float64)]
-    analytical = np.stack(rows, axis=0) if rows else np.zeros((0, inputs[i].data.size))
+            for v in _unit_rows(outputs[o].array.size, np.float64)]
+    analytical = np.stack(rows, axis=0) if rows else np.zeros((0, inputs[i].array.size))
     report = ("\nThe quantities above are computed in fast mode. In slow mode:\n"
               f"numerical:\n{numerical}\nanalytical:\n{analytical}\n")
     if analytical.size:
@@ -280,18 +280,18 @@ def _test_backward_mul_by_grad_output(outputs, inputs, diff_in):
     from . import grad
     from ..tensor import Tensor
     diff_inputs = [inputs[i] for i in diff_in]
-    zeros = [Tensor(np.zeros(o.shape, dtype=o.data.dtype)) for o in outputs]
+    zeros = [Tensor(np.zeros(o.shape, dtype=o.array.dtype)) for o in outputs]
     grads = grad(outputs, diff_inputs, zeros, allow_unused=True)
     for gi, di in zip(grads, diff_inputs):
         if gi is None:
             continue
-        if np.any(np.asarray(gi.data) != 0):
+        if np.any(np.asarray(gi.array) != 0):
             raise GradcheckError("backward not multiplied by grad_output: zero output "
                                  "gradients gave a non-zero input gradient (does a hook or "
                                  "backward add a constant?)")
-        if gi.data.dtype != di.data.dtype:
-            raise GradcheckError(f"grad is incorrect type ({gi.data.dtype} is not "
-                                 f"{di.data.dtype})")
+        if gi.array.dtype != di.array.dtype:
+            raise GradcheckError(f"grad is incorrect type ({gi.array.dtype} is not "
+                                 f"{di.array.dtype})")
         if gi.shape != di.shape:
             raise GradcheckError(f"grad is incorrect size ({list(gi.shape)} is not "
                                  f"{list(di.shape)})")
@@ -305,7 +305,7 @@ def _test_undefined_backward_mode(fn, inputs, diff_in):
     diff_inputs = [inputs[i] for i in diff_in]
 
     def undefined_support(outputs, undefined):
-        grads = [None if k in undefined else Tensor(np.zeros(o.shape, dtype=o.data.dtype))
+        grads = [None if k in undefined else Tensor(np.zeros(o.shape, dtype=o.array.dtype))
                  for k, o in enumerate(outputs)]
         try:
             # Through the engine: autograd.grad would turn a None gradient into ones.
@@ -317,7 +317,7 @@ def _test_undefined_backward_mode(fn, inputs, diff_in):
             raise GradcheckError("Expected backward function to handle undefined output grads "
                                  f"(None); it raised {type(exc).__name__}: {exc}") from exc
         for gi in result:
-            if gi is not None and np.any(np.asarray(gi.data) != 0):
+            if gi is not None and np.any(np.asarray(gi.array) != 0):
                 _warn_undefined_check()
                 raise GradcheckError("Expected all input grads to be undefined or zero when all "
                                      "output grads are undefined or zero.")
@@ -408,8 +408,8 @@ def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3,
         rng = np.random.default_rng(seed)
         grad_outputs = []
         for o in _differentiable_outputs(_as_tuple(fn(*inputs))):
-            dtype = o.data.dtype if _is_float(o.data) else np.float64
-            if gen_non_contig_grad_outputs and o.data.size > 1:
+            dtype = o.array.dtype if _is_float(o.array) else np.float64
+            if gen_non_contig_grad_outputs and o.array.size > 1:
                 wide = rng.uniform(-1, 1, o.shape + (2,)).astype(dtype)
                 values = wide[..., 0]  # a strided view: every other element
             else:

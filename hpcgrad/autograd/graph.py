@@ -241,7 +241,7 @@ class AccumulateGrad(Node):
     def __init__(self, variable):
         super().__init__((), ACCUMULATE_GRAD_SEQUENCE_NR)
         self.variable = variable
-        self.input_metadata = [(variable.data.shape, variable.data.dtype, variable.device)]
+        self.input_metadata = [(variable.array.shape, variable.array.dtype, variable.device)]
 
     def name(self):
         return "AccumulateGrad"
@@ -268,7 +268,7 @@ def _can_steal(new_grad, extra_refs):
     # References to the Tensor: AccumulateGrad.apply's local, accumulate_grad's and this
     # function's parameters, getrefcount's argument, +1 when post hooks keep the inputs.
     # References to the array: the Tensor's slot, ``data`` here, getrefcount's argument.
-    data = new_grad.data
+    data = new_grad.array
     return (sys.getrefcount(new_grad) <= 3 + extra_refs and new_grad.grad_fn is None
             and sys.getrefcount(data) <= 3 and getattr(data, "base", None) is None
             and getattr(data.flags, "writeable", True) and data.flags.c_contiguous)
@@ -292,8 +292,8 @@ def accumulate_grad(variable, new_grad, has_post_hooks=False):
         else:
             variable.grad = new_grad.detach_copy()
     elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None
-          and getattr(grad.data.flags, "writeable", True)):
-        grad.data += new_grad.data
+          and getattr(grad.array.flags, "writeable", True)):
+        grad.array += new_grad.array
     else:
         variable.grad = grad + new_grad
 
@@ -323,7 +323,7 @@ def _accumulate_sparse(variable, new_grad, has_post_hooks=False):
         else:  # in place, as PyTorch: whoever holds .grad sees the sum
             grad.add_rows_(new_grad)
     elif (not grad_mode.is_grad_enabled() and grad.grad_fn is None
-          and getattr(grad.data.flags, "writeable", True)):
-        new_grad.add_to(grad.data)
+          and getattr(grad.array.flags, "writeable", True)):
+        new_grad.add_to(grad.array)
     else:
         variable.grad = grad + new_grad.to_dense()

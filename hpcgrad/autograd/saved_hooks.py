@@ -62,12 +62,12 @@ class PackedSaved:
             accumulator = value._grad_accumulator
             if accumulator is not None and accumulator() is node:
                 return value  # the leaf itself came back
-            tensor = type(value)._make(value.data, True, None, 0)
+            tensor = type(value)._make(value.array, True, None, 0)
             tensor._grad_accumulator = self._node  # gradients reach the original leaf
             return tensor
         if value.grad_fn is node and value.output_nr == self._output_nr:
             return value
-        return type(value)._make(value.data, True, node, self._output_nr)
+        return type(value)._make(value.array, True, node, self._output_nr)
 
 
 class saved_tensors_hooks:

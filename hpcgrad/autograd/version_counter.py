@@ -7,8 +7,9 @@ tensor's memory is a numpy/cupy array, and every view of it (``x[1:]``, ``x.resh
 ``x.detach()``) is an array whose ``base`` is the array that owns the memory, so the counter is
 kept per owning array, in a dict from its id, created by the first in-place op on it. Nothing
 is stored on a Tensor: ``Tensor._make`` and the ops that never write in place pay nothing, and
-views share their base's counter without being told (PyTorch's ``x.data`` is the array itself
-here, and writing into it directly is not counted, as writes through ``.data`` in PyTorch).
+views share their base's counter without being told (``x.data`` is a view whose chain of
+``base`` does not lead back, so writes through it are not counted, as in PyTorch: Note
+[Tensor.data] in hpcgrad/tensor.py).
 An array that was never written in place is at version 0, so saving a tensor records nothing
 unless some counter exists (``_counters`` empty is the common case).
 """

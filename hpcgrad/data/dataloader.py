@@ -24,7 +24,7 @@ def default_collate(batch):
     """
     elem = batch[0]
     if isinstance(elem, Tensor) or isinstance(elem, np.ndarray) or backend.is_gpu_array(elem):
-        arrays = [x.data if isinstance(x, Tensor) else x for x in batch]
+        arrays = [x.array if isinstance(x, Tensor) else x for x in batch]
         shapes = {a.shape for a in arrays}
         if len(shapes) != 1:
             raise RuntimeError(f"default_collate: stack expects each array to be equal size, but "

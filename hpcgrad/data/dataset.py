@@ -38,4 +38,4 @@ class TensorDataset(Dataset):
         """The batch ``default_collate([self[i] for i in indices])`` in one gather per tensor
         (the DataLoader's fast path; the values are the same)."""
         indices = np.asarray(indices, dtype=np.intp)
-        return tuple(Tensor(t.data[indices]) for t in self.tensors)
+        return tuple(Tensor(t.array[indices]) for t in self.tensors)

@@ -37,7 +37,7 @@ def compute_bucket_assignment_by_size(tensors, bucket_size_limits, expect_sparse
         if getattr(tensor, "is_sparse", False):
             raise ValueError(f"compute_bucket_assignment_by_size: tensor {index} is sparse; "
                              "buckets hold dense tensors (mark it in expect_sparse_gradient)")
-        data = tensor.data if isinstance(tensor, Tensor) else tensor
+        data = tensor.array if isinstance(tensor, Tensor) else tensor
         key = (data.dtype, backend.device_of(data))
         bucket = open_buckets.setdefault(key, [[], 0])
         bucket[0].append(index)

@@ -445,8 +445,8 @@ class DistributedDataParallel(Module, Joinable):
         """Every rank's ``tensors`` become those of group rank ``src``."""
         # MPI sends contiguous memory: a strided parameter (say, stored transposed) travels
         # as a contiguous copy and is written back, keeping its layout.
-        staged = [(t, t.data if t.data.flags.c_contiguous
-                   else backend.get_array_module(t.data).ascontiguousarray(t.data))
+        staged = [(t, t.array if t.array.flags.c_contiguous
+                   else backend.get_array_module(t.array).ascontiguousarray(t.array))
                   for t in tensors]
         group = self._private_group()
         works = [dist.broadcast(array, src=group.ranks[src], group=group, async_op=True)
@@ -454,8 +454,8 @@ class DistributedDataParallel(Module, Joinable):
         for work in works:
             work.wait()
         for t, array in staged:
-            if array is not t.data:
-                t.data[...] = array
+            if array is not t.array:
+                t.array[...] = array
 
     def _sync_buffers(self):
         self._broadcast_in_place([b for _, b in self._named_synced("buffers")])

@@ -112,18 +112,18 @@ class Bucket:
         if expect_sparse:
             self.contents, self.views_in, self.offsets = None, [], []
             return
-        first = variables[0].data
+        first = variables[0].array
         xp = backend.get_array_module(first)
-        self.lengths = [v.data.size for v in variables]
+        self.lengths = [v.array.size for v in variables]
         self.offsets = list(np.cumsum([0] + self.lengths[:-1]))
         self.contents = xp.zeros(sum(self.lengths), dtype=first.dtype)
-        self.views_in = [_view_like(self.contents[o:o + n], v.data)
+        self.views_in = [_view_like(self.contents[o:o + n], v.array)
                          for o, n, v in zip(self.offsets, self.lengths, variables)]
         self.views_out = self.views_in
 
     def set_output(self, flat):
         """After a comm hook: results are read from ``flat`` (which may be a new array)."""
-        self.views_out = [_view_like(flat[o:o + n], v.data)
+        self.views_out = [_view_like(flat[o:o + n], v.array)
                           for o, n, v in zip(self.offsets, self.lengths, self.variables)]
 
 
@@ -235,7 +235,7 @@ class Reducer:
             if sparse and len(indices) != 1:
                 raise ValueError("a parameter with a sparse gradient needs a bucket of its own")
             variables = [self.params[i] for i in indices]
-            keys = {(v.data.dtype, v.device) for v in variables}
+            keys = {(v.array.dtype, v.device) for v in variables}
             if len(keys) != 1:
                 raise ValueError(f"bucket {b} mixes dtypes/devices {sorted(map(str, keys))}")
             self.buckets.append(Bucket(variables, list(indices), sparse))
@@ -245,7 +245,7 @@ class Reducer:
             for bucket in self.buckets:  # existing gradients move into the new views
                 for view, p in zip(bucket.views_in, bucket.variables):
                     if p.grad is not None and not p.grad.is_sparse:
-                        view[...] = p.grad.data
+                        view[...] = p.grad.array
                         p.grad = Tensor._make(view, False, None, 0)
 
     def bucket_indices(self):
@@ -513,7 +513,7 @@ class Reducer:
         p, view = bucket.variables[k], bucket.views_in[k]
         grad = p.grad
         if grad is None or not computed:
-            if grad is not None and grad.data is view:  # keep it, should nobody compute it
+            if grad is not None and grad.array is view:  # keep it, should nobody compute it
                 self._stashed[index] = view.copy()
             view[...] = 0  # not computed in this backward (an unused parameter)
             return
@@ -521,17 +521,17 @@ class Reducer:
             raise RuntimeError(f"parameter {self.names[index]} got a sparse gradient but its "
                                "bucket expected a dense one; mark sparse-gradient parameters "
                                "(Embedding(sparse=True)) when building the reducer")
-        if grad.data.shape != view.shape or grad.data.dtype != view.dtype:
-            raise RuntimeError(f"parameter {self.names[index]}: gradient is {grad.data.dtype} "
-                               f"{list(grad.data.shape)}, expected {view.dtype} "
+        if grad.array.shape != view.shape or grad.array.dtype != view.dtype:
+            raise RuntimeError(f"parameter {self.names[index]}: gradient is {grad.array.dtype} "
+                               f"{list(grad.array.shape)}, expected {view.dtype} "
                                f"{list(view.shape)} (the parameter's own layout)")
         # Copied (and divided) now, in the hook, as the seed: a post-hook that runs after this
         # one and changes .grad in place must not change what is reduced. With
         # gradient_as_bucket_view the gradient may already be this view (accumulated in
         # place): then the copy is the in-place division.
         scale = 1.0 if self.comm_hook else 1.0 / self.div_factor
-        if grad.data is not view or scale != 1.0:
-            scaled_copy_like(view, grad.data, scale)
+        if grad.array is not view or scale != 1.0:
+            scaled_copy_like(view, grad.array, scale)
         if self.gradient_as_bucket_view:
             p.grad = Tensor._make(view, False, None, 0)
 
@@ -539,9 +539,9 @@ class Reducer:
         p = self.params[index]
         grad = p.grad
         if not computed or (grad is None and self.find_unused_parameters):
-            xp = backend.get_array_module(p.data)  # unused: contributes no rows
+            xp = backend.get_array_module(p.array)  # unused: contributes no rows
             bucket.sparse_grad = SparseCOOTensor(
-                xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.data.dtype), p.shape)
+                xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.array.dtype), p.shape)
             return
         if grad is None or not grad.is_sparse:
             raise RuntimeError(f"parameter {self.names[index]} was expected to have a sparse "
@@ -656,7 +656,7 @@ class Reducer:
                         bucket.variables[0].grad = result
                     continue
                 if self.comm_hook is not None:
-                    flat = result.data if isinstance(result, Tensor) else result
+                    flat = result.array if isinstance(result, Tensor) else result
                     if flat.shape != bucket.contents.shape:
                         raise RuntimeError(f"the comm hook returned shape {list(flat.shape)} for "
                                            f"a bucket of {list(bucket.contents.shape)}")
@@ -738,7 +738,7 @@ class Reducer:
     def logging_data(self):
         """The reducer's part of ``_get_ddp_logging_data`` (Note [DDP logging data])."""
         def sizes(indices):
-            return [sum(self.params[i].data.nbytes for i in b) for b in indices]
+            return [sum(self.params[i].array.nbytes for i in b) for b in indices]
 
         with self._lock:
             current = self.bucket_indices()
@@ -750,8 +750,8 @@ class Reducer:
                 "world_size": self.process_group.size(),
                 "iteration": self.num_iterations,
                 "num_parameter_tensors": len(self.params),
-                "total_parameter_size_bytes": sum(p.data.nbytes for p in self.params),
-                "dtypes": ", ".join(sorted({str(p.data.dtype) for p in self.params})),
+                "total_parameter_size_bytes": sum(p.array.nbytes for p in self.params),
+                "dtypes": ", ".join(sorted({str(p.array.dtype) for p in self.params})),
                 "bucket_cap_bytes": self.bucket_bytes_cap,
                 "bucket_sizes": sizes(self.initial_bucket_indices),
                 "bucket_num_parameters": [len(b) for b in self.initial_bucket_indices],
@@ -763,7 +763,7 @@ class Reducer:
                 "rebuilt_per_bucket_param_indices": current if self.has_rebuilt_buckets else None,
                 "prev_iteration_grad_ready_order_indices": list(self.ready_order),
                 "find_unused_parameters": self.find_unused_parameters,
-                "unused_parameter_size": sum(self.params[i].data.nbytes for i in unused),
+                "unused_parameter_size": sum(self.params[i].array.nbytes for i in unused),
                 "unused_parameter_names": list(self.unused_parameter_names),
                 "comm_hook": self.comm_hook_name,
                 "gradient_as_bucket_view": self.gradient_as_bucket_view,
@@ -793,8 +793,8 @@ class Reducer:
                 if index in self._stashed:  # .grad is the view the reduction went through
                     view[...] = self._stashed[index]
                 elif self.gradient_as_bucket_view and p.grad is not None \
-                        and p.grad.data is not view:  # as the seed: .grad becomes the view
-                    view[...] = p.grad.data
+                        and p.grad.array is not view:  # as the seed: .grad becomes the view
+                    view[...] = p.grad.array
                     p.grad = Tensor._make(view, False, None, 0)
                 continue
             view_in, view_out = bucket.views_in[k], bucket.views_out[k]
@@ -802,14 +802,14 @@ class Reducer:
                 if p.grad is None:
                     p.grad = Tensor._make(view_out.copy(), False, None, 0)
                 else:
-                    p.grad.data[...] = view_out
+                    p.grad.array[...] = view_out
                 continue
             if view_in is not view_out:
                 view_in[...] = view_out
             if p.grad is None:
                 p.grad = Tensor._make(view_in, False, None, 0)
-            elif p.grad.data is not view_in:
-                p.grad.data[...] = view_in
+            elif p.grad.array is not view_in:
+                p.grad.array[...] = view_in
                 warnings.warn("a parameter's gradient is not its DDP bucket view although "
                               "gradient_as_bucket_view=True (parameters sharing one gradient?)",
                               stacklevel=2)
@@ -927,9 +927,9 @@ class Reducer:
             for b, bucket in enumerate(self.buckets):
                 if bucket.expect_sparse:
                     p = bucket.variables[0]
-                    xp = backend.get_array_module(p.data)
+                    xp = backend.get_array_module(p.array)
                     bucket.sparse_grad = SparseCOOTensor(
-                        xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.data.dtype), p.shape)
+                        xp.zeros(0, np.int64), xp.zeros((0,) + p.shape[1:], p.array.dtype), p.shape)
                 else:
                     bucket.contents[...] = 0
                 bucket.pending = 0

@@ -43,9 +43,9 @@ class SyncBatchNorm(_BatchNorm):
         self._check_input_dim(input)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
-            self.num_batches_tracked.data[...] += 1
+            self.num_batches_tracked.array[...] += 1
             if self.momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked.data)
+                momentum = 1.0 / float(self.num_batches_tracked.array)
         batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         use_running = not self.training or self.track_running_stats
         running_mean = self.running_mean if use_running else None

@@ -89,7 +89,7 @@ def as_array(x):
     if type(x) is np.ndarray:
         return x
     if isinstance(x, Tensor):
-        return x.data
+        return x.array
     if is_array(x):
         return x
     raise TypeError(f"expected an hpcgrad Tensor or a numpy/cupy array, got {type(x).__name__}")
@@ -333,7 +333,7 @@ def _group_rank(group, world_rank, what):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group, in place on every rank. All ranks call it."""
     g = _group(group)
-    if not async_op and g.allreduce_now(tensor.data if type(tensor) is Tensor else tensor, op):
+    if not async_op and g.allreduce_now(tensor.array if type(tensor) is Tensor else tensor, op):
         return None
     return g.iallreduce(as_array(tensor), op, [tensor], not async_op)
 

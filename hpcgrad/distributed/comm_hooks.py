@@ -38,7 +38,7 @@ def allreduce_hook(state, bucket):
     buffer = bucket.buffer()
     if bucket.is_sparse():
         return sparse_allreduce(group, buffer * (1.0 / group.size()))
-    buffer.data /= group.size()
+    buffer.array /= group.size()
     future = api.all_reduce(buffer, group=group, async_op=True).get_future()
     return future.then(lambda fut: fut.value()[0])
 
@@ -48,11 +48,11 @@ def fp16_compress_hook(state, bucket):
     _refuse_sparse(bucket, "fp16_compress_hook")
     group = _group(state)
     buffer = bucket.buffer()
-    compressed = (buffer.data / group.size()).astype(np.float16)
+    compressed = (buffer.array / group.size()).astype(np.float16)
     future = api.all_reduce(compressed, group=group, async_op=True).get_future()
 
     def decompress(fut):
-        buffer.data[...] = compressed
+        buffer.array[...] = compressed
         return buffer
 
     return future.then(decompress)
@@ -85,8 +85,8 @@ def bf16_compress_hook(state, bucket):
     _refuse_sparse(bucket, "bf16_compress_hook")
     group = _group(state)
     buffer = bucket.buffer()
-    xp = backend.get_array_module(buffer.data)
-    compressed = _to_bfloat16_bits(buffer.data / group.size())
+    xp = backend.get_array_module(buffer.array)
+    compressed = _to_bfloat16_bits(buffer.array / group.size())
     gathered = xp.empty((group.size(),) + compressed.shape, dtype=np.uint16)
     work = group.iallgather(gathered, compressed)
 
@@ -94,7 +94,7 @@ def bf16_compress_hook(state, bucket):
         total = xp.zeros(compressed.shape, dtype=np.float32)
         for row in gathered:
             total += _from_bfloat16_bits(row)
-        buffer.data[...] = total
+        buffer.array[...] = total
         return buffer
 
     return work.get_future().then(decompress)
@@ -106,7 +106,7 @@ def _compress_wrapper(hook, dtype_of, name):
     def wrapper_hook(hook_state, bucket):
         _refuse_sparse(bucket, name)
         original = bucket.buffer()
-        bucket.set_buffer(original.data.astype(dtype_of(original.data)))
+        bucket.set_buffer(original.array.astype(dtype_of(original.array)))
         future = hook(hook_state, bucket)
         if not isinstance(future, Future):
             raise RuntimeError(f"{name}: the wrapped hook {getattr(hook, '__qualname__', hook)} "
@@ -118,7 +118,7 @@ def _compress_wrapper(hook, dtype_of, name):
             # decompression does the same, for the peak memory).
             result = fut.value()
             result = result[0] if isinstance(result, (list, tuple)) else result
-            original.data[...] = result.data if isinstance(result, Tensor) else result
+            original.array[...] = result.array if isinstance(result, Tensor) else result
             bucket.set_buffer(original)
             return original
 

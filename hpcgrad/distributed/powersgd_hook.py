@@ -159,9 +159,9 @@ def _launch(array, group):
 def _vanilla(state, bucket, group):
     """Plain averaging all-reduce, counted as an iteration (before ``start_powerSGD_iter``)."""
     buffer = bucket.buffer()
-    buffer.data /= group.size()
-    state._count(buffer.data.size, buffer.data.size, buffer.data.itemsize)
-    work = api.all_reduce(buffer.data, group=group, async_op=True)
+    buffer.array /= group.size()
+    state._count(buffer.array.size, buffer.array.size, buffer.array.itemsize)
+    work = api.all_reduce(buffer.array, group=group, async_op=True)
     state.maybe_increase_iter(bucket)
     return work.get_future().then(lambda fut: buffer)
 
@@ -217,12 +217,12 @@ def powerSGD_hook(state, bucket):
     if state.iter < state.start_powerSGD_iter:
         return _vanilla(state, bucket, group)
     buffer = bucket.buffer()
-    flat = buffer.data
+    flat = buffer.array
     xp = backend.get_array_module(flat)
     bucket_index = bucket.index()
     input_copy = _error_feedback(state, bucket_index, flat)
 
-    views = [g.data for g in bucket.gradients()]
+    views = [g.array for g in bucket.gradients()]
     rank_cap = state.matrix_approximation_rank
     to_compress, uncompressed = [], []
     for view in views:
@@ -337,7 +337,7 @@ def batched_powerSGD_hook(state, bucket):
     if state.iter < state.start_powerSGD_iter:
         return _vanilla(state, bucket, group)
     buffer = bucket.buffer()
-    flat = buffer.data
+    flat = buffer.array
     xp = backend.get_array_module(flat)
     bucket_index = bucket.index()
     total = flat.size

@@ -68,7 +68,7 @@ class SyncBatchNormFunction(Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
-        x = input.data
+        x = input.array
         xp = backend.get_array_module(x)
         channels = x.shape[1]
         world = api.get_world_size(group)
@@ -83,11 +83,11 @@ class SyncBatchNormFunction(Function):
                              f"{list(x.shape)}); give the ranks more samples")
         var = m2 / count
         if running_mean is not None:
-            running_mean.data[...] = ((1 - momentum) * running_mean.data
+            running_mean.array[...] = ((1 - momentum) * running_mean.array
                                       + momentum * mean.astype(running_mean.dtype, copy=False))
         if running_var is not None:
             unbiased = (m2 / (count - 1)).astype(running_var.dtype, copy=False)
-            running_var.data[...] = (1 - momentum) * running_var.data + momentum * unbiased
+            running_var.array[...] = (1 - momentum) * running_var.array + momentum * unbiased
         shape = _channel_shape(x)
         mean = mean.astype(x.dtype).reshape(shape)
         invstd = (1 / xp.sqrt(var + eps)).astype(x.dtype).reshape(shape)
@@ -95,9 +95,9 @@ class SyncBatchNormFunction(Function):
         ctx.mean, ctx.invstd, ctx.count, ctx.group = mean, invstd, count, group
         out = (x - mean) * invstd
         if weight is not None:
-            out *= weight.data.reshape(shape)
+            out *= weight.array.reshape(shape)
         if bias is not None:
-            out += bias.data.reshape(shape)
+            out += bias.array.reshape(shape)
         return out
 
     @staticmethod
@@ -106,7 +106,7 @@ class SyncBatchNormFunction(Function):
             raise NotImplementedError("SyncBatchNorm: double backward (create_graph=True) is not "
                                       "built; its backward runs on arrays, not on recorded ops")
         input, weight = ctx.saved_tensors
-        x, g = input.data, grad_output.data
+        x, g = input.array, grad_output.array
         axes, shape = _axes(x), _channel_shape(x)
         xmu = x - ctx.mean
         sum_dy = g.sum(axis=axes)
@@ -123,7 +123,7 @@ class SyncBatchNormFunction(Function):
             channels = x.shape[1]
             mean_dy = (sums[:channels] / ctx.count).reshape(shape)
             mean_dy_xmu = (sums[channels:] / ctx.count).reshape(shape)
-            scale = ctx.invstd if weight is None else ctx.invstd * weight.data.reshape(shape)
+            scale = ctx.invstd if weight is None else ctx.invstd * weight.array.reshape(shape)
             grad_input = (g - mean_dy - xmu * (ctx.invstd * ctx.invstd) * mean_dy_xmu) * scale
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 

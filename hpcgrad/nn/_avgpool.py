@@ -35,8 +35,8 @@ class WindowSum(Function):
 
     @staticmethod
     def forward(ctx, x, kernel, stride, out_hw):
-        ctx.shape, ctx.args = x.data.shape, (kernel, stride, out_hw)
-        a = x.data
+        ctx.shape, ctx.args = x.array.shape, (kernel, stride, out_hw)
+        a = x.array
         out = None
         for _, _, _, rows, cols in offsets(kernel, stride, (1, 1), out_hw):
             if out is None:
@@ -57,9 +57,9 @@ class WindowSpread(Function):
     @staticmethod
     def forward(ctx, g, shape, kernel, stride, out_hw):
         ctx.args = (kernel, stride, out_hw)
-        out = backend.get_array_module(g.data).zeros(shape, dtype=g.data.dtype)
+        out = backend.get_array_module(g.array).zeros(shape, dtype=g.array.dtype)
         for _, _, _, rows, cols in offsets(kernel, stride, (1, 1), out_hw):
-            out[..., rows, cols] += g.data
+            out[..., rows, cols] += g.array
         return out
 
     @staticmethod

@@ -99,7 +99,7 @@ class Linear(Function):
         # Only what the needed gradients read: a frozen weight's layer keeps no input alive.
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None,
                               weight if ctx.needs_input_grad[0] else None)
-        a, w = x.data, weight.data
+        a, w = x.array, weight.array
         if type(a) is np.ndarray and a.ndim == 2 and 8 * a.shape[0] <= w.shape[0]:
             # A small batch: OpenBLAS runs weight @ x.T (the same sums; the same bits with
             # OpenBLAS 0.3.31's SkylakeX kernels, not promised by every BLAS) up to
@@ -108,13 +108,13 @@ class Linear(Function):
             product = (w @ a.T).T
             out = np.empty(product.shape, dtype=product.dtype)
             if bias is not None:
-                np.add(product, bias.data, out=out, casting="same_kind")
+                np.add(product, bias.array, out=out, casting="same_kind")
             else:
                 np.copyto(out, product)
             return out
         out = a @ w.T
         if bias is not None:
-            out += bias.data
+            out += bias.array
         return out
 
     @staticmethod
@@ -140,9 +140,9 @@ class ConvMatMul(Function):
     def forward(ctx, cols, weight2d, bias):
         ctx.save_for_backward(cols if ctx.needs_input_grad[1] else None,
                               weight2d if ctx.needs_input_grad[0] else None)
-        out = weight2d.data @ cols.data
+        out = weight2d.array @ cols.array
         if bias is not None:
-            out += bias.data[:, None]
+            out += bias.array[:, None]
         return out
 
     @staticmethod
@@ -167,7 +167,7 @@ class Conv2d(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, padding):
-        a, w = x.data, weight.data
+        a, w = x.array, weight.array
         out_ch, in_ch, kh, kw = w.shape
         top, bottom, left, right = padding
         if top or bottom or left or right:
@@ -184,12 +184,12 @@ class Conv2d(Function):
         if not needs:  # nothing saved (e.g. the input gradient): columns a few samples at a time
             out = _conv_in_chunks(win, w2, (n, out_ch, ho * wo))
             if bias is not None:
-                out += bias.data[:, None]
+                out += bias.array[:, None]
             return out.reshape(n, out_ch, ho, wo)
         cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, in_ch * kh * kw, ho * wo)
         out = w2 @ cols
         if bias is not None:
-            out += bias.data[:, None]
+            out += bias.array[:, None]
         if needs:
             # cols saved like a tensor, so that it is freed when backward releases this Node
             # (an attribute would live until the graph dies: ~2,800 page faults a step more)
@@ -250,7 +250,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, x, target):
-        a = x.data
+        a = x.array
         xp = backend.get_array_module(a)
         shifted = a - a.max(axis=1, keepdims=True)
         log_probs = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
@@ -275,7 +275,7 @@ class CrossEntropy(Function):
         # holding -scale at the targets): exp(y) * scale, then scale taken off at the targets.
         # Bit-identical gradients keep seeded training runs (tests/test_training.py) on their
         # path; (exp(y) - 1) * scale rounds differently and drifts after ~40 steps.
-        s = scale.data
+        s = scale.array
         delta = xp.exp(log_probs) * s
         delta[rows, target] -= s
         return _const(delta), None
@@ -295,14 +295,14 @@ class BatchNorm(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
-        a = x.data
+        a = x.array
         xp = backend.get_array_module(a)
         channels = a.shape[1]
         dims = (0,) + tuple(range(2, a.ndim))
         shape = (1, channels) + (1,) * (a.ndim - 2)
         if not training:
-            mean = running_mean.data.astype(a.dtype, copy=False).reshape(shape)
-            inv_std = (1 / xp.sqrt(running_var.data + eps)).astype(a.dtype, copy=False)
+            mean = running_mean.array.astype(a.dtype, copy=False).reshape(shape)
+            inv_std = (1 / xp.sqrt(running_var.array + eps)).astype(a.dtype, copy=False)
             inv_std = inv_std.reshape(shape)
             out = (a - mean) * inv_std
         elif a.size == 0:  # no statistics to take (PyTorch: an empty output, buffers untouched)
@@ -315,16 +315,16 @@ class BatchNorm(Function):
             out, inv_std = centred / std, 1 / std
             count = a.size // channels
             if running_mean is not None:
-                running_mean.data[...] = ((1 - momentum) * running_mean.data
+                running_mean.array[...] = ((1 - momentum) * running_mean.array
                                           + momentum * mean.reshape(channels))
             if running_var is not None:
-                running_var.data[...] = ((1 - momentum) * running_var.data
+                running_var.array[...] = ((1 - momentum) * running_var.array
                                          + momentum * var.reshape(channels)
                                          * (count / (count - 1)))
         if weight is not None:
-            out = out * weight.data.reshape(shape)
+            out = out * weight.array.reshape(shape)
         if bias is not None:
-            out = out + bias.data.reshape(shape)
+            out = out + bias.array.reshape(shape)
         ctx.save_for_backward(x, weight)
         ctx.stats = (mean, inv_std, training, eps, dims, shape)
         return out
@@ -362,7 +362,7 @@ class ConstantPad(Function):
 
     @staticmethod
     def forward(ctx, x, widths, value):
-        a = x.data
+        a = x.array
         shape = tuple(n + before + after for n, (before, after) in zip(a.shape, widths))
         index = tuple(slice(before, before + n) for n, (before, _) in zip(a.shape, widths))
         ctx.index = index
@@ -383,15 +383,15 @@ class Embedding(Function):
     @staticmethod
     def forward(ctx, weight, indices, padding_idx, scale_grad_by_freq, sparse):
         ctx.save_for_backward(indices)  # freed after backward, as PyTorch's saved indices
-        ctx.shape = weight.data.shape
+        ctx.shape = weight.array.shape
         ctx.options = (padding_idx, scale_grad_by_freq, sparse)
-        return weight.data[indices]
+        return weight.array[indices]
 
     @staticmethod
     def backward(ctx, g):
         padding_idx, scale_grad_by_freq, sparse = ctx.options
         (indices,) = ctx.saved_tensors
-        rows = indices.data.reshape(-1)
+        rows = indices.array.reshape(-1)
         grad = g.reshape(-1, ctx.shape[1])
         xp = backend.get_array_module(rows)
         if scale_grad_by_freq:
@@ -403,7 +403,7 @@ class Embedding(Function):
                 rows, grad = rows[keep], GetItem.apply(grad, (keep,))
             # Owned copies (rows and grad are views of the indices and of g): AccumulateGrad
             # can then adopt the gradient as .grad instead of copying it again.
-            return (SparseCOOTensor(xp.array(rows), xp.array(grad.data), ctx.shape),
+            return (SparseCOOTensor(xp.array(rows), xp.array(grad.array), ctx.shape),
                     None, None, None, None)
         if padding_idx is not None:
             grad = grad * _const((rows != padding_idx).astype(g.dtype)[:, None])

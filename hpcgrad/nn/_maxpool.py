@@ -62,7 +62,7 @@ class MaxPool2d(Function):
 
     @staticmethod
     def forward(ctx, x, kernel, stride, padding, dilation, extra, return_indices):
-        a = x.data
+        a = x.array
         xp = backend.get_array_module(a)
         (ph, pw), (height, width) = padding, a.shape[-2:]
         padded = a
@@ -91,7 +91,7 @@ class MaxPool2d(Function):
     @staticmethod
     def backward(ctx, g, *unused):
         idx, _ = ctx.saved_tensors  # the version check of x happens here
-        grad = Scatter.apply(g, idx.data, *ctx.args)
+        grad = Scatter.apply(g, idx.array, *ctx.args)
         grad = grad if ctx.crop is None else GetItem.apply(grad, ctx.crop)
         return grad, None, None, None, None, None, None
 
@@ -104,20 +104,20 @@ class Scatter(Function):
     def forward(ctx, g, idx, shape, kernel, stride, dilation):
         ctx.save_for_backward(idx)
         ctx.args = (kernel, stride, dilation)
-        xp = backend.get_array_module(g.data)
-        out = xp.zeros(shape, dtype=g.data.dtype)
+        xp = backend.get_array_module(g.array)
+        out = xp.zeros(shape, dtype=g.array.dtype)
         overlap = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, stride, dilation))
         for k, _, _, rows, cols in offsets(kernel, stride, dilation, idx.shape[-2:]):
             if overlap:
-                out[..., rows, cols] += g.data * (idx == k)
+                out[..., rows, cols] += g.array * (idx == k)
             else:  # each input position is in one window at most: write, don't add
-                xp.multiply(g.data, idx == k, out=out[..., rows, cols])
+                xp.multiply(g.array, idx == k, out=out[..., rows, cols])
         return out
 
     @staticmethod
     def backward(ctx, gg):
         (idx,) = ctx.saved_tensors
-        return Gather.apply(gg, idx.data, *ctx.args), None, None, None, None, None
+        return Gather.apply(gg, idx.array, *ctx.args), None, None, None, None, None
 
 
 class Gather(Function):
@@ -126,10 +126,10 @@ class Gather(Function):
     @staticmethod
     def forward(ctx, x, idx, kernel, stride, dilation):
         ctx.save_for_backward(idx)
-        ctx.args = (x.data.shape, kernel, stride, dilation)
-        win = windows(x.data, kernel, stride, dilation)
-        xp = backend.get_array_module(x.data)
-        out = xp.zeros(idx.shape, dtype=x.data.dtype)
+        ctx.args = (x.array.shape, kernel, stride, dilation)
+        win = windows(x.array, kernel, stride, dilation)
+        xp = backend.get_array_module(x.array)
+        out = xp.zeros(idx.shape, dtype=x.array.dtype)
         for k, i, j, _, _ in offsets(kernel, stride, dilation, idx.shape[-2:]):
             xp.copyto(out, win[..., i, j], where=idx == k)
         return out
@@ -137,4 +137,4 @@ class Gather(Function):
     @staticmethod
     def backward(ctx, g):
         (idx,) = ctx.saved_tensors
-        return Scatter.apply(g, idx.data, *ctx.args), None, None, None, None
+        return Scatter.apply(g, idx.array, *ctx.args), None, None, None, None

@@ -48,8 +48,8 @@ class Im2Col(Function):
 
     @staticmethod
     def forward(ctx, x, kernel, stride, dilation):
-        ctx.shape, ctx.args = x.data.shape, (kernel, stride, dilation)
-        win = windows(x.data, kernel, stride, dilation)  # (N, C, Ho, Wo, kh, kw), a view
+        ctx.shape, ctx.args = x.array.shape, (kernel, stride, dilation)
+        win = windows(x.array, kernel, stride, dilation)  # (N, C, Ho, Wo, kh, kw), a view
         n, c, ho, wo, kh, kw = win.shape
         return win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, ho * wo)
 
@@ -70,7 +70,7 @@ class Col2Im(Function):
         n, c, height, width = shape
         ho = out_size(height, kernel[0], stride[0], dilation[0])
         wo = out_size(width, kernel[1], stride[1], dilation[1])
-        g = cols.data.reshape(n, c, kernel[0], kernel[1], ho, wo)
+        g = cols.array.reshape(n, c, kernel[0], kernel[1], ho, wo)
         out = backend.get_array_module(g).zeros(shape, dtype=g.dtype)
         for _, i, j, rows, columns in offsets(kernel, stride, dilation, (ho, wo)):
             out[:, :, rows, columns] += g[:, :, i, j]

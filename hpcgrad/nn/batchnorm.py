@@ -60,9 +60,9 @@ class _BatchNorm(Module):
                              f"(got {input.ndim}D input)")
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
-            self.num_batches_tracked.data[...] += 1
+            self.num_batches_tracked.array[...] += 1
             if self.momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked.data)
+                momentum = 1.0 / float(self.num_batches_tracked.array)
         use_batch_stats = self.training or self.running_mean is None
         track = self.training and self.track_running_stats
         return F.batch_norm(input, self.running_mean if track or not use_batch_stats else None,

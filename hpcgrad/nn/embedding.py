@@ -32,13 +32,13 @@ class Embedding(Module):
                 raise ValueError(f"Shape of weight {list(_weight.shape)} does not match "
                                  f"num_embeddings and embedding_dim "
                                  f"{[num_embeddings, embedding_dim]}")
-            self.weight = Parameter(_weight.data if isinstance(_weight, Tensor) else _weight,
+            self.weight = Parameter(_weight.array if isinstance(_weight, Tensor) else _weight,
                                     requires_grad=not _freeze)
 
     def reset_parameters(self):
         init.normal_(self.weight)
         if self.padding_idx is not None:
-            self.weight.data[self.padding_idx] = 0
+            self.weight.array[self.padding_idx] = 0
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,

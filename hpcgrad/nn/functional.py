@@ -275,7 +275,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     """Rows of ``weight`` named by the integer ``input``; ``sparse=True`` gives ``weight`` a
     row-sparse gradient (hpcgrad.sparse.SparseCOOTensor)."""
-    indices = input.data if isinstance(input, Tensor) else np.asarray(input)
+    indices = input.array if isinstance(input, Tensor) else np.asarray(input)
     if indices.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers (int64 or int32), got "
                         f"{indices.dtype}")
@@ -289,7 +289,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                              f"{padding_idx}")
         padding_idx %= num
     if max_norm is not None:
-        _renorm_rows(weight.data, indices, max_norm, norm_type)
+        _renorm_rows(weight.array, indices, max_norm, norm_type)
     return _functions.Embedding.apply(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 
 
@@ -328,7 +328,7 @@ def _reduce(loss, reduction, denominator=None):
 
 def _class_targets(input, target, ignore_index):
     """Target indices as an array, checked against the input's batch and class axes."""
-    t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    t = target.array if isinstance(target, Tensor) else np.asarray(target)
     if t.dtype.kind not in "iu":
         raise TypeError(f"expected class-index targets of an integer dtype, got {t.dtype}")
     batch = input.shape[:1] + input.shape[2:] if input.ndim >= 2 else ()
@@ -354,10 +354,10 @@ def _pick(log_probs, target, weight, ignore_index, reduction, smoothing):
     t = _class_targets(log_probs, target, ignore_index)
     axis = 1 if log_probs.ndim >= 2 else 0
     classes = log_probs.shape[axis]
-    xp = backend.get_array_module(log_probs.data)
+    xp = backend.get_array_module(log_probs.array)
     t = backend.to_device(t, log_probs.device)
     w = xp.ones(classes) if weight is None else \
-        (weight.data if isinstance(weight, Tensor) else xp.asarray(weight)).astype(np.float64)
+        (weight.array if isinstance(weight, Tensor) else xp.asarray(weight)).astype(np.float64)
     class_shape = (classes,) + (1,) * (log_probs.ndim - axis - 1)
     valid = t != ignore_index
     t_safe = xp.where(valid, t, 0)
@@ -386,7 +386,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     axis = 1 if input.ndim >= 2 else 0
-    t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    t = target.array if isinstance(target, Tensor) else np.asarray(target)
     if (input.ndim == 2 and weight is None and not label_smoothing and reduction == "mean"
             and t.dtype.kind in "iu" and input.shape[0] and input.dtype.kind == "f"):
         # the common case as one Node (Note [Where the training step goes])
@@ -402,7 +402,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     classes = input.shape[axis]
     probs = t * (1 - label_smoothing) + label_smoothing / classes if label_smoothing else t
     if weight is not None:
-        w = weight.data if isinstance(weight, Tensor) else np.asarray(weight)
+        w = weight.array if isinstance(weight, Tensor) else np.asarray(weight)
         probs = probs * w.reshape((classes,) + (1,) * (input.ndim - axis - 1))
     loss = -(log_probs * _const(probs.astype(input.dtype, copy=False))).sum(axis)
     return _reduce(loss, reduction)

@@ -12,7 +12,7 @@ from .. import backend, creation
 
 
 def _fill(tensor, values):
-    data = tensor.data
+    data = tensor.array
     data[...] = backend.to_device(np.asarray(values).astype(data.dtype, copy=False),
                                   backend.device_of(data))
     return tensor
@@ -79,7 +79,7 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
 
 
 def constant_(tensor, val):
-    tensor.data[...] = val
+    tensor.array[...] = val
     return tensor
 
 

@@ -288,18 +288,18 @@ class Module:
             if key not in state_dict:
                 continue
             value = state_dict[key]
-            value = value.data if isinstance(value, Tensor) else np.asarray(value)
-            if tuple(value.shape) != target.data.shape:
+            value = value.array if isinstance(value, Tensor) else np.asarray(value)
+            if tuple(value.shape) != target.array.shape:
                 errors.append(f"size mismatch for {key}: copying a param with shape "
                               f"{list(value.shape)} from checkpoint, the shape in current model "
-                              f"is {list(target.data.shape)}.")
+                              f"is {list(target.array.shape)}.")
                 continue
             pairs.append((target, value))
         if errors:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors))
         for target, value in pairs:
-            target.data[...] = backend.to_device(value, target.device)
+            target.array[...] = backend.to_device(value, target.device)
         return IncompatibleKeys(missing, unexpected)
 
     # --- modes and bulk changes -----------------------------------------------------------
@@ -356,9 +356,9 @@ class Module:
                 for tensor in store.values():
                     if tensor is None:
                         continue
-                    tensor.data = convert(tensor.data)
+                    tensor.array = convert(tensor.array)
                     if tensor.grad is not None and not tensor.grad.is_sparse:
-                        tensor.grad = Tensor(convert(tensor.grad.data))
+                        tensor.grad = Tensor(convert(tensor.grad.array))
                     tensor._grad_accumulator = None  # its metadata described the old array
         return self
 

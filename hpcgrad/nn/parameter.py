@@ -25,11 +25,11 @@ class Parameter(Tensor):
         # Tensor's weak reference to its grad accumulator cannot be copied: start without one.
         if id(self) in memo:
             return memo[id(self)]
-        result = Parameter(self.data.copy(), self.requires_grad)
+        result = Parameter(self.array.copy(), self.requires_grad)
         if self.grad is not None:
             result.grad = self.grad.detach_copy()
         memo[id(self)] = result
         return result
 
     def __reduce_ex__(self, protocol):
-        return Parameter, (self.data, self.requires_grad)
+        return Parameter, (self.array, self.requires_grad)

@@ -30,7 +30,7 @@ def _const(array):
 
 def _zero(like):
     """A 0-d constant 0 of ``like``'s dtype, on its device (cupy's where takes no numpy array)."""
-    return _const(_xp(like.data).zeros((), dtype=like.data.dtype))
+    return _const(_xp(like.array).zeros((), dtype=like.array.dtype))
 
 
 def _masked(mask, g):
@@ -171,16 +171,16 @@ class Pow(Function):
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             if b._wrapped_number:
-                e = b.data.item()  # PyTorch's pow_backward(grad, self, Scalar exponent)
-                grad_a = (Tensor._zeros(a.data.shape, a.data.dtype, a.device) if e == 0
+                e = b.array.item()  # PyTorch's pow_backward(grad, self, Scalar exponent)
+                grad_a = (Tensor._zeros(a.array.shape, a.array.dtype, a.device) if e == 0
                           else g * (e * a ** (e - 1)))
             else:  # pow_backward_self: an exact 0 where the exponent is 0 (x ** 0 at x = 0)
-                grad_a = Where.apply(_const(b.data == 0), _zero(g),
+                grad_a = Where.apply(_const(b.array == 0), _zero(g),
                                      g * (b * a ** (b - 1)))
         if ctx.needs_input_grad[1]:
             # pow_backward_exponent: 0 where a == 0 and b >= 0 (by continuity), else
             # out * log(a) -- -inf at a == 0, b < 0; nan for a negative base, as in PyTorch.
-            cond = (a.data == 0) & (b.data >= 0)
+            cond = (a.array == 0) & (b.array >= 0)
             grad_b = g * Where.apply(_const(cond), _zero(g), out * a.log())
         return grad_a, grad_b
 
@@ -188,7 +188,7 @@ class Pow(Function):
 class Exp(Function):
     @staticmethod
     def forward(ctx, a):
-        out = _xp(a.data).exp(a.data)
+        out = _xp(a.array).exp(a.array)
         ctx.save_for_backward(out)
         return out
 
@@ -202,7 +202,7 @@ class Log(Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        return _xp(a.data).log(a.data)
+        return _xp(a.array).log(a.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -213,7 +213,7 @@ class Log(Function):
 class Sqrt(Function):
     @staticmethod
     def forward(ctx, a):
-        out = _xp(a.data).sqrt(a.data)
+        out = _xp(a.array).sqrt(a.array)
         ctx.save_for_backward(out)
         return out
 
@@ -227,7 +227,7 @@ class Abs(Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        return _xp(a.data).abs(a.data)
+        return _xp(a.array).abs(a.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -243,18 +243,18 @@ class Sign(Function):
 
     @staticmethod
     def forward(ctx, a):
-        x = a.data
+        x = a.array
         return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        return Tensor._zeros(g.data.shape, g.data.dtype, g.device)
+        return Tensor._zeros(g.array.shape, g.array.dtype, g.device)
 
 
 class Tanh(Function):
     @staticmethod
     def forward(ctx, a):
-        out = _xp(a.data).tanh(a.data)
+        out = _xp(a.array).tanh(a.array)
         ctx.save_for_backward(out)
         return out
 
@@ -268,7 +268,7 @@ class Sin(Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        return _xp(a.data).sin(a.data)
+        return _xp(a.array).sin(a.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -280,7 +280,7 @@ class Cos(Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        return _xp(a.data).cos(a.data)
+        return _xp(a.array).cos(a.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -299,10 +299,10 @@ def cos(input):
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, a):
-        xp = _xp(a.data)
+        xp = _xp(a.array)
         # exp of a negative number only: no overflow warnings for large |a|
-        e = xp.exp(-xp.abs(a.data))
-        out = xp.where(a.data >= 0, 1 / (1 + e), e / (1 + e)).astype(a.data.dtype, copy=False)
+        e = xp.exp(-xp.abs(a.array))
+        out = xp.where(a.array >= 0, 1 / (1 + e), e / (1 + e)).astype(a.array.dtype, copy=False)
         ctx.save_for_backward(out)
         return out
 
@@ -321,7 +321,7 @@ class SigmoidBackward(Function):
     def forward(ctx, g, y):
         if ctx.needs_input_grad:
             ctx.save_for_backward(g if ctx.needs_input_grad[1] else None, y)
-        return g.data * (1 - y.data) * y.data
+        return g.array * (1 - y.array) * y.array
 
     @staticmethod
     def backward(ctx, gg):
@@ -333,7 +333,7 @@ class SigmoidBackward(Function):
 class Relu(Function):
     @staticmethod
     def forward(ctx, a):
-        out = _xp(a.data).maximum(a.data, 0)
+        out = _xp(a.array).maximum(a.array, 0)
         ctx.save_for_backward(out)
         return out
 
@@ -355,7 +355,7 @@ class ThresholdBackward(Function):
     def forward(ctx, g, result):
         if ctx.needs_input_grad and ctx.needs_input_grad[0]:
             ctx.save_for_backward(result)
-        g, y = g.data, result.data
+        g, y = g.array, result.array
         if (type(g) is np.ndarray and type(y) is np.ndarray and g.dtype == y.dtype
                 and g.dtype.char in "fd" and g.shape == y.shape and g.flags.c_contiguous
                 and y.flags.c_contiguous):
@@ -370,7 +370,7 @@ class ThresholdBackward(Function):
             (result,) = ctx.saved_tensors
             grad_g = ThresholdBackward.apply(gg, result)
         if ctx.needs_input_grad[1]:
-            grad_result = Tensor._zeros(gg.data.shape, gg.data.dtype, gg.device)
+            grad_result = Tensor._zeros(gg.array.shape, gg.array.dtype, gg.device)
         return grad_g, grad_result
 
 
@@ -378,7 +378,7 @@ class Erf(Function):
     @staticmethod
     def forward(ctx, a):
         ctx.save_for_backward(a)
-        return _erf(a.data)
+        return _erf(a.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -415,7 +415,7 @@ class Gelu(Function):
     def forward(ctx, a, approximate):
         ctx.save_for_backward(a)
         ctx.approximate = approximate
-        x = a.data
+        x = a.array
         if approximate == "tanh":
             xp = _xp(x)
             return 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * (x * x * x))))
@@ -434,7 +434,7 @@ class GeluBackward(Function):
     def forward(ctx, g, a, approximate):
         ctx.save_for_backward(g if ctx.needs_input_grad and ctx.needs_input_grad[1] else None, a)
         ctx.approximate = approximate
-        x, xp = a.data, _xp(a.data)
+        x, xp = a.array, _xp(a.array)
         if approximate == "tanh":
             x_sq = x * x
             tanh_inner = xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * (x_sq * x)))
@@ -442,10 +442,10 @@ class GeluBackward(Function):
             right = 1 + tanh_inner
             right_derivative = (left * (1 - tanh_inner * tanh_inner)
                                 * (_GELU_BETA * (1 + 3 * _GELU_KAPPA * x_sq)))
-            return g.data * (0.5 * right + right_derivative)
+            return g.array * (0.5 * right + right_derivative)
         cdf = 0.5 * (1 + _erf(x * _SQRT1_2))
         pdf = _GELU_PDF * xp.exp(x * x * -0.5)
-        return g.data * (cdf + x * pdf)
+        return g.array * (cdf + x * pdf)
 
     @staticmethod
     def backward(ctx, gg):
@@ -479,7 +479,7 @@ class Clamp(Function):
             raise ValueError("clamp: at least one of min and max must be given")
         ctx.save_for_backward(a)
         ctx.bounds = (low, high)
-        x = a.data
+        x = a.array
         dtype = result_type(a, *(v for v in (low, high) if v is not None))
         if dtype != x.dtype:  # an integer tensor clamped to a float bound becomes float32
             x = x.astype(dtype)
@@ -492,9 +492,9 @@ class Clamp(Function):
         (a,) = ctx.saved_tensors
         low, high = ctx.bounds
         if low is not None and high is not None:
-            inside = (a.data >= low) & (a.data <= high)
+            inside = (a.array >= low) & (a.array <= high)
         else:
-            inside = a.data >= low if low is not None else a.data <= high
+            inside = a.array >= low if low is not None else a.array <= high
         return _masked(inside, g), None, None
 
 
@@ -519,7 +519,7 @@ class Maximum(Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        x, y = a.data, b.data
+        x, y = a.array, b.array
         if x.dtype != y.dtype:  # compared in the result's dtype, as forward chose (PyTorch's)
             x, y = x.astype(ctx.dtype, copy=False), y.astype(ctx.dtype, copy=False)
         half = Where.apply(_const(x == y), g / 2.0, g)
@@ -549,7 +549,7 @@ def _tensor_arg(input, other, name):
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        mask = condition.data.astype(bool)  # a copy: later changes to the condition do not leak in
+        mask = condition.array.astype(bool)  # a copy: later changes to the condition do not leak in
         # Saved, as PyTorch saves the condition: freed after backward, so a second backward
         # raises instead of silently reusing it.
         ctx.save_for_backward(_const(mask))
@@ -580,8 +580,8 @@ def where(condition, a, b):
 class Cast(Function):
     @staticmethod
     def forward(ctx, a, dtype):
-        ctx.source = a.data.dtype
-        return a.data.astype(dtype)
+        ctx.source = a.array.dtype
+        return a.array.astype(dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -592,7 +592,7 @@ class ToDevice(Function):
     @staticmethod
     def forward(ctx, a, device):
         ctx.source = a.device
-        return backend.to_device(a.data, device)
+        return backend.to_device(a.array, device)
 
     @staticmethod
     def backward(ctx, g):
@@ -606,7 +606,7 @@ class Clone(Function):
 
     @staticmethod
     def forward(ctx, a, order="C"):
-        return a.data.copy(order=order)
+        return a.array.copy(order=order)
 
     @staticmethod
     def backward(ctx, g):

@@ -24,7 +24,7 @@ def _const(array):
 def masked_fill(input, mask, value):
     """``input`` with ``value`` where the boolean ``mask`` (broadcast) holds; differentiable in
     ``input`` and in a 0-d tensor ``value`` (which gets the sum of the masked gradients)."""
-    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    m = mask.array if isinstance(mask, Tensor) else np.asarray(mask)
     if m.dtype != np.bool_:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
                            f"{_torch_dtype(m.dtype)}")
@@ -51,9 +51,9 @@ class ScatterAdd(Function):
     @staticmethod
     def forward(ctx, input, src, grid, part):
         if ctx.needs_input_grad:
-            ctx.grid, ctx.part, ctx.src_shape = grid, part, src.data.shape
-        out = input.data.copy()
-        values = src.data[part]
+            ctx.grid, ctx.part, ctx.src_shape = grid, part, src.array.shape
+        out = input.array.copy()
+        values = src.array[part]
         if backend.is_gpu_array(out):
             import cupyx
             cupyx.scatter_add(out, grid, values)
@@ -75,7 +75,7 @@ def scatter_add(input, dim, index, src):
     """Out-of-place ``scatter_add``: ``out = input.clone(); out[index[i][j]][j] += src[i][j]``
     (dim 0), as torch.scatter_add. ``index`` has the input's number of dimensions and is no
     larger than ``src`` anywhere, nor than ``input`` outside ``dim``."""
-    idx = index.data if isinstance(index, Tensor) else np.asarray(index)
+    idx = index.array if isinstance(index, Tensor) else np.asarray(index)
     if idx.dtype.kind not in "iu":
         raise RuntimeError(f"scatter(): Expected dtype int32/int64 for index, got {idx.dtype}")
     if not isinstance(src, Tensor):
@@ -121,10 +121,10 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
         raise RuntimeError(f"selected index k out of range (k={k}, but dimension {dim} has "
                            f"size {size})")
     if input.ndim == 0:
-        xp = backend.get_array_module(input.data)
+        xp = backend.get_array_module(input.array)
         values = input.reshape(()) if k else input.reshape(1)[:0]
         return TopkResult(values, _const(xp.zeros(() if k else (0,), dtype=np.int64)))
-    order = _order(input.data, dim, largest)
+    order = _order(input.array, dim, largest)
     lead = (slice(None),) * dim
     indices = order[lead + (slice(0, k),)]
     return TopkResult(gather(input, dim, indices), _const(indices.astype(np.int64, copy=False)))

@@ -143,11 +143,11 @@ Exp_, Log_, Sqrt_, Abs_, Tanh_, Sigmoid_, Relu_, Sin_, Cos_, Clamp_ = (
 
 
 def _zeros_like(g):
-    return Tensor._zeros(g.data.shape, g.data.dtype, g.device)
+    return Tensor._zeros(g.array.shape, g.array.dtype, g.device)
 
 
 def _to_dtype_of(g, like_dtype):
-    return g if g.data.dtype == like_dtype else g.to(like_dtype)
+    return g if g.array.dtype == like_dtype else g.to(like_dtype)
 
 
 class Fill(Function):
@@ -294,8 +294,8 @@ class SetItem(_shape._Indexed):
         index = _shape._Indexed._index(ctx)
         grad_a = grad_value = None
         if ctx.needs_input_grad[0]:
-            xp = backend.get_array_module(g.data)
-            keep = xp.ones(g.data.shape, dtype=bool)
+            xp = backend.get_array_module(g.array)
+            keep = xp.ones(g.array.shape, dtype=bool)
             keep[index] = False
             grad_a = _masked_zero(g, ~keep)
         if ctx.needs_input_grad[2]:
@@ -410,7 +410,7 @@ def copy_(self, src, non_blocking=False):
 
 def masked_fill_(self, mask, value):
     _prepare(self)
-    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    m = mask.array if isinstance(mask, Tensor) else np.asarray(mask)
     if m.dtype != np.bool_:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
                            f"{m.dtype}")

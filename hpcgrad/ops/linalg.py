@@ -8,9 +8,9 @@ class MatMul(Function):
     def forward(ctx, a, b):
         needs = ctx.needs_input_grad
         if needs:  # each gradient uses the other operand only (PyTorch's mm saves per input)
-            ctx.ndims = (a.data.ndim, b.data.ndim)
+            ctx.ndims = (a.array.ndim, b.array.ndim)
             ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
-        return a.data @ b.data
+        return a.array @ b.array
 
     @staticmethod
     def backward(ctx, g):

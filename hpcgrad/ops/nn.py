@@ -14,14 +14,14 @@ def _axis(dim, ndim):
 class Softmax(Function):
     @staticmethod
     def forward(ctx, a, dim):
-        xp = backend.get_array_module(a.data)
-        dim = _axis(dim, a.data.ndim)
+        xp = backend.get_array_module(a.array)
+        dim = _axis(dim, a.array.ndim)
         ctx.dim = dim
-        if a.data.size == 0:  # no maximum to take; PyTorch returns an empty tensor
-            out = a.data.copy()
+        if a.array.size == 0:  # no maximum to take; PyTorch returns an empty tensor
+            out = a.array.copy()
             ctx.save_for_backward(out)
             return out
-        shifted = a.data - a.data.max(axis=dim, keepdims=True)
+        shifted = a.array - a.array.max(axis=dim, keepdims=True)
         e = xp.exp(shifted)
         out = e / e.sum(axis=dim, keepdims=True)
         ctx.dim = dim
@@ -37,14 +37,14 @@ class Softmax(Function):
 class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, a, dim):
-        xp = backend.get_array_module(a.data)
-        dim = _axis(dim, a.data.ndim)
+        xp = backend.get_array_module(a.array)
+        dim = _axis(dim, a.array.ndim)
         ctx.dim = dim
-        if a.data.size == 0:  # no maximum to take; PyTorch returns an empty tensor
-            out = a.data.copy()
+        if a.array.size == 0:  # no maximum to take; PyTorch returns an empty tensor
+            out = a.array.copy()
             ctx.save_for_backward(out)
             return out
-        shifted = a.data - a.data.max(axis=dim, keepdims=True)
+        shifted = a.array - a.array.max(axis=dim, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=dim, keepdims=True))
         ctx.dim = dim
         ctx.save_for_backward(out)

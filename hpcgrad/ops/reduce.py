@@ -35,8 +35,8 @@ def _keepdim_shape(shape, dims):
 class Sum(Function):
     @staticmethod
     def forward(ctx, a, dims, keepdim):
-        ctx.shape, ctx.dims = a.data.shape, dims
-        return a.data.sum(axis=dims, keepdims=keepdim)
+        ctx.shape, ctx.dims = a.array.shape, dims
+        return a.array.sum(axis=dims, keepdims=keepdim)
 
     @staticmethod
     def backward(ctx, g):
@@ -49,8 +49,8 @@ class SumToSize(Function):
 
     @staticmethod
     def forward(ctx, a, shape):
-        ctx.shape = a.data.shape
-        return sum_to(a.data, shape)
+        ctx.shape = a.array.shape
+        return sum_to(a.array, shape)
 
     @staticmethod
     def backward(ctx, g):
@@ -74,15 +74,15 @@ class Amax(Function):
 
     @staticmethod
     def forward(ctx, a, dims, keepdim):
-        out = a.data.max(axis=dims, keepdims=keepdim)
+        out = a.array.max(axis=dims, keepdims=keepdim)
         if ctx.needs_input_grad:
-            keep = _keepdim_shape(a.data.shape, dims)
-            mask = a.data == out.reshape(keep)
-            ctx.shape, ctx.keep = a.data.shape, keep
+            keep = _keepdim_shape(a.array.shape, dims)
+            mask = a.array == out.reshape(keep)
+            ctx.shape, ctx.keep = a.array.shape, keep
             # Saved (PyTorch saves self and result): freed after backward, so a second backward
             # raises as in PyTorch.
             ctx.save_for_backward(Tensor._make(
-                (mask / mask.sum(axis=dims, keepdims=True)).astype(a.data.dtype, copy=False),
+                (mask / mask.sum(axis=dims, keepdims=True)).astype(a.array.dtype, copy=False),
                 False, None, 0))
         return out
 
@@ -98,10 +98,10 @@ class Max(Function):
 
     @staticmethod
     def forward(ctx, a):
-        out = a.data.max()
+        out = a.array.max()
         if ctx.needs_input_grad:
-            xp = backend.get_array_module(a.data)
-            mask = xp.isnan(a.data) if xp.isnan(out) else a.data == out
+            xp = backend.get_array_module(a.array)
+            mask = xp.isnan(a.array) if xp.isnan(out) else a.array == out
             ctx.count = int(mask.sum())
             ctx.save_for_backward(Tensor._make(mask, False, None, 0))
         return out
@@ -118,10 +118,10 @@ class Min(Function):
 
     @staticmethod
     def forward(ctx, a):
-        out = a.data.min()
+        out = a.array.min()
         if ctx.needs_input_grad:
-            xp = backend.get_array_module(a.data)
-            mask = xp.isnan(a.data) if xp.isnan(out) else a.data == out
+            xp = backend.get_array_module(a.array)
+            mask = xp.isnan(a.array) if xp.isnan(out) else a.array == out
             ctx.count = int(mask.sum())
             ctx.save_for_backward(Tensor._make(mask, False, None, 0))
         return out
@@ -135,7 +135,7 @@ MinResult = collections.namedtuple("min", ["values", "indices"])
 
 
 def _check_nonempty(x, name, dim):
-    if dim is None and x.data.size == 0:
+    if dim is None and x.array.size == 0:
         raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() "
                            f"== 0. Specify the reduction dim with the 'dim' argument.")
     if dim is not None and x.ndim and x.shape[dim] == 0:
@@ -149,10 +149,10 @@ def _along(x, dim, keepdim, largest, result):
                         f"reduce several axes")
     dim = wrap_dim(dim, x.ndim)
     _check_nonempty(x, result.__name__, dim)
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     if x.ndim == 0:
         return result(x.reshape(()), Tensor._make(xp.zeros((), dtype=np.int64), False, None, 0))
-    indices = (xp.argmax if largest else xp.argmin)(x.data, axis=dim, keepdims=True)
+    indices = (xp.argmax if largest else xp.argmin)(x.array, axis=dim, keepdims=True)
     values = gather(x, dim, indices)
     if not keepdim:
         values, indices = values.squeeze(dim), indices.squeeze(dim)
@@ -186,18 +186,18 @@ def min(x, dim=None, keepdim=False):
 
 def _arg(x, dim, keepdim, largest):
     name = "argmax" if largest else "argmin"
-    xp = backend.get_array_module(x.data)
+    xp = backend.get_array_module(x.array)
     find = xp.argmax if largest else xp.argmin
     if dim is None:
         _check_nonempty(x, name, None)
-        out = find(x.data.reshape(-1))
+        out = find(x.array.reshape(-1))
         return Tensor._make(xp.asarray(out, dtype=np.int64).reshape((1,) * x.ndim if keepdim
                                                                     else ()), False, None, 0)
     dim = wrap_dim(dim, x.ndim)
     _check_nonempty(x, name, dim)
     if x.ndim == 0:
         return Tensor._make(xp.zeros((), dtype=np.int64), False, None, 0)
-    return Tensor._make(find(x.data, axis=dim, keepdims=keepdim).astype(np.int64, copy=False),
+    return Tensor._make(find(x.array, axis=dim, keepdims=keepdim).astype(np.int64, copy=False),
                         False, None, 0)
 
 
@@ -218,10 +218,10 @@ class Cumsum(Function):
     @staticmethod
     def forward(ctx, a, dim, reverse):
         ctx.dim, ctx.reverse = dim, reverse
-        xp = backend.get_array_module(a.data)
+        xp = backend.get_array_module(a.array)
         if reverse:
-            return xp.flip(xp.cumsum(xp.flip(a.data, dim), axis=dim), dim)
-        return xp.cumsum(a.data, axis=dim)
+            return xp.flip(xp.cumsum(xp.flip(a.array, dim), axis=dim), dim)
+        return xp.cumsum(a.array, axis=dim)
 
     @staticmethod
     def backward(ctx, g):
@@ -258,11 +258,11 @@ class Mean(Function):
 
     @staticmethod
     def forward(ctx, a, dims, keepdim):
-        ctx.shape, ctx.dims = a.data.shape, dims
-        n = _count(a.data.shape, dims)
+        ctx.shape, ctx.dims = a.array.shape, dims
+        n = _count(a.array.shape, dims)
         with np.errstate(divide="ignore", invalid="ignore"):  # empty: nan, as PyTorch
-            return backend.get_array_module(a.data).asarray(
-                a.data.sum(axis=dims, keepdims=keepdim) / a.data.dtype.type(n))
+            return backend.get_array_module(a.array).asarray(
+                a.array.sum(axis=dims, keepdims=keepdim) / a.array.dtype.type(n))
 
     @staticmethod
     def backward(ctx, g):
@@ -286,12 +286,12 @@ class Var(Function):
     def forward(ctx, a, dims, correction, keepdim):
         ctx.save_for_backward(a)
         ctx.dims, ctx.correction, ctx.keepdim = dims, correction, keepdim
-        xp = backend.get_array_module(a.data)
-        n = _count(a.data.shape, dims)
-        d = a.data - a.data.mean(axis=dims, keepdims=True)
+        xp = backend.get_array_module(a.array)
+        n = _count(a.array.shape, dims)
+        d = a.array - a.array.mean(axis=dims, keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0: inf or nan, as PyTorch
             total = (d * d).sum(axis=dims, keepdims=keepdim)
-            return xp.asarray(total / a.data.dtype.type(builtins.max(n - correction, 0)))
+            return xp.asarray(total / a.array.dtype.type(builtins.max(n - correction, 0)))
 
     @staticmethod
     def backward(ctx, g):
@@ -301,16 +301,16 @@ class Var(Function):
 
 def _var_backward(g, a, dims, correction, keepdim):
     """PyTorch's var_backward: ``2 / (n - correction) * g * (x - mean)``."""
-    dof = _count(a.data.shape, dims) - correction
+    dof = _count(a.array.shape, dims) - correction
     if dims is None:
         if dof <= 0:  # 2 / dof is inf: nan where x equals the mean (inf * 0), inf elsewhere
-            xp = backend.get_array_module(a.data)
-            mean_data = a.data.mean()
-            return g * Tensor._make(xp.where(a.data == mean_data, np.nan, np.inf)
-                                    .astype(a.data.dtype), False, None, 0)
+            xp = backend.get_array_module(a.array)
+            mean_data = a.array.mean()
+            return g * Tensor._make(xp.where(a.array == mean_data, np.nan, np.inf)
+                                    .astype(a.array.dtype), False, None, 0)
         return (2.0 / dof) * g * (a - a.mean())
     if not keepdim:
-        g = g.reshape(_keepdim_shape(a.data.shape, dims))
+        g = g.reshape(_keepdim_shape(a.array.shape, dims))
     scale = 2.0 / dof if dof else math.inf  # C++ double division, as in PyTorch
     return scale * g * (a - a.mean(dims, keepdim=True))
 
@@ -336,12 +336,12 @@ class VarMean(Function):
         ctx.save_for_backward(a)
         ctx.dims, ctx.correction, ctx.keepdim = dims, correction, keepdim
         ctx.set_materialize_grads(False)
-        xp = backend.get_array_module(a.data)
-        n = _count(a.data.shape, dims)
+        xp = backend.get_array_module(a.array)
+        n = _count(a.array.shape, dims)
         with np.errstate(divide="ignore", invalid="ignore"):  # empty or dof <= 0, as PyTorch
-            mean = a.data.mean(axis=dims, keepdims=True)
-            d = a.data - mean
-            var = (d * d).sum(axis=dims, keepdims=keepdim) / a.data.dtype.type(
+            mean = a.array.mean(axis=dims, keepdims=True)
+            d = a.array - mean
+            var = (d * d).sum(axis=dims, keepdims=keepdim) / a.array.dtype.type(
                 builtins.max(n - correction, 0))
         if not keepdim:
             mean = mean.reshape(var.shape)
@@ -354,7 +354,7 @@ class VarMean(Function):
         if g_var is not None:
             grad = _var_backward(g_var, a, ctx.dims, ctx.correction, ctx.keepdim)
         if g_mean is not None:
-            shape, dims = a.data.shape, ctx.dims
+            shape, dims = a.array.shape, ctx.dims
             g = expand(g_mean.reshape(_keepdim_shape(shape, dims)), shape)
             g = g / float(_count(shape, dims))
             grad = g if grad is None else grad + g

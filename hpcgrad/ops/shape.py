@@ -33,12 +33,12 @@ def shape_arg(shape, size=None):
 class Reshape(Function):
     @staticmethod
     def forward(ctx, a, shape):
-        ctx.shape = a.data.shape
+        ctx.shape = a.array.shape
         try:
-            return a.data.reshape(shape)
+            return a.array.reshape(shape)
         except ValueError:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size "
-                               f"{a.data.size} (shape {list(a.data.shape)})") from None
+                               f"{a.array.size} (shape {list(a.array.shape)})") from None
 
     @staticmethod
     def backward(ctx, g):
@@ -72,12 +72,12 @@ def view(x, shape):
 class Permute(Function):
     @staticmethod
     def forward(ctx, a, dims):
-        if sorted(dims) != list(range(a.data.ndim)):
+        if sorted(dims) != list(range(a.array.ndim)):
             raise RuntimeError(f"permute: dims {list(dims)} are not a permutation of the "
-                               f"{a.data.ndim} dimensions of the input")
+                               f"{a.array.ndim} dimensions of the input")
         if ctx.needs_input_grad:  # only a recorded op needs the inverse (not np.argsort: 17 us)
             ctx.dims = dims
-        return a.data.transpose(dims)
+        return a.array.transpose(dims)
 
     @staticmethod
     def backward(ctx, g):
@@ -104,7 +104,7 @@ class Flip(Function):
     @staticmethod
     def forward(ctx, a, dims):
         ctx.dims = dims
-        return backend.get_array_module(a.data).flip(a.data, dims).copy()
+        return backend.get_array_module(a.array).flip(a.array, dims).copy()
 
     @staticmethod
     def backward(ctx, g):
@@ -123,12 +123,12 @@ def flip(x, dims):
 class Expand(Function):
     @staticmethod
     def forward(ctx, a, shape):
-        ctx.shape = a.data.shape
-        xp = backend.get_array_module(a.data)
+        ctx.shape = a.array.shape
+        xp = backend.get_array_module(a.array)
         try:
-            return xp.broadcast_to(a.data, shape)
+            return xp.broadcast_to(a.array, shape)
         except ValueError:
-            raise RuntimeError(f"expand: the shape {list(a.data.shape)} cannot be expanded to "
+            raise RuntimeError(f"expand: the shape {list(a.array.shape)} cannot be expanded to "
                                f"{list(shape)} (only size-1 dimensions can grow)") from None
 
     @staticmethod
@@ -189,7 +189,7 @@ def _plain_index(index):
     (tensor, numpy scalar or array) becomes an int: basic indexing, a view, as in PyTorch."""
     if not isinstance(index, tuple):
         index = (index,)
-    return tuple(_plain_item(i.data if isinstance(i, Tensor) else i) for i in index)
+    return tuple(_plain_item(i.array if isinstance(i, Tensor) else i) for i in index)
 
 
 def _plain_item(i):
@@ -229,7 +229,7 @@ def _is_array(i):
 
 def _join_index(template, arrays):
     it = iter(arrays)
-    return tuple(next(it).data if i is _ARRAY else i for i in template)
+    return tuple(next(it).array if i is _ARRAY else i for i in template)
 
 
 class _Indexed(Function):
@@ -255,9 +255,9 @@ class GetItem(_Indexed):
     @staticmethod
     def forward(ctx, a, index):
         if ctx.needs_input_grad:
-            ctx.shape = a.data.shape
+            ctx.shape = a.array.shape
             _Indexed._keep(ctx, index)
-        return a.data[index]
+        return a.array[index]
 
     @staticmethod
     def backward(ctx, g):
@@ -271,15 +271,15 @@ class IndexAdd(_Indexed):
     def forward(ctx, g, shape, index):
         if ctx.needs_input_grad:
             _Indexed._keep(ctx, index)
-        xp = backend.get_array_module(g.data)
-        out = xp.zeros(shape, dtype=g.data.dtype)
+        xp = backend.get_array_module(g.array)
+        out = xp.zeros(shape, dtype=g.array.dtype)
         if _is_basic(index):
-            out[index] = g.data  # a basic index cannot repeat an element
+            out[index] = g.array  # a basic index cannot repeat an element
         elif xp is np:
-            np.add.at(out, index, g.data)
+            np.add.at(out, index, g.array)
         else:
             import cupyx
-            cupyx.scatter_add(out, index, g.data)
+            cupyx.scatter_add(out, index, g.array)
         return out
 
     @staticmethod
@@ -319,7 +319,7 @@ def select(x, dim, index):
 
 
 def index_select(x, dim, index):
-    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    index = index.array if isinstance(index, Tensor) else np.asarray(index)
     if index.ndim > 1:
         raise IndexError(f"index_select: index must be 1-D (or 0-d), got shape {list(index.shape)}")
     index = index.reshape(-1)
@@ -328,7 +328,7 @@ def index_select(x, dim, index):
 
 def gather(x, dim, index):
     """``out[i][j] = x[index[i][j]][j]`` for dim 0 (and so on), as torch.gather."""
-    index = index.data if isinstance(index, Tensor) else np.asarray(index)
+    index = index.array if isinstance(index, Tensor) else np.asarray(index)
     if index.ndim != x.ndim:
         raise RuntimeError(f"gather: index has {index.ndim} dimensions, expected {x.ndim} "
                            "(as many as the input)")
@@ -341,7 +341,7 @@ def gather(x, dim, index):
 class Cat(Function):
     @staticmethod
     def forward(ctx, dim, *tensors):
-        arrays = [t.data for t in tensors]
+        arrays = [t.array for t in tensors]
         ctx.dim, ctx.sizes = dim, [a.shape[dim] for a in arrays]
         return backend.get_array_module(arrays[0]).concatenate(arrays, axis=dim)
 

@@ -23,7 +23,7 @@ class Split(Function):
         lead = (slice(None),) * dim
         pieces, start = [], 0
         for size in sizes:
-            pieces.append(a.data[lead + (slice(start, start + size),)])
+            pieces.append(a.array[lead + (slice(start, start + size),)])
             start += size
         return tuple(pieces)
 
@@ -44,7 +44,7 @@ class Unbind(Function):
         ctx.dim = dim
         lead = (slice(None),) * dim
         # (i, ...): a 0-d view for a 1-d input, where a[i] would copy into a numpy scalar
-        return tuple(a.data[lead + (i, Ellipsis)] for i in range(a.data.shape[dim]))
+        return tuple(a.array[lead + (i, Ellipsis)] for i in range(a.array.shape[dim]))
 
     @staticmethod
     def backward(ctx, *grads):

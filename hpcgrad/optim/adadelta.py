@@ -39,17 +39,17 @@ class Adadelta(Optimizer):
         return loss
 
     def _update(self, p, group):
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         rho, eps = group["rho"], group["eps"]
         state = self.state[p]
         if not state:
             state["step"] = 0
-            state["square_avg"] = xp.zeros_like(p.data)
-            state["acc_delta"] = xp.zeros_like(p.data)
+            state["square_avg"] = xp.zeros_like(p.array)
+            state["acc_delta"] = xp.zeros_like(p.array)
         state["step"] += 1
         square_avg, acc_delta = state["square_avg"], state["acc_delta"]
 
-        g, _ = update_direction(p.data, p.grad.data, group["weight_decay"], group["maximize"])
+        g, _ = update_direction(p.array, p.grad.array, group["weight_decay"], group["maximize"])
         s = xp.multiply(g, 1 - rho, out=xp.empty_like(square_avg))  # (value * g) * g, as addcmul_
         s *= g
         square_avg *= rho
@@ -64,4 +64,4 @@ class Adadelta(Optimizer):
         s *= delta
         acc_delta *= rho
         acc_delta += s
-        add_scaled(p.data, delta, -scalar(group["lr"]), True)
+        add_scaled(p.array, delta, -scalar(group["lr"]), True)

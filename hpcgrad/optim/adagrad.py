@@ -40,10 +40,10 @@ class Adagrad(Optimizer):
                 self._init_state(p)
 
     def _init_state(self, p):
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         state = self.state[p]
         state["step"] = 0
-        state["sum"] = xp.full_like(p.data, self.defaults["initial_accumulator_value"])
+        state["sum"] = xp.full_like(p.array, self.defaults["initial_accumulator_value"])
         return state
 
     def step(self, closure=None):
@@ -64,27 +64,27 @@ class Adagrad(Optimizer):
         if getattr(p.grad, "is_sparse", False):
             _sparse_update(p, state["sum"], clr, group["eps"], group["maximize"])
             return
-        xp = backend.get_array_module(p.data)
-        g, _ = update_direction(p.data, p.grad.data, group["weight_decay"], group["maximize"])
+        xp = backend.get_array_module(p.array)
+        g, _ = update_direction(p.array, p.grad.array, group["weight_decay"], group["maximize"])
         s = xp.multiply(g, g, out=xp.empty_like(state["sum"]))
         state["sum"] += s
         std = xp.sqrt(state["sum"], out=s)
         std += group["eps"]
         step = xp.multiply(g, -clr, out=xp.empty_like(std))  # (value * g) / std, as addcdiv_
         step /= std
-        p.data += step
+        p.array += step
 
 
 def _sparse_update(p, state_sum, clr, eps, maximize):
     """The named rows only: repeated rows summed first (the update is not linear in them)."""
     grad = p.grad.coalesce()
-    rows, values = grad.indices, grad.values.astype(p.data.dtype, copy=False)
+    rows, values = grad.indices, grad.values.astype(p.array.dtype, copy=False)
     if maximize:
         values = -values
-    xp = backend.get_array_module(p.data)
+    xp = backend.get_array_module(p.array)
     state_sum[rows] += values * values  # rows are unique after coalesce: plain indexing adds
     std = xp.sqrt(state_sum[rows])
     std += eps
     step = xp.multiply(values / std, -clr)
-    p.data[rows] += step.astype(p.data.dtype, copy=False)
+    p.array[rows] += step.astype(p.array.dtype, copy=False)
 

@@ -43,22 +43,22 @@ class Adam(Optimizer):
         return loss
 
     def _update(self, p, group):
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         lr, (beta1, beta2), eps = scalar(group["lr"]), group["betas"], group["eps"]
         state = self.state[p]
         if not state:
             state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(p.data)
-            state["exp_avg_sq"] = xp.zeros_like(p.data)
+            state["exp_avg"] = xp.zeros_like(p.array)
+            state["exp_avg_sq"] = xp.zeros_like(p.array)
             if group["amsgrad"]:
-                state["max_exp_avg_sq"] = xp.zeros_like(p.data)
+                state["max_exp_avg_sq"] = xp.zeros_like(p.array)
         state["step"] += 1
         step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
 
         wd = group["weight_decay"]
         if self._decoupled_weight_decay and wd != 0:
-            p.data *= 1 - lr * wd
-        g, _ = update_direction(p.data, p.grad.data, 0 if self._decoupled_weight_decay else wd,
+            p.array *= 1 - lr * wd
+        g, _ = update_direction(p.array, p.grad.array, 0 if self._decoupled_weight_decay else wd,
                                 group["maximize"])
         s = xp.subtract(g, m, out=xp.empty_like(m))  # the one scratch array of this update
         s *= 1 - beta1
@@ -79,4 +79,4 @@ class Adam(Optimizer):
         s += eps
         xp.divide(m, s, out=s)
         s *= -step_size
-        p.data += s
+        p.array += s

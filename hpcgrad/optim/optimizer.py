@@ -7,7 +7,7 @@ Follows ``torch.optim.Optimizer``: ``param_groups`` is a list of dicts (``"param
      "param_groups": [{"lr": 0.1, ..., "params": [param_index, ...]}]}
 
 State buffers are arrays (numpy or cupy, like the parameters), scalars stay Python numbers.
-Updates happen in place on ``p.data``: other code (a DDP reducer, a model) holds those arrays.
+Updates happen in place on ``p.array`` (the array): other code (a DDP reducer, a model) holds those arrays.
 Each step counts as one in-place write of every parameter it changes (``written``), as PyTorch's
 ``p.add_(...)`` does: a graph built before ``step()`` and differentiated after it then raises
 "modified by an inplace operation" instead of silently using the new weights.
@@ -105,7 +105,7 @@ class Optimizer:
                     if p.grad.grad_fn is not None:
                         p.grad = p.grad.detach()
                     p.grad.requires_grad = False
-                    p.grad.data[...] = 0
+                    p.grad.array[...] = 0
                     written(p.grad)  # PyTorch's grad.zero_() counts as a write
 
     def step(self, closure=None):
@@ -187,21 +187,21 @@ def _like(current, value):
 def _state_value(p, index, name, value):
     """A private copy of a saved state entry, as an array on p's device (floats in p's dtype)."""
     if isinstance(value, Tensor):
-        value = value.data
+        value = value.array
     if not (isinstance(value, np.ndarray) or backend.is_gpu_array(value)):
         return value.item() if isinstance(value, np.generic) else copy.deepcopy(value)
-    if value.shape != p.data.shape:
+    if value.shape != p.array.shape:
         raise ValueError(f"loaded state dict has {name!r} of shape {tuple(value.shape)} for "
-                         f"parameter {index}, but that parameter has shape {tuple(p.data.shape)}; "
+                         f"parameter {index}, but that parameter has shape {tuple(p.array.shape)}; "
                          f"was it saved from a different model?")
     value = backend.to_device(value, p.device)
-    dtype = p.data.dtype if value.dtype.kind == "f" and p.data.dtype.kind == "f" else value.dtype
+    dtype = p.array.dtype if value.dtype.kind == "f" and p.array.dtype.kind == "f" else value.dtype
     return value.astype(dtype, copy=True)
 
 
 def written(p):
     """Count one in-place write of ``p``'s memory (seen through its views and saved tensors)."""
-    version_counter.bump(p.data)
+    version_counter.bump(p.array)
 
 
 def update_direction(p, grad, weight_decay, maximize):
@@ -234,12 +234,12 @@ def dense_grad(p):
     grad = p.grad
     if getattr(grad, "is_sparse", False):
         grad = grad.to_dense()
-    return grad.data if isinstance(grad, Tensor) else grad
+    return grad.array if isinstance(grad, Tensor) else grad
 
 
 def check_lr(lr):
     """A float, or a 1-element Tensor (PyTorch's Tensor lr, which schedulers write in place)."""
-    if isinstance(lr, Tensor) and lr.data.size != 1:
+    if isinstance(lr, Tensor) and lr.array.size != 1:
         raise ValueError(f"Tensor lr must be 1-element, got a Tensor of shape {list(lr.shape)}")
     check_nonnegative(float(lr), "learning rate")
 

@@ -44,20 +44,20 @@ class RMSprop(Optimizer):
         return loss
 
     def _update(self, p, group):
-        xp = backend.get_array_module(p.data)
+        xp = backend.get_array_module(p.array)
         alpha, eps, momentum = group["alpha"], group["eps"], group["momentum"]
         state = self.state[p]
         if not state:
             state["step"] = 0
-            state["square_avg"] = xp.zeros_like(p.data)
+            state["square_avg"] = xp.zeros_like(p.array)
             if momentum > 0:
-                state["momentum_buffer"] = xp.zeros_like(p.data)
+                state["momentum_buffer"] = xp.zeros_like(p.array)
             if group["centered"]:
-                state["grad_avg"] = xp.zeros_like(p.data)
+                state["grad_avg"] = xp.zeros_like(p.array)
         state["step"] += 1
         square_avg = state["square_avg"]
 
-        g, _ = update_direction(p.data, p.grad.data, group["weight_decay"], group["maximize"])
+        g, _ = update_direction(p.array, p.grad.array, group["weight_decay"], group["maximize"])
         # (value * g) * g, as addcmul_
         avg = xp.multiply(g, 1 - alpha, out=xp.empty_like(square_avg))
         avg *= g
@@ -66,7 +66,7 @@ class RMSprop(Optimizer):
         if group["centered"]:
             grad_avg = state.get("grad_avg")
             if grad_avg is None:  # centered switched on after the first steps (PyTorch fails)
-                grad_avg = state["grad_avg"] = xp.zeros_like(p.data)
+                grad_avg = state["grad_avg"] = xp.zeros_like(p.array)
             _lerp_(grad_avg, g, 1 - alpha, scratch=avg)
             xp.multiply(grad_avg, grad_avg, out=avg)
             xp.subtract(square_avg, avg, out=avg)
@@ -78,15 +78,15 @@ class RMSprop(Optimizer):
         if momentum > 0:
             buf = state.get("momentum_buffer")
             if buf is None:  # momentum switched on after the first steps (PyTorch fails)
-                buf = state["momentum_buffer"] = xp.zeros_like(p.data)
+                buf = state["momentum_buffer"] = xp.zeros_like(p.array)
             buf *= momentum
             xp.divide(g, avg, out=avg)
             buf += avg
-            add_scaled(p.data, buf, -lr, False)
+            add_scaled(p.array, buf, -lr, False)
         else:
             step = xp.multiply(g, -lr, out=xp.empty_like(avg))  # (value * g) / avg, as addcdiv_
             step /= avg
-            p.data += step
+            p.array += step
 
 
 def _lerp_(start, end, weight, scratch):

@@ -54,7 +54,7 @@ class SGD(Optimizer):
         lr, momentum, dampening = scalar(group["lr"]), group["momentum"], group["dampening"]
         if self._fused_step(p, group):
             return
-        d, owned = update_direction(p.data, dense_grad(p), group["weight_decay"], group["maximize"])
+        d, owned = update_direction(p.array, dense_grad(p), group["weight_decay"], group["maximize"])
         if momentum != 0:
             state = self.state[p]
             buf = state.get("momentum_buffer")
@@ -74,27 +74,27 @@ class SGD(Optimizer):
                     owned = True
             else:
                 d, owned = buf, False
-        add_scaled(p.data, d, -lr, owned)
+        add_scaled(p.array, d, -lr, owned)
 
 
     def _fused_step(self, p, group):
         """One numba pass instead of three numpy passes, for the common CPU case."""
-        grad = p.grad.data if not getattr(p.grad, "is_sparse", False) else None
+        grad = p.grad.array if not getattr(p.grad, "is_sparse", False) else None
         if (grad is None or group["weight_decay"] or group["maximize"] or group["nesterov"]
-                or type(p.data) is not np.ndarray or type(grad) is not np.ndarray
-                or p.data.dtype != grad.dtype or p.data.dtype not in _FUSED_DTYPES
-                or not (p.data.flags.c_contiguous and grad.flags.c_contiguous)):
+                or type(p.array) is not np.ndarray or type(grad) is not np.ndarray
+                or p.array.dtype != grad.dtype or p.array.dtype not in _FUSED_DTYPES
+                or not (p.array.flags.c_contiguous and grad.flags.c_contiguous)):
             return False
         buf = None
         if group["momentum"] != 0:
             buf = self.state[p].get("momentum_buffer")
             if buf is None:
                 return False  # the first step copies the gradient: the numpy path does it
-            if not (type(buf) is np.ndarray and buf.dtype == p.data.dtype
+            if not (type(buf) is np.ndarray and buf.dtype == p.array.dtype
                     and buf.flags.c_contiguous):
                 return False  # e.g. loaded in Fortran order: reshape(-1) would write a copy
         from ..kernels.cpu import sgd_step
-        sgd_step(p.data, grad, buf, scalar(group["lr"]), group["momentum"], group["dampening"])
+        sgd_step(p.array, grad, buf, scalar(group["lr"]), group["momentum"], group["dampening"])
         return True
 
 
@@ -103,10 +103,10 @@ def _sparse_step(p, lr, maximize):
     indices, values = p.grad.indices, p.grad.values
     # 1-D: row indices; 2-D: one row of coordinates per sparse dimension (torch's COO layout)
     where = indices if indices.ndim == 1 else tuple(indices)
-    xp = backend.get_array_module(p.data)
-    step = xp.multiply(values, lr if maximize else -lr).astype(p.data.dtype, copy=False)
+    xp = backend.get_array_module(p.array)
+    step = xp.multiply(values, lr if maximize else -lr).astype(p.array.dtype, copy=False)
     if xp is np:
-        np.add.at(p.data, where, step)
+        np.add.at(p.array, where, step)
     else:
         import cupyx
-        cupyx.scatter_add(p.data, where, step)
+        cupyx.scatter_add(p.array, where, step)

@@ -28,7 +28,7 @@ def test_diamond_counts_dependencies_and_runs_each_node_once():
     for t in (a, b, c):
         count_runs(t.grad_fn, runs)
     c.sum().backward()
-    np.testing.assert_allclose(x.grad.data, [5.0, 5.0])
+    np.testing.assert_allclose(x.grad.array, [5.0, 5.0])
     assert sorted(runs) == ["AddBackward0", "MulBackward0", "MulBackward0"]
 
 
@@ -48,7 +48,7 @@ def test_grad_prunes_nodes_off_the_path():
     runs = []
     count_runs(side.grad_fn, runs)
     (gx,) = grad(out, x)
-    np.testing.assert_allclose(gx.data, [2.0, 2.0])
+    np.testing.assert_allclose(gx.array, [2.0, 2.0])
     assert runs == []  # the exp Node leads only to w, which was not asked for
     assert x.grad is None and w.grad is None  # grad() does not accumulate
 
@@ -116,7 +116,7 @@ def test_accumulate_grad_post_hook_sees_accumulated_grad():
     acc = (x * 1.0).grad_fn.next_edges[0].node
     assert acc.name() == "AccumulateGrad" and acc.variable is x
     ready = []
-    acc.register_hook(lambda outs, ins: ready.append(x.grad.data.copy()))
+    acc.register_hook(lambda outs, ins: ready.append(x.grad.array.copy()))
     (x * 4.0).sum().backward()
     np.testing.assert_allclose(ready[0], [4.0, 4.0])
 
@@ -126,8 +126,8 @@ def test_retain_grad_on_intermediate():
     h = x * x
     h.retain_grad()
     h.sum().backward()
-    np.testing.assert_allclose(h.grad.data, [1.0, 1.0])
-    np.testing.assert_allclose(x.grad.data, [2.0, 4.0])
+    np.testing.assert_allclose(h.grad.array, [1.0, 1.0])
+    np.testing.assert_allclose(x.grad.array, [2.0, 4.0])
 
 
 def test_fresh_gradient_is_stolen_not_copied():
@@ -137,29 +137,29 @@ def test_fresh_gradient_is_stolen_not_copied():
     class Tag(Function):
         @staticmethod
         def forward(ctx, a):
-            return a.data.copy()
+            return a.array.copy()
 
         @staticmethod
         def backward(ctx, g):
-            out = g.data * 2
+            out = g.array * 2
             produced.append(weakref.ref(out))  # a strong reference would forbid stealing
             return hg.Tensor(out)
 
     Tag.apply(x).sum().backward()
-    assert x.grad.data is produced.pop()()  # adopted without a copy
-    first = x.grad.data
+    assert x.grad.array is produced.pop()()  # adopted without a copy
+    first = x.grad.array
     Tag.apply(x).sum().backward()
-    assert x.grad.data is first  # the second one is added in place
-    np.testing.assert_allclose(x.grad.data, 4.0)
+    assert x.grad.array is first  # the second one is added in place
+    np.testing.assert_allclose(x.grad.array, 4.0)
 
 
 def test_user_gradient_is_copied_not_aliased():
     x = hg.tensor(np.zeros(3), requires_grad=True)
     g = hg.tensor(np.ones(3))
     x.backward(g)
-    assert x.grad.data is not g.data
-    x.grad.data += 1
-    np.testing.assert_allclose(g.data, 1.0)
+    assert x.grad.array is not g.array
+    x.grad.array += 1
+    np.testing.assert_allclose(g.array, 1.0)
 
 
 def test_final_callbacks_run_after_last_node_and_can_chain():
@@ -188,7 +188,7 @@ def test_queue_callback_outside_backward_raises():
 class Boom(Function):
     @staticmethod
     def forward(ctx, a):
-        return a.data * 1
+        return a.array * 1
 
     @staticmethod
     def backward(ctx, g):
@@ -209,7 +209,7 @@ def test_validate_outputs_errors_name_the_node():
     class WrongShape(Function):
         @staticmethod
         def forward(ctx, a):
-            return a.data.copy()
+            return a.array.copy()
 
         @staticmethod
         def backward(ctx, g):
@@ -223,7 +223,7 @@ def test_validate_outputs_errors_name_the_node():
     class WrongCount(Function):
         @staticmethod
         def forward(ctx, a):
-            return a.data.copy()
+            return a.array.copy()
 
         @staticmethod
         def backward(ctx, g):
@@ -237,7 +237,7 @@ def test_broadcast_gradient_is_summed_back():
     class Broadcasting(Function):
         @staticmethod
         def forward(ctx, a):
-            return a.data.copy()
+            return a.array.copy()
 
         @staticmethod
         def backward(ctx, g):
@@ -245,7 +245,7 @@ def test_broadcast_gradient_is_summed_back():
 
     x = leaf(1.0, 2.0)
     Broadcasting.apply(x).sum().backward()
-    np.testing.assert_allclose(x.grad.data, [4.0, 4.0])
+    np.testing.assert_allclose(x.grad.array, [4.0, 4.0])
 
 
 def test_grad_errors():
@@ -303,7 +303,7 @@ class Reentrant(Function):
     def forward(ctx, a, depth):
         ctx.save_for_backward(a)
         ctx.depth = depth
-        return a.data.copy()
+        return a.array.copy()
 
     @staticmethod
     def backward(ctx, g):
@@ -348,7 +348,7 @@ def test_concurrent_backward_on_separate_graphs():
                     y = (y * 1.0).tanh() + y * 0.0
                 (y * float(k)).sum().backward()
                 expected = k * np.prod([1 - np.tanh(v) ** 2 for v in _chain_values(k)])
-                results.setdefault(k, []).append(np.allclose(x.grad.data, expected))
+                results.setdefault(k, []).append(np.allclose(x.grad.array, expected))
         except Exception as exc:  # surfaced below
             errors.append(exc)
 
@@ -379,7 +379,7 @@ def test_backward_create_graph_keeps_grad_graph_without_aliasing():
     a, b = leaf(1.0), leaf(1.0)
     with pytest.warns(UserWarning):
         (a + b).sum().backward(create_graph=True)
-    assert a.grad is not b.grad and a.grad.data is not b.grad.data
+    assert a.grad is not b.grad and a.grad.array is not b.grad.array
 
 
 def test_deepcopy_and_pickle_of_leaves_are_independent():
@@ -390,10 +390,10 @@ def test_deepcopy_and_pickle_of_leaves_are_independent():
     (x * 2.0).sum().backward()
     clone = copy.deepcopy(x)
     (clone * 3.0).sum().backward()
-    np.testing.assert_allclose(x.grad.data, [2.0, 2.0])  # untouched by the copy's backward
-    np.testing.assert_allclose(clone.grad.data, [5.0, 5.0])  # copied grad, then accumulated
+    np.testing.assert_allclose(x.grad.array, [2.0, 2.0])  # untouched by the copy's backward
+    np.testing.assert_allclose(clone.grad.array, [5.0, 5.0])  # copied grad, then accumulated
     restored = pickle.loads(pickle.dumps(x))
     assert restored.requires_grad and restored.grad is None
-    np.testing.assert_array_equal(restored.data, x.data)
+    np.testing.assert_array_equal(restored.array, x.array)
     with pytest.raises(RuntimeError, match="deepcopy"):
         copy.deepcopy(x * 2.0)

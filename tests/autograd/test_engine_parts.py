@@ -38,7 +38,7 @@ def test_input_buffer_sums_gradients_for_one_input():
     buffer.add(1, hg.tensor([10.0, 20.0]))
     buffer.add(0, None)
     assert buffer[0] is None
-    np.testing.assert_allclose(buffer[1].data, [11.0, 22.0])
+    np.testing.assert_allclose(buffer[1].array, [11.0, 22.0])
 
 
 def test_prepared_graph_task_runs_until_queue_empty_with_capture_hooks():
@@ -53,14 +53,14 @@ def test_prepared_graph_task_runs_until_queue_empty_with_capture_hooks():
     seen = []
     accumulator = x._gradient_edge().node
     graph_task.exec_info[accumulator].captures[0].register_capture_hook(
-        lambda g: seen.append(g.data.copy()) or g * 10.0)
+        lambda g: seen.append(g.array.copy()) or g * 10.0)
     buffer = InputBuffer.of_size(1)
     buffer.add(0, hg.tensor(np.ones(2)))
     engine.run_until_ready_queue_empty(NodeTask(graph_task, root, buffer))
-    expected = 2.0 * np.exp(2.0 * x.data)
+    expected = 2.0 * np.exp(2.0 * x.array)
     assert graph_task.future.done()
     np.testing.assert_allclose(seen[0], expected)
-    np.testing.assert_allclose(graph_task.future.result()[0].data, 10.0 * expected)
+    np.testing.assert_allclose(graph_task.future.result()[0].array, 10.0 * expected)
     assert x.grad is None  # captured, not accumulated
 
 
@@ -70,7 +70,7 @@ def test_prepared_graph_task_error_fails_its_future():
     class Fails(hg.autograd.Function):
         @staticmethod
         def forward(ctx, a):
-            return a.data.copy()
+            return a.array.copy()
 
         @staticmethod
         def backward(ctx, g):
@@ -115,7 +115,7 @@ def test_device_work_runs_on_the_device_thread_and_wakes_the_owner(monkeypatch):
     out = y.sum()
     engine.execute([out._gradient_edge()], [hg.tensor(1.0, dtype=np.float64)], False, False,
                    True)
-    np.testing.assert_allclose(x.grad.data, [3.0, 3.0])
+    np.testing.assert_allclose(x.grad.array, [3.0, 3.0])
     assert threads == ["hpcgrad-autograd-cuda:0"]
 
 

@@ -26,7 +26,7 @@ class Identity(Function):
 
     @staticmethod
     def forward(ctx, x):
-        return x.data.copy()
+        return x.array.copy()
 
     @staticmethod
     def backward(ctx, g):
@@ -40,7 +40,7 @@ def test_none_from_custom_backward_stays_none_through_builtin_ops():
     loss = ((Identity.apply(w) * 3).exp().sum() + (other * 2).sum())
     loss.backward()
     assert w.grad is None  # zeros here made an optimizer step w
-    np.testing.assert_array_equal(other.grad.data, [2.0, 2.0])
+    np.testing.assert_array_equal(other.grad.array, [2.0, 2.0])
 
 
 def test_optimizer_leaves_a_parameter_without_gradient_alone():
@@ -48,8 +48,8 @@ def test_optimizer_leaves_a_parameter_without_gradient_alone():
     opt = hg.optim.SGD([w, other], lr=0.1, momentum=0.9, weight_decay=0.5)
     (Identity.apply(w).tanh().sum() + other.sum()).backward()
     opt.step()
-    np.testing.assert_array_equal(w.data, [1.0, 2.0])
-    assert not np.array_equal(other.data, [3.0, 4.0])
+    np.testing.assert_array_equal(w.array, [1.0, 2.0])
+    assert not np.array_equal(other.array, [3.0, 4.0])
 
 
 def test_a_custom_function_still_gets_zeros_for_an_unused_output():
@@ -58,18 +58,18 @@ def test_a_custom_function_still_gets_zeros_for_an_unused_output():
     class Two(Function):
         @staticmethod
         def forward(ctx, x):
-            return x.data * 2, x.data * 3
+            return x.array * 2, x.array * 3
 
         @staticmethod
         def backward(ctx, g1, g2):
-            seen.append((g1.data.copy(), g2.data.copy()))
+            seen.append((g1.array.copy(), g2.array.copy()))
             return g1 * 2 + g2 * 3
 
     x = leaf([1.0, 2.0])
     a, _ = Two.apply(x)
     a.sum().backward()
     np.testing.assert_array_equal(seen[0][1], [0.0, 0.0])
-    np.testing.assert_array_equal(x.grad.data, [2.0, 2.0])
+    np.testing.assert_array_equal(x.grad.array, [2.0, 2.0])
 
 
 # --- custom Function outputs ---------------------------------------------------------------------
@@ -80,7 +80,7 @@ class Mixed(Function):
     @staticmethod
     def forward(ctx, t1, scale):
         ctx.scale = scale
-        return scale, t1.data * scale, None, True, "bar"
+        return scale, t1.array * scale, None, True, "bar"
 
     @staticmethod
     def backward(ctx, *grads):
@@ -96,17 +96,17 @@ def test_non_tensor_outputs_come_back_unchanged(grad_enabled):
         scale, out, none, flag, text = Mixed.apply(t1, 3)
     assert (scale, none, flag, text) == (3, None, True, "bar")
     assert type(scale) is int and type(flag) is bool
-    np.testing.assert_array_equal(out.data, [3.0, 6.0])
+    np.testing.assert_array_equal(out.array, [3.0, 6.0])
     if grad_enabled:
         out.sum().backward()
-        np.testing.assert_array_equal(t1.grad.data, [3.0, 3.0])
+        np.testing.assert_array_equal(t1.grad.array, [3.0, 3.0])
 
 
 def test_a_none_output_does_not_break_backward():
     class WithNone(Function):
         @staticmethod
         def forward(ctx, x):
-            return x.data * 2, None
+            return x.array * 2, None
 
         @staticmethod
         def backward(ctx, g, g_none):
@@ -117,14 +117,14 @@ def test_a_none_output_does_not_break_backward():
     y, nothing = WithNone.apply(x)
     assert nothing is None
     y.sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [2.0, 2.0])
+    np.testing.assert_array_equal(x.grad.array, [2.0, 2.0])
 
 
 def test_return_duplicate():
     class DoubleDuplicate(Function):
         @staticmethod
         def forward(ctx, x):
-            output = x.data * 2
+            output = x.array * 2
             return output, output
 
         @staticmethod
@@ -147,7 +147,7 @@ class Square(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x.data ** 2
+        return x.array ** 2
 
     @staticmethod
     @once_differentiable
@@ -160,7 +160,7 @@ class Square(Function):
 def test_once_differentiable_first_order():
     x = leaf([1.0, -2.0])
     Square.apply(x).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [2.0, -4.0])
+    np.testing.assert_array_equal(x.grad.array, [2.0, -4.0])
 
 
 def test_once_differentiable_refuses_a_second_derivative():
@@ -178,7 +178,7 @@ def test_mark_non_differentiable_and_materialize_non_diff_grads():
     class Func(Function):
         @staticmethod
         def forward(ctx, x, materialize):
-            out0, out1 = x.data.copy(), x.data.copy()
+            out0, out1 = x.array.copy(), x.array.copy()
             ctx.mark_non_differentiable(out1)
             ctx._materialize_non_diff_grads = materialize
             return out0, out1
@@ -193,9 +193,9 @@ def test_mark_non_differentiable_and_materialize_non_diff_grads():
         out0, out1 = Func.apply(x, materialize)
         assert out0.requires_grad and not out1.requires_grad
         out0.sum().backward()
-        np.testing.assert_array_equal(x.grad.data, [1.0, 1.0])
+        np.testing.assert_array_equal(x.grad.array, [1.0, 1.0])
     assert seen[1] is None
-    np.testing.assert_array_equal(seen[0].data, [0.0, 0.0])
+    np.testing.assert_array_equal(seen[0].array, [0.0, 0.0])
 
 
 def test_set_materialize_grads_false_passes_none():
@@ -203,7 +203,7 @@ def test_set_materialize_grads_false_passes_none():
         @staticmethod
         def forward(ctx, x):
             ctx.set_materialize_grads(False)
-            return x.data.copy(), x.data.copy()
+            return x.array.copy(), x.array.copy()
 
         @staticmethod
         def backward(ctx, g1, g2):
@@ -212,7 +212,7 @@ def test_set_materialize_grads_false_passes_none():
 
     x = leaf([1.0, 2.0])
     Func.apply(x)[0].sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [1.0, 1.0])
+    np.testing.assert_array_equal(x.grad.array, [1.0, 1.0])
 
 
 # --- small API gaps ------------------------------------------------------------------------------
@@ -229,16 +229,16 @@ def test_node_call_applies_the_backward_formula():
     a = leaf([1.0, 2.0])
     b = leaf([3.0, 4.0])
     grad_a, grad_b = (a * b).grad_fn(hg.ones(2, dtype=np.float64))
-    np.testing.assert_array_equal(grad_a.data, [3.0, 4.0])
-    np.testing.assert_array_equal(grad_b.data, [1.0, 2.0])
+    np.testing.assert_array_equal(grad_a.array, [3.0, 4.0])
+    np.testing.assert_array_equal(grad_b.array, [1.0, 2.0])
     assert a.grad is None  # nothing accumulates
 
 
 def test_grad_materialize_grads():
     x, unused = leaf([1.0, 2.0]), leaf([5.0])
     gx, gu = hg.autograd.grad((x * x).sum(), [x, unused], materialize_grads=True)
-    np.testing.assert_array_equal(gx.data, [2.0, 4.0])
-    np.testing.assert_array_equal(gu.data, [0.0])
+    np.testing.assert_array_equal(gx.array, [2.0, 4.0])
+    np.testing.assert_array_equal(gu.array, [0.0])
     with pytest.raises(ValueError, match="Expected allow_unused to be True or not passed"):
         hg.autograd.grad((x * x).sum(), [x, unused], allow_unused=False, materialize_grads=True)
 
@@ -246,7 +246,7 @@ def test_grad_materialize_grads():
 def test_post_accumulate_grad_hook_sees_the_accumulated_grad():
     x = leaf([1.0, 2.0])
     seen = []
-    handle = x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.data.copy()))
+    handle = x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.array.copy()))
     (x * 2).sum().backward()
     (x * 3).sum().backward()
     np.testing.assert_array_equal(np.stack(seen), [[2.0, 2.0], [5.0, 5.0]])
@@ -279,7 +279,7 @@ def test_gradient_edge_output():
         (x_grad,) = hg.autograd.grad(tmp_edge, (x,), (tmp_grad,))
         out, _ = fn(x, reduce)
         (expected,) = hg.autograd.grad(out, (x,))
-        np.testing.assert_allclose(x_grad.data, expected.data, rtol=1e-12)
+        np.testing.assert_allclose(x_grad.array, expected.array, rtol=1e-12)
     with pytest.raises(RuntimeError, match="does not require gradients"):
         get_gradient_edge(hg.ones(2))
 
@@ -291,7 +291,7 @@ def test_saved_tensors_hooks_pack_and_unpack_every_saved_tensor():
 
     def pack(t):
         packed.append(t)
-        return t.data.copy()  # a copy outside the graph: the original may go
+        return t.array.copy()  # a copy outside the graph: the original may go
 
     def unpack(array):
         unpacked.append(array)
@@ -303,8 +303,8 @@ def test_saved_tensors_hooks_pack_and_unpack_every_saved_tensor():
     assert len(packed) == 2
     y.sum().backward()
     assert len(unpacked) == 2
-    np.testing.assert_array_equal(a.grad.data, [3.0, 4.0])
-    np.testing.assert_array_equal(b.grad.data, [1.0, 2.0])
+    np.testing.assert_array_equal(a.grad.array, [3.0, 4.0])
+    np.testing.assert_array_equal(b.grad.array, [1.0, 2.0])
 
 
 def test_saved_tensors_hooks_unpack_decides_the_value():
@@ -312,7 +312,7 @@ def test_saved_tensors_hooks_unpack_decides_the_value():
     with saved_tensors_hooks(lambda t: None, lambda _: hg.tensor(np.array([10.0, 10.0]))):
         y = a * a
     y.sum().backward()
-    np.testing.assert_array_equal(a.grad.data, [20.0, 20.0])
+    np.testing.assert_array_equal(a.grad.array, [20.0, 20.0])
 
 
 def test_saved_tensors_hooks_released_after_backward():
@@ -353,9 +353,9 @@ def test_checkpoint_without_reentrant_matches_and_works_with_grad():
     out = checkpoint(block, x, use_reentrant=False, scale=2.0)
     got = hg.autograd.grad(out.sum(), [x, w1, w2], retain_graph=True)
     for e, g in zip(expected, got):
-        np.testing.assert_allclose(g.data, e.data, rtol=1e-12)
+        np.testing.assert_allclose(g.array, e.array, rtol=1e-12)
     again = hg.autograd.grad(out.sum(), [w2])  # a second backward recomputes
-    np.testing.assert_allclose(again[0].data, expected[2].data, rtol=1e-12)
+    np.testing.assert_allclose(again[0].array, expected[2].array, rtol=1e-12)
     with pytest.raises(RuntimeError, match="not compatible with .grad"):
         hg.autograd.grad(checkpoint(block, x).sum(), [x])  # the reentrant one refuses
 
@@ -367,7 +367,7 @@ def test_checkpoint_without_reentrant_keeps_no_activation():
 
     def block(x):
         h = (x @ w1).tanh()
-        refs.append(weakref.ref(h.data))
+        refs.append(weakref.ref(h.array))
         return h @ w2
 
     out = checkpoint(block, x, use_reentrant=False)

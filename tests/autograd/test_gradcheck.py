@@ -20,7 +20,7 @@ class Cube(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x.data ** 3
+        return x.array ** 3
 
     @staticmethod
     def backward(ctx, g):
@@ -28,7 +28,7 @@ class Cube(Function):
         if Cube.mode == "wrong_first":
             return g * x * x * 2.0
         if Cube.mode == "detached":  # right values, but no graph: second derivative is lost
-            return g * hg.tensor(3.0 * x.data ** 2)
+            return g * hg.tensor(3.0 * x.array ** 2)
         return g * x * x * 3.0
 
 
@@ -83,9 +83,9 @@ def test_inputs_without_grad_are_constants(fast_mode):
 @MODES
 def test_non_contiguous_input_is_perturbed_in_place(fast_mode):
     x = hg.tensor(np.arange(1.0, 7.0).reshape(2, 3))
-    x.data = x.data.T  # a (3, 2) view with Fortran strides
+    x.array = x.array.T  # a (3, 2) view with Fortran strides
     x.requires_grad_()
-    assert not x.data.flags["C_CONTIGUOUS"]
+    assert not x.array.flags["C_CONTIGUOUS"]
     assert gradcheck(lambda t: (t * t).sum(0), (x,), fast_mode=fast_mode)
 
 
@@ -112,7 +112,7 @@ def test_wrong_input_is_named_by_its_position(fast_mode):
         @staticmethod
         def forward(ctx, a, c, b):
             ctx.save_for_backward(a, b)
-            return a.data * b.data + c.data
+            return a.array * b.array + c.array
 
         @staticmethod
         def backward(ctx, g):

@@ -231,11 +231,11 @@ def test_expanded_view_write_refused():
 
 def test_inplace_returns_self_and_keeps_memory():
     x = hg.tensor(np.arange(6.0).reshape(2, 3))
-    data = x.data
+    data = x.array
     view = x[0]
     for out in (x.add_(1), x.mul_(2), x.relu_(), x.clamp_(0, 5), x.copy_(hg.tensor(np.ones(3)))):
-        assert out is x and x.data is data
-    assert np.array_equal(view.data, np.ones(3))
+        assert out is x and x.array is data
+    assert np.array_equal(view.array, np.ones(3))
 
 
 def test_no_grad_writes_like_an_optimizer_step():
@@ -245,11 +245,11 @@ def test_no_grad_writes_like_an_optimizer_step():
     (p * p).sum().backward()
     with no_grad():
         p.add_(p.grad, alpha=-0.1)
-    np.testing.assert_allclose(p.data, [0.8, -1.6, 2.4])
+    np.testing.assert_allclose(p.array, [0.8, -1.6, 2.4])
     assert p.is_leaf and p._version == 1
     p.grad = None
     (p * 2).sum().backward()
-    np.testing.assert_allclose(p.grad.data, [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(p.grad.array, [2.0, 2.0, 2.0])
 
 
 def test_dropout_inplace_is_the_same_mask():
@@ -261,15 +261,15 @@ def test_dropout_inplace_is_the_same_mask():
     y = x * 1
     out = hg.nn.Dropout(0.4, inplace=True)(y)
     assert out is y and y._version == 1
-    np.testing.assert_array_equal(out.data, want.data)
+    np.testing.assert_array_equal(out.array, want.array)
     out.sum().backward()
-    scale = np.where(want.data != 0, 1 / 0.6, 0.0)
-    np.testing.assert_allclose(x.grad.data, scale)
+    scale = np.where(want.array != 0, 1 / 0.6, 0.0)
+    np.testing.assert_allclose(x.grad.array, scale)
 
 
 def test_relu_module_inplace_flag():
     y = hg.tensor(np.array([-1.0, 2.0]))
     assert hg.nn.ReLU(inplace=True)(y) is y
-    assert np.array_equal(y.data, [0.0, 2.0])
+    assert np.array_equal(y.array, [0.0, 2.0])
     z = hg.tensor(np.array([-1.0, 2.0]))
-    assert hg.nn.ReLU()(z) is not z and z.data[0] == -1.0
+    assert hg.nn.ReLU()(z) is not z and z.array[0] == -1.0

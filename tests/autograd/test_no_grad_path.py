@@ -29,7 +29,7 @@ def _check_plain(out, want):
     assert type(out) is hg.Tensor
     assert not out.requires_grad and out.grad_fn is None and out.is_leaf
     assert out.grad is None and out.output_nr == 0 and not out.retains_grad
-    np.testing.assert_array_equal(out.data, want)
+    np.testing.assert_array_equal(out.array, want)
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -54,11 +54,11 @@ def test_result_of_the_cheap_path_can_join_a_graph_later():
         y = hg.tensor(a) * hg.tensor(b)
     y.requires_grad_()
     (y * y).sum().backward()
-    np.testing.assert_allclose(y.grad.data, 2 * a * b, rtol=1e-6)
+    np.testing.assert_allclose(y.grad.array, 2 * a * b, rtol=1e-6)
     y.register_hook(lambda g: g * 2)  # a hook and a grad accumulator on a no-grad result
     y.grad = None
     (y * 3).sum().backward()
-    np.testing.assert_allclose(y.grad.data, np.full(3, 6.0, np.float32))
+    np.testing.assert_allclose(y.grad.array, np.full(3, 6.0, np.float32))
 
 
 def test_forward_of_a_function_runs_without_grad_when_no_input_needs_it():
@@ -68,7 +68,7 @@ def test_forward_of_a_function_runs_without_grad_when_no_input_needs_it():
         @staticmethod
         def forward(ctx, x, w):
             seen.append((hg.is_grad_enabled(), ctx.needs_input_grad[0], ctx.needs_input_grad[1]))
-            return (x * w).data  # a Tensor op inside forward records nothing
+            return (x * w).array  # a Tensor op inside forward records nothing
 
         @staticmethod
         def backward(ctx, g):
@@ -115,9 +115,9 @@ def test_backward_formulas_build_no_graph_unless_create_graph():
     z = _chain(x3, hg.tensor(c), hg.tensor(np.full(5, 0.5, np.float32)), 6)
     (gx,) = hg.autograd.grad(z.sum(), x, create_graph=True)
     assert gx.requires_grad and gx.grad_fn is not None
-    np.testing.assert_allclose(gx.data, 3 * a * a * c ** 3, rtol=1e-5)
+    np.testing.assert_allclose(gx.array, 3 * a * a * c ** 3, rtol=1e-5)
     (ggx,) = hg.autograd.grad(gx.sum(), x)
-    np.testing.assert_allclose(ggx.data, 6 * a * c ** 3, rtol=1e-5)
+    np.testing.assert_allclose(ggx.array, 6 * a * c ** 3, rtol=1e-5)
 
 
 def test_formulas_under_no_grad_match_torch():
@@ -131,8 +131,8 @@ def test_formulas_under_no_grad_match_torch():
         tx = torch.from_numpy(a.copy()).requires_grad_()
         ty = torch.from_numpy(b.copy()).requires_grad_()
         f(tx, ty).backward()
-        np.testing.assert_allclose(x.grad.data, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(y.grad.data, ty.grad.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(x.grad.array, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y.grad.array, ty.grad.numpy(), rtol=1e-5, atol=1e-6)
         assert x.grad.grad_fn is None and not x.grad.requires_grad
 
 
@@ -150,6 +150,6 @@ def test_tensor_attribute_stores_stay_c_stores():
     for name in ("data", "requires_grad", "grad_fn"):
         with pytest.raises(RuntimeError, match=f"The {name} attribute"):
             delattr(x, name)
-    x.data = np.zeros(3, np.float32)  # assignment still works, as before
-    np.testing.assert_array_equal(x.data, np.zeros(3, np.float32))
+    x.array = np.zeros(3, np.float32)  # assignment still works, as before
+    np.testing.assert_array_equal(x.array, np.zeros(3, np.float32))
     assert x.requires_grad and x.grad_fn is None

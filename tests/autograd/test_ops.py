@@ -69,7 +69,7 @@ def check_op(fn, ref, *arrays, second=False):
     out = fn(*tensors)
     assert out.shape == want.shape
     assert out.dtype == np.float64
-    np.testing.assert_allclose(out.data, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.array, want, rtol=1e-10, atol=1e-12)
     assert gradcheck(fn, tensors)
     if second:
         assert gradgradcheck(fn, tensors)
@@ -77,7 +77,7 @@ def check_op(fn, ref, *arrays, second=False):
     singles = [leaf(a, np.float32) for a in arrays]
     out32 = fn(*singles)
     assert out32.dtype == np.float32
-    np.testing.assert_allclose(out32.data, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out32.array, want, rtol=1e-4, atol=1e-5)
     grads = grad(out32, singles, hg.ones_like(out32), allow_unused=True)
     assert all(g is None or g.dtype == np.float32 for g in grads)
 
@@ -296,7 +296,7 @@ def test_max_along_dim(shape_dim, keepdim, seed):
     check_op(lambda t: t.max(dim, keepdim=keepdim).values,
              lambda a: np.max(a, axis=axis, keepdims=keepdim), x)
     indices = hg.max(hg.tensor(x), dim, keepdim=keepdim).indices
-    np.testing.assert_array_equal(indices.data, np.argmax(x, axis=axis, keepdims=keepdim)
+    np.testing.assert_array_equal(indices.array, np.argmax(x, axis=axis, keepdims=keepdim)
                                   if axis is not None else 0)
 
 
@@ -309,12 +309,12 @@ def test_max_of_all(shape, seed):
 def test_max_ties_amax_shares_and_max_dim_picks_the_index():
     x = leaf([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])
     x.amax(1).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, [[0, 0.5, 0.5], [0.5, 0.5, 0]])
+    np.testing.assert_array_equal(x.grad.array, [[0, 0.5, 0.5], [0.5, 0.5, 0]])
     x.grad = None
     values, indices = x.max(1)
     values.sum().backward()
-    np.testing.assert_array_equal(indices.data, [1, 0])
-    np.testing.assert_array_equal(x.grad.data, [[0, 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(indices.array, [1, 0])
+    np.testing.assert_array_equal(x.grad.array, [[0, 1, 0], [1, 0, 0]])
 
 
 def test_empty_dim_tuple_reduces_every_axis_as_in_pytorch():
@@ -343,8 +343,8 @@ def test_softmax(name, shape_dim, seed):
 
 def test_softmax_is_stable_for_large_inputs():
     x = hg.tensor(np.array([1000.0, 0.0, -1000.0]))
-    np.testing.assert_allclose(x.softmax().data, [1, 0, 0])
-    np.testing.assert_allclose(x.log_softmax().data, [0, -1000, -2000])
+    np.testing.assert_allclose(x.softmax().array, [1, 0, 0])
+    np.testing.assert_allclose(x.log_softmax().array, [0, -1000, -2000])
 
 
 # --- shapes ---------------------------------------------------------------------------------------
@@ -491,7 +491,7 @@ def test_index_select_takes_a_0d_index_as_one_element():
 def test_cat_of_tensors_that_do_not_all_require_grad():
     x, c = leaf(np.ones((2, 2))), hg.tensor(np.zeros((1, 2)))
     hg.cat([c, x, c], 0).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, np.ones((2, 2)))
+    np.testing.assert_array_equal(x.grad.array, np.ones((2, 2)))
 
 
 # --- indexing -------------------------------------------------------------------------------------
@@ -554,7 +554,7 @@ MIXED_INDICES = {
 @pytest.mark.parametrize("name", MIXED_INDICES)
 def test_getitem_mixed(name):
     index = MIXED_INDICES[name]
-    plain = tuple(i.data if isinstance(i, hg.Tensor) else np.asarray(i, None if i else np.intp)
+    plain = tuple(i.array if isinstance(i, hg.Tensor) else np.asarray(i, None if i else np.intp)
                   if isinstance(i, list) else i
                   for i in (index if isinstance(index, tuple) else (index,)))
     x = normal(np.random.default_rng(2), (3, 4, 2))
@@ -616,12 +616,12 @@ def test_cast_round_trip_gives_gradient_in_the_input_dtype():
     x = leaf([0.1, 1.0 / 3.0, 2.5])
     y = x.to(np.float32)
     assert y.dtype == np.float32
-    np.testing.assert_array_equal(y.data, x.data.astype(np.float32))
+    np.testing.assert_array_equal(y.array, x.array.astype(np.float32))
     z = (y * 3.0).to(np.float64)
     assert z.dtype == np.float64
     (z * hg.tensor(np.array([1.0, 2.0, 4.0]))).sum().backward()
     assert x.grad.dtype == np.float64
-    np.testing.assert_allclose(x.grad.data, [3.0, 6.0, 12.0])
+    np.testing.assert_allclose(x.grad.array, [3.0, 6.0, 12.0])
 
 
 def test_cast_up_gives_a_float32_leaf_a_float32_gradient():
@@ -629,7 +629,7 @@ def test_cast_up_gives_a_float32_leaf_a_float32_gradient():
     w = hg.tensor(np.array([1.0 / 3.0, 2.0]))
     (x.double() * w).sum().backward()
     assert x.grad.dtype == np.float32
-    np.testing.assert_allclose(x.grad.data, [1.0 / 3.0, 2.0], rtol=1e-7)
+    np.testing.assert_allclose(x.grad.array, [1.0 / 3.0, 2.0], rtol=1e-7)
 
 
 def test_cast_gradient_of_gradient():
@@ -637,7 +637,7 @@ def test_cast_gradient_of_gradient():
     (g,) = grad((x.float().double() ** 3).sum(), x, create_graph=True)
     assert g.dtype == np.float64
     (gg,) = grad(g.sum(), x)
-    np.testing.assert_allclose(gg.data, 6 * x.data, rtol=1e-6)
+    np.testing.assert_allclose(gg.array, 6 * x.array, rtol=1e-6)
 
 
 # --- regressions ----------------------------------------------------------------------------------
@@ -648,9 +648,9 @@ def test_where_and_scalar_pow_run_without_a_graph():
     Where) unless create_graph was set."""
     x = leaf([0.5, -1.0])
     with hg.no_grad():
-        np.testing.assert_array_equal(hg.where(x > 0, x, 0.0).data, [0.5, 0.0])
+        np.testing.assert_array_equal(hg.where(x > 0, x, 0.0).array, [0.5, 0.0])
     (2.0 ** x).sum().backward()
-    np.testing.assert_allclose(x.grad.data, 2.0 ** x.data * math.log(2.0))
+    np.testing.assert_allclose(x.grad.array, 2.0 ** x.array * math.log(2.0))
 
 
 # op on a 0-d tensor: (op(t, dim), numpy reference)
@@ -744,7 +744,7 @@ def test_function_form_with_a_number_first_keeps_the_tensors_dtype(fn):
     x = hg.tensor(np.array([1.0, 2.0], dtype=np.float32), requires_grad=True)
     out = fn(2, x)
     assert out.dtype == np.float32
-    np.testing.assert_allclose(out.data, {hg.add: [3, 4], hg.sub: [1, 0], hg.mul: [2, 4],
+    np.testing.assert_allclose(out.array, {hg.add: [3, 4], hg.sub: [1, 0], hg.mul: [2, 4],
                                           hg.div: [2, 1], hg.pow: [2, 4]}[fn])
     (g,) = grad(out.sum(), x)
     assert g.dtype == np.float32

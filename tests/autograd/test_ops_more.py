@@ -105,7 +105,7 @@ def test_matches_pytorch(name):
     torch = pytest.importorskip("torch")
     hg_lib = SimpleNamespace(m=hg, index=lambda a: hg.tensor(a), grad=grad,
                              tensor=lambda a, rg: hg.tensor(a, requires_grad=rg),
-                             numpy=lambda t: t.data)
+                             numpy=lambda t: t.array)
     torch_lib = SimpleNamespace(m=torch, index=torch.from_numpy, grad=torch.autograd.grad,
                                 tensor=lambda a, rg: torch.tensor(a, requires_grad=rg),
                                 numpy=lambda t: t.detach().numpy())
@@ -132,15 +132,15 @@ def test_indices_and_return_types_match_pytorch(op, data):
     got, want = calls[op](hg, x), calls[op](torch, t)
     if isinstance(want, tuple):
         assert type(got).__name__ == type(want).__name__ and got._fields == ("values", "indices")
-        np.testing.assert_array_equal(got.values.data, want.values.numpy())
+        np.testing.assert_array_equal(got.values.array, want.values.numpy())
         assert got.indices.dtype == np.int64
         if op == "topk" and data is TIES:  # which of tied elements comes first is unspecified
-            picked = np.take_along_axis(data, got.indices.data, -1)
+            picked = np.take_along_axis(data, got.indices.array, -1)
             np.testing.assert_array_equal(picked, want.values.numpy())
         else:
-            np.testing.assert_array_equal(got.indices.data, want.indices.numpy())
+            np.testing.assert_array_equal(got.indices.array, want.indices.numpy())
     else:
-        np.testing.assert_array_equal(got.data, want.numpy())
+        np.testing.assert_array_equal(got.array, want.numpy())
 
 
 def test_pieces_match_pytorch_shapes():
@@ -164,7 +164,7 @@ def test_cumsum_dtypes_match_pytorch():
         got, want = hg.tensor(data).cumsum(0), torch.from_numpy(data).cumsum(0)
         assert str(want.dtype).endswith(str(got.dtype)) or (got.dtype == np.int64
                                                             and want.dtype == torch.int64)
-        np.testing.assert_array_equal(got.data, want.numpy())
+        np.testing.assert_array_equal(got.array, want.numpy())
     assert hg.tensor(np.arange(3)).cumsum(0, dtype=np.float64).dtype == np.float64
 
 
@@ -172,23 +172,23 @@ def test_cumsum_dtypes_match_pytorch():
 def test_by_hand():
     x = hg.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
     a, b = x.split([1, 2], dim=1)
-    np.testing.assert_array_equal(b.data, [[1, 2], [4, 5]])
+    np.testing.assert_array_equal(b.array, [[1, 2], [4, 5]])
     (a.sum() * 2 + b.sum() * 3).backward()
-    np.testing.assert_array_equal(x.grad.data, [[2, 3, 3], [2, 3, 3]])
-    np.testing.assert_array_equal(x.cumsum(1).data, [[0, 1, 3], [3, 7, 12]])
-    np.testing.assert_array_equal(x.masked_fill(x.data > 3, -1.0).data, [[0, 1, 2], [3, -1, -1]])
+    np.testing.assert_array_equal(x.grad.array, [[2, 3, 3], [2, 3, 3]])
+    np.testing.assert_array_equal(x.cumsum(1).array, [[0, 1, 3], [3, 7, 12]])
+    np.testing.assert_array_equal(x.masked_fill(x.array > 3, -1.0).array, [[0, 1, 2], [3, -1, -1]])
     out = hg.zeros(3).scatter_add(0, hg.tensor(np.array([0, 2, 0, 0])), hg.tensor([1.0, 2, 3, 4]))
-    np.testing.assert_array_equal(out.data, [8, 0, 2])
+    np.testing.assert_array_equal(out.array, [8, 0, 2])
     values, indices = hg.tensor([1.0, 5.0, 3.0, 5.0]).topk(3)
-    np.testing.assert_array_equal(values.data, [5, 5, 3])
-    np.testing.assert_array_equal(indices.data, [1, 3, 2])  # ties in index order
+    np.testing.assert_array_equal(values.array, [5, 5, 3])
+    np.testing.assert_array_equal(indices.array, [1, 3, 2])  # ties in index order
     np.testing.assert_allclose(hg.sin(hg.tensor(np.pi / 2)).item(), 1.0)
     np.testing.assert_allclose(hg.cos(hg.tensor(np.pi)).item(), -1.0)
 
 
 def test_topk_puts_nan_first_as_largest():
     values, indices = hg.tensor([1.0, np.nan, 3.0]).topk(2)
-    assert np.isnan(values.data[0]) and values.data[1] == 3 and indices.tolist() == [1, 2]
+    assert np.isnan(values.array[0]) and values.array[1] == 3 and indices.tolist() == [1, 2]
     values, indices = hg.tensor([1.0, np.nan, 3.0]).topk(2, largest=False)
     assert values.tolist() == [1.0, 3.0]
 
@@ -219,11 +219,11 @@ def test_maximum_splits_ties_and_passes_nan():
     a = hg.tensor([1.0, 2.0, np.nan], requires_grad=True)
     b = hg.tensor([1.0, 3.0, 0.0], requires_grad=True)
     out = hg.maximum(a, b)
-    np.testing.assert_array_equal(out.data[:2], [1, 3])
-    assert np.isnan(out.data[2])
+    np.testing.assert_array_equal(out.array[:2], [1, 3])
+    assert np.isnan(out.array[2])
     out.sum().backward()
-    np.testing.assert_array_equal(a.grad.data, [0.5, 0, 1])
-    np.testing.assert_array_equal(b.grad.data, [0.5, 1, 1])
+    np.testing.assert_array_equal(a.grad.array, [0.5, 0, 1])
+    np.testing.assert_array_equal(b.grad.array, [0.5, 1, 1])
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def test_error_in_replay_names_node_and_next_backward_works():
 
         @staticmethod
         def forward(ctx, a):
-            return a.data * 1.0
+            return a.array * 1.0
 
         @staticmethod
         def backward(ctx, g):

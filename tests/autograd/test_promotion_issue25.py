@@ -86,7 +86,7 @@ def _check(got, want, what):
     assert isinstance(got, Tensor), what
     assert str(got.dtype) == _torch_name(want.dtype), f"{what}: {got.dtype}, torch {want.dtype}"
     rtol = 2e-3 if got.dtype == np.float16 else 1e-6
-    np.testing.assert_allclose(got.data.astype(np.float64),
+    np.testing.assert_allclose(got.array.astype(np.float64),
                                want.detach().numpy().astype(np.float64),
                                rtol=rtol, err_msg=what)
 
@@ -159,7 +159,7 @@ def test_float32_times_0d_float64_rounds_as_torch():
     """The product is computed in float32, not computed in float64 and rounded once."""
     a = np.float32([1.0000001, 3.3333333, 1e-8])
     b = np.array(0.1)
-    got = (Tensor(a) * Tensor(b)).data
+    got = (Tensor(a) * Tensor(b)).array
     want = (torch.from_numpy(a) * torch.from_numpy(b)).numpy()
     assert got.dtype == want.dtype == np.float32
     np.testing.assert_array_equal(got, want)
@@ -200,7 +200,7 @@ def test_mixed_dtype_gradients_come_back_in_each_inputs_dtype(op, case):
     for h, t in zip(hx, tx):
         assert h.grad.dtype == h.dtype and h.grad.shape == h.shape
         rtol = 5e-3 if np.float16 in (h.dtype, out.dtype) else 1e-5
-        np.testing.assert_allclose(h.grad.data.astype(np.float64),
+        np.testing.assert_allclose(h.grad.array.astype(np.float64),
                                    t.grad.numpy().astype(np.float64), rtol=rtol, atol=1e-6)
 
 
@@ -252,7 +252,7 @@ TORCH2 = _Lib(torch, lambda a: torch.tensor(a, requires_grad=True),
 
 def _np(t):
     return None if t is None else (t.detach().numpy(force=True) if isinstance(t, torch.Tensor)
-                                   else t.data)
+                                   else t.array)
 
 
 def _double_backward(lib, name):
@@ -286,7 +286,7 @@ def test_relu_and_abs_first_derivative_requires_grad_on_their_own(name):
     g = hg_grad(getattr(x, name)().sum(), x, create_graph=True)[0]
     assert g.requires_grad and g.grad_fn is not None
     (g * g).sum().backward()
-    np.testing.assert_array_equal(x.grad.data, np.zeros_like(X_TWICE))
+    np.testing.assert_array_equal(x.grad.array, np.zeros_like(X_TWICE))
 
 
 def test_issue_example_penalty_through_relu_reaches_w():

@@ -14,11 +14,11 @@ class RowLookup(Function):
     @staticmethod
     def forward(ctx, weight, rows):
         ctx.rows, ctx.shape = rows, weight.shape
-        return weight.data[rows]
+        return weight.array[rows]
 
     @staticmethod
     def backward(ctx, g):
-        return SparseCOOTensor(ctx.rows, g.data.reshape(len(ctx.rows), -1), ctx.shape), None
+        return SparseCOOTensor(ctx.rows, g.array.reshape(len(ctx.rows), -1), ctx.shape), None
 
 
 def weight():
@@ -30,13 +30,13 @@ def test_sparse_grad_reaches_grad_and_matches_dense():
     rows = np.array([0, 2, 0])
     (RowLookup.apply(w, rows) * 2.0).sum().backward()
     assert w.grad.is_sparse
-    dense = w.grad.to_dense().data
+    dense = w.grad.to_dense().array
     expected = np.zeros((4, 3))
     np.add.at(expected, rows, 2.0)
     np.testing.assert_array_equal(dense, expected)
     coalesced = w.grad.coalesce()
     np.testing.assert_array_equal(coalesced.indices, [0, 2])
-    np.testing.assert_array_equal(coalesced.to_dense().data, expected)
+    np.testing.assert_array_equal(coalesced.to_dense().array, expected)
 
 
 def test_sparse_grads_accumulate_across_backwards_and_with_dense():
@@ -50,14 +50,14 @@ def test_sparse_grads_accumulate_across_backwards_and_with_dense():
     assert not w2.grad.is_sparse
     expected = np.ones((4, 3))
     expected[1] += 1
-    np.testing.assert_array_equal(w2.grad.data, expected)
+    np.testing.assert_array_equal(w2.grad.array, expected)
 
 
 def test_sparse_grad_of_wrong_shape_is_rejected():
     class Bad(Function):
         @staticmethod
         def forward(ctx, weight):
-            return weight.data.copy()
+            return weight.array.copy()
 
         @staticmethod
         def backward(ctx, g):

@@ -75,7 +75,7 @@ def main(argv=None):
         if args.ready and rank == args.ready_rank and step == 1:
             Path(args.ready).touch()
     if args.out and rank == 0:
-        np.savez(args.out, **{name: p.data for name, p in ddp.module.named_parameters()})
+        np.savez(args.out, **{name: p.array for name, p in ddp.module.named_parameters()})
     dist.barrier()
     return 0
 

@@ -104,7 +104,7 @@ def test_train_ddp_on_two_nodes_equals_one_process(launch, cl, tmp_path):
         assert err <= TRAIN_TOL, f"{name}: 2 nodes x 2 ranks and 1 process differ by {err:.3g} > {TRAIN_TOL}"
     # ...and the steps did move the weights, far more than the tolerance
     hg.manual_seed(0)  # the job's --seed 0
-    initial = {name: p.data for name, p in load_train_ddp().build_model("cnn").named_parameters()}
+    initial = {name: p.array for name, p in load_train_ddp().build_model("cnn").named_parameters()}
     assert initial.keys() == want.keys()
     assert min(np.max(np.abs(want[k] - initial[k])) for k in want) > 100 * TRAIN_TOL
 
@@ -124,8 +124,8 @@ def reference_params(steps):
             p.grad = None
         ddp_job.mse(model(hg.tensor(x)), y).backward()
         for p in model.parameters():
-            p.data -= ddp_job.LR * p.grad.data
-    return {name: p.data for name, p in model.named_parameters()}
+            p.array -= ddp_job.LR * p.grad.array
+    return {name: p.array for name, p in model.named_parameters()}
 
 
 def test_ddp_on_two_nodes_equals_one_process(launch, cl, tmp_path):
@@ -143,7 +143,7 @@ def test_ddp_on_two_nodes_equals_one_process(launch, cl, tmp_path):
     for name, value in got.items():
         err = np.max(np.abs(value - want[name]))
         assert err <= DDP_TOL, f"{name}: DDP on 2 nodes and 1 process differ by {err:.3g} > {DDP_TOL}"
-    initial = {name: p.data for name, p in ddp_job.make_model().named_parameters()}
+    initial = {name: p.array for name, p in ddp_job.make_model().named_parameters()}
     assert min(np.max(np.abs(want[k] - initial[k])) for k in want) > 1e-6
     # Node1's ranks end each step with node2's share of the gradient sum, a float64 per parameter
     # that node1 cannot compute itself, so at least that many bytes left node2 over its link.

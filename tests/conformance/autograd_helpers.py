@@ -10,7 +10,7 @@ from hpcgrad.autograd import Function
 def arr(x):
     """The numpy array behind a Tensor (or a number/array as given)."""
     if isinstance(x, hg.Tensor):
-        return np.asarray(x.detach().data)
+        return np.asarray(x.detach().array)
     return np.asarray(x)
 
 

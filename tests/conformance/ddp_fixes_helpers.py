@@ -42,18 +42,18 @@ def same_on_all_ranks(group, arrays):
 
 
 def params_of(model):
-    return {n: p.data for n, p in model.named_parameters()}
+    return {n: p.array for n, p in model.named_parameters()}
 
 
 def grads_of(model):
-    return {n: p.grad.data for n, p in model.named_parameters() if p.grad is not None}
+    return {n: p.grad.array for n, p in model.named_parameters() if p.grad is not None}
 
 
 def model_step(model):
     """distributed_test.py's _model_step: p += p.grad, then grad = None."""
     for p in model.parameters():
         if p.grad is not None:
-            p.data += p.grad.data
+            p.array += p.grad.array
             p.grad = None
 
 
@@ -167,7 +167,7 @@ def ddp_checkpointing(group, make_model, use_bucket_view, find_unused_parameters
         train_model(ddp_model, ddp_inp, ddp_target, run_checkpoint)
         for (name, p), q in zip(model.named_parameters(), ddp_model.parameters()):
             assert p.grad is not None and q.grad is not None, name
-            np.testing.assert_allclose(q.grad.data, p.grad.data, rtol=1.3e-6, atol=5e-5,
+            np.testing.assert_allclose(q.grad.array, p.grad.array, rtol=1.3e-6, atol=5e-5,
                                        err_msg=name)
     same_on_all_ranks(group, grads_of(ddp_model))
     return ddp_model

@@ -33,9 +33,9 @@ def arr(x):
     if x is None:
         return None
     if getattr(x, "is_sparse", False):
-        return np.asarray(x.to_dense().data)
+        return np.asarray(x.to_dense().array)
     if isinstance(x, hg.Tensor):
-        return np.asarray(x.detach().data)
+        return np.asarray(x.detach().array)
     return np.asarray(x)
 
 
@@ -293,9 +293,9 @@ def model_step(model, zero_grad=False):
     for p in model.parameters():
         if p.grad is None:
             continue
-        p.data += p.grad.data
+        p.array += p.grad.array
         if zero_grad:
-            p.grad.data[...] = 0
+            p.grad.array[...] = 0
         else:
             p.grad = None
 
@@ -303,7 +303,7 @@ def model_step(model, zero_grad=False):
 def clear_grad(t):
     """grad.requires_grad_(False); grad.zero_() of PyTorch's loops (keeps the same array)."""
     if t.grad is not None:
-        t.grad.data[...] = 0
+        t.grad.array[...] = 0
 
 
 def ddp(module, group, **kwargs):

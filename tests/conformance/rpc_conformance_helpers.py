@@ -223,8 +223,8 @@ def backward(context_id, roots, retain_graph=False, timeout=WAIT):
 
 
 def assert_close(got, want, where=""):
-    got = got.data if isinstance(got, hg.Tensor) else np.asarray(got)
-    want = want.data if isinstance(want, hg.Tensor) else np.asarray(want)
+    got = got.array if isinstance(got, hg.Tensor) else np.asarray(got)
+    want = want.array if isinstance(want, hg.Tensor) else np.asarray(want)
     assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
     tol = 1e-5 if np.result_type(got.dtype, want.dtype) == np.float32 else 1e-10
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=where)
@@ -278,12 +278,12 @@ class _Cos(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return hg.Tensor._make(np.cos(x.data), False, None, 0)
+        return hg.Tensor._make(np.cos(x.array), False, None, 0)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return g * hg.tensor(-np.sin(x.data))
+        return g * hg.tensor(-np.sin(x.array))
 
 
 def cos(x):
@@ -345,7 +345,7 @@ def compare_owner_value(context_id, rref, grad):
     """On the RRef's owner: the context's gradient of its value equals ``grad``."""
     grads = dist_autograd.get_gradients(context_id)
     got = grads[rref.local_value()]
-    return got.data.shape == grad.shape and bool(np.allclose(got.data, grad, rtol=1e-5))
+    return got.array.shape == grad.shape and bool(np.allclose(got.array, grad, rtol=1e-5))
 
 
 def create_tensor():
@@ -579,9 +579,9 @@ def foo_add():
 
 
 def non_cont_test(t_view, t_cont):
-    if t_view.data.flags.c_contiguous:
+    if t_view.array.flags.c_contiguous:
         raise Exception("t_view is contiguous!")  # noqa: TRY002  (PyTorch's)
-    if not t_cont.data.flags.c_contiguous:
+    if not t_cont.array.flags.c_contiguous:
         raise Exception("t_cont is not contiguous!")  # noqa: TRY002
     if not np.array_equal(t_view.data, t_cont.data):
         raise Exception("t_view is not equal to t_cont!")  # noqa: TRY002

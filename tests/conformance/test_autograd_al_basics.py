@@ -187,7 +187,7 @@ class _Unbind(Function):
 
     @staticmethod
     def forward(ctx, x):
-        return tuple(x.data[i].copy() for i in range(x.shape[0]))
+        return tuple(x.array[i].copy() for i in range(x.shape[0]))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -630,7 +630,7 @@ def test_attribute_deletion():
     del x.grad
     assert x.grad is None
     with pytest.raises(RuntimeError):
-        del x.data
+        del x.array
     # PyTorch also refuses `x.data = None` (TypeError): hpcgrad's data is a plain slot, read on
     # every op, so assignments are not checked (README: not built).
     with pytest.raises(RuntimeError):

@@ -32,7 +32,7 @@ class _VarMean(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        data = x.data
+        data = x.array
         return data.var(0, ddof=1), data.mean(0)
 
     @staticmethod

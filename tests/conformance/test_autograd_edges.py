@@ -41,7 +41,7 @@ ROWS = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1
 def _hg_lib():
     return SimpleNamespace(name="hpcgrad", m=hg,
                            tensor=lambda a, rg: hg.tensor(a, requires_grad=rg),
-                           index=lambda a: a, gelu=hg.gelu, grad=grad, numpy=lambda t: t.data)
+                           index=lambda a: a, gelu=hg.gelu, grad=grad, numpy=lambda t: t.array)
 
 
 def _torch_lib(torch):
@@ -225,8 +225,8 @@ def hpcgrad_derivatives(fn, x, upstream=None):
         second = np.zeros(np.shape(x))
         if g.requires_grad:
             (s,) = grad(g.sum(), t, allow_unused=True)
-            second = second if s is None else s.data
-    return g.data, second
+            second = second if s is None else s.array
+    return g.array, second
 
 
 # name: (fn, x, upstream, PyTorch's gradient, PyTorch's second derivative); values from torch 2.13.

@@ -318,7 +318,7 @@ def test_inplace_on_view_non_contig():
     """test_inplace_on_view_non_contig: a non-contiguous base."""
     data = np.ones((2, 3, 2))[:, :, 1].T  # select(2, 1).t(): shape (3, 2), not contiguous
     root = leaf(data.copy())
-    root.data = data  # keep it non-contiguous, as PyTorch's test
+    root.array = data  # keep it non-contiguous, as PyTorch's test
     x = root.clone()
     v1 = x.narrow(0, 0, 1)
     v2 = v1.narrow(1, 1, 1)

@@ -103,7 +103,7 @@ class _Chunk(Function):
 
     @staticmethod
     def forward(ctx, x):
-        return tuple(x[2 * i:2 * i + 2].data.copy() for i in range(5))
+        return tuple(x[2 * i:2 * i + 2].array.copy() for i in range(5))
 
     @staticmethod
     def backward(ctx, *grads):

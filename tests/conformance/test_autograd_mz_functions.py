@@ -291,7 +291,7 @@ def test_no_grad_copy():
 
         @staticmethod
         def backward(ctx, grad):
-            static["grad"] = data_ptr(grad.data)
+            static["grad"] = data_ptr(grad.array)
             return grad, grad
 
     class NonContGradFunc(Function):
@@ -307,13 +307,13 @@ def test_no_grad_copy():
     a = m.randn(5, 6, requires_grad=True)
     b = m.randn(5, 6, requires_grad=True, seed=1)
     NonContGradFunc.apply(MyFunc.apply(a, b)).backward()
-    assert data_ptr(a.grad.data) != static["grad"]
-    assert data_ptr(b.grad.data) != static["grad"]
+    assert data_ptr(a.grad.array) != static["grad"]
+    assert data_ptr(b.grad.array) != static["grad"]
     close(a.grad, np.ones((5, 6)))
 
     a.grad = b.grad = None
     MyFunc.apply(a, b)[1][0].backward()
-    p_a, p_b, p_g = data_ptr(a.grad.data), data_ptr(b.grad.data), static["grad"]
+    p_a, p_b, p_g = data_ptr(a.grad.array), data_ptr(b.grad.array), static["grad"]
     assert p_a != p_b  # a and b get different buffers
     assert p_a == p_g or p_b == p_g  # one of them takes the computed one
     expected = np.zeros((5, 6))

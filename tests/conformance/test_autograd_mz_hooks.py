@@ -24,7 +24,7 @@ close = m.h.assert_close
 
 
 def _sub_grad(tensor):
-    tensor.data -= tensor.grad.data  # tensor.sub_(tensor.grad)
+    tensor.array -= tensor.grad.array  # tensor.sub_(tensor.grad)
 
 
 def test_post_accumulate_grad_hook_on_non_leaf():
@@ -37,7 +37,7 @@ def test_post_accumulate_grad_hook_on_non_leaf():
 
 def test_post_accumulate_grad_hook_multiple_hooks():
     def hook2(tensor):
-        tensor.data *= 4.0  # tensor.mul_(4.0)
+        tensor.array *= 4.0  # tensor.mul_(4.0)
 
     tensor = m.rand(3, requires_grad=True)
     tensor_ref = m.h.arr(tensor).copy()
@@ -114,8 +114,8 @@ def test_post_accumulate_grad_hook_gets_cleaned_up():
         thing_to_put_in_hook = m.rand(3, seed=1)
 
         def hook(tensor):
-            tensor.data -= tensor.grad.data
-            tensor.data += thing_to_put_in_hook.data
+            tensor.array -= tensor.grad.array
+            tensor.array += thing_to_put_in_hook.array
 
         tensor = m.rand(3, requires_grad=True)
         tensor.register_post_accumulate_grad_hook(hook)
@@ -147,7 +147,7 @@ def test_post_accumulate_grad_hook_ordering():
         return (grad_out[0] / 5.0,)
 
     def post_acc_grad_hook(tensor):
-        tensor.grad.data += 0.5  # tensor.grad.add_(0.5)
+        tensor.grad.array += 0.5  # tensor.grad.add_(0.5)
 
     def acc_grad_node_post_hook(grad_in, grad_out):
         tensor.grad = grad_out[0] * 10

@@ -38,7 +38,7 @@ def kept_alive(op):
     """Whether ``z = op(y)`` keeps y's Tensor or y's array alive once the caller drops y."""
     x, y = _intermediate()
     z = op(y)
-    refs = (weakref.ref(y), weakref.ref(y.data))
+    refs = (weakref.ref(y), weakref.ref(y.array))
     del y
     gc.collect()
     alive = any(r() is not None for r in refs)
@@ -99,7 +99,7 @@ def test_result_does_not_keep_the_input(name):
 def test_saved_input_lives_until_backward_frees_it(name):
     x, y = _intermediate()
     z = SAVED[name](y)
-    refs = (weakref.ref(y), weakref.ref(y.data))
+    refs = (weakref.ref(y), weakref.ref(y.array))
     del y
     gc.collect()
     assert any(r() is not None for r in refs), f"{name}: PyTorch saves y for backward"
@@ -118,14 +118,14 @@ def test_free_unneeded_tensor():
     def forward():
         shifted = x + 2
         product = shifted * m
-        kept.extend([weakref.ref(shifted.data), weakref.ref(product.data)])
+        kept.extend([weakref.ref(shifted.array), weakref.ref(product.array)])
         return product.sum()
 
     z = forward()
     gc.collect()
     assert [r() for r in kept] == [None, None]
     z.backward()
-    assert_close(x.grad, np.broadcast_to(m.data, x.shape))
+    assert_close(x.grad, np.broadcast_to(m.array, x.shape))
 
 
 # --- a second backward -------------------------------------------------------------------------
@@ -168,14 +168,14 @@ IDX = np.array([0, 0, 2])
 SECOND_BACKWARD_RAISES = {
     "integer_array_index": lambda x: x[IDX].sum(),
     "list_index": lambda x: x[[2, 0]].sum(),
-    "boolean_mask": lambda x: x[x.data > 0].sum(),
+    "boolean_mask": lambda x: x[x.array > 0].sum(),
     "mixed_slice_and_array": lambda x: x[1:, IDX].sum(),
     "gather": lambda x: x.gather(1, np.array([[0], [1], [2]])).sum(),
     "index_select": lambda x: x.index_select(1, np.array([0, 3])).sum(),
     "max_dim": lambda x: x.max(1).values.sum(),
     "max": lambda x: x.max(),
     "amax": lambda x: x.amax(1).sum(),
-    "where": lambda x: hg.where(x.data > 0, x, 0.0).sum(),
+    "where": lambda x: hg.where(x.array > 0, x, 0.0).sum(),
     "mul_by_number": lambda x: (x * 2).sum(),
     "div_by_number": lambda x: (x / 2).sum(),
     "exp": lambda x: x.exp().sum(),
@@ -218,7 +218,7 @@ def test_second_backward_without_saved_tensors_runs(name):
     x = randn(3, 4)
     y = SECOND_BACKWARD_ALLOWED[name](x)
     y.backward()
-    first = x.grad.data.copy()
+    first = x.grad.array.copy()
     y.backward()
     assert_close(x.grad, 2 * first)
 
@@ -228,7 +228,7 @@ def test_retain_graph_keeps_index_for_second_backward(name):
     x = randn(3, 4)
     y = SECOND_BACKWARD_RAISES[name](x)
     y.backward(retain_graph=True)
-    first = x.grad.data.copy()
+    first = x.grad.array.copy()
     y.backward()
     assert_close(x.grad, 2 * first)
 
@@ -242,4 +242,4 @@ def test_second_order_through_indexing(name):
     (c,) = hg.autograd.grad(SECOND_BACKWARD_RAISES[name](x), x)
     (g,) = hg.autograd.grad(SECOND_BACKWARD_RAISES[name](x) ** 2, x, create_graph=True)
     (gg,) = hg.autograd.grad(g.sum(), x)
-    assert_close(gg, 2 * c.data * c.data.sum())
+    assert_close(gg, 2 * c.array * c.array.sum())

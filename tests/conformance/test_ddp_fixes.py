@@ -138,7 +138,7 @@ def test_two_backwards_through_one_forward_finalize_in_the_second(group):
         out1.sum().backward()
         mean = sum(r + 1 for r in range(group.size())) / group.size()
         for head in (model.module.h0, model.module.h1):
-            np.testing.assert_allclose(head.weight.grad.data, np.full((3, 2), mean))
+            np.testing.assert_allclose(head.weight.grad.array, np.full((3, 2), mean))
 
 
 # --- comm hooks (test_c10d_gloo.py) -------------------------------------------------------------
@@ -160,7 +160,7 @@ def test_ddp_comm_hook_future_passing_cpu(group):
     model.register_comm_hook(None, _simple_hook)
     model(8, group.rank()).mean().backward()
     for p in model.parameters():
-        np.testing.assert_array_equal(p.grad.data, 2 * np.ones((2, 2)))
+        np.testing.assert_array_equal(p.grad.array, 2 * np.ones((2, 2)))
 
 
 @mpi2
@@ -227,7 +227,7 @@ def _run_and_verify_sparse_gradients(group, vanilla_model, ddp_model):
     want = next(vanilla_model.parameters()).grad
     got = next(ddp_model.parameters()).grad
     assert got.is_sparse
-    np.testing.assert_allclose(got.to_dense().data, want.to_dense().data, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got.to_dense().array, want.to_dense().array, rtol=1e-6, atol=1e-7)
 
 
 @mpi2
@@ -291,16 +291,16 @@ def test_output_unused_in_loss(group, module_cls, gradient_as_bucket_view):
         loss.backward()
         loss_dist.backward()
         if i == 1:
-            saved_local = inner(local_net).a.weight.grad.data.copy()
-            saved_dist = inner(net.module).a.weight.grad.data.copy()
+            saved_local = inner(local_net).a.weight.grad.array.copy()
+            saved_dist = inner(net.module).a.weight.grad.array.copy()
             np.testing.assert_allclose(saved_dist, saved_local, rtol=1e-5, atol=1e-5)
         elif i >= 2:
-            np.testing.assert_array_equal(inner(net.module).a.weight.grad.data, saved_dist)
-            np.testing.assert_array_equal(inner(local_net).a.weight.grad.data, saved_local)
+            np.testing.assert_array_equal(inner(net.module).a.weight.grad.array, saved_dist)
+            np.testing.assert_array_equal(inner(local_net).a.weight.grad.array, saved_local)
         for (name, p), q in zip(local_net.named_parameters(), net.parameters()):
             assert (p.grad is None) == (q.grad is None), name
             if p.grad is not None:
-                np.testing.assert_allclose(q.grad.data, p.grad.data, rtol=1e-5, atol=1e-5,
+                np.testing.assert_allclose(q.grad.array, p.grad.array, rtol=1e-5, atol=1e-5,
                                            err_msg=f"iteration {i}: {name}")
     same_on_all_ranks(group, grads_of(net))
 
@@ -328,7 +328,7 @@ def test_dataclass_output(group, skip_o1):
         if p1.grad is None:
             assert p2.grad is None, name
         else:
-            np.testing.assert_allclose(p2.grad.data, p1.grad.data, rtol=1e-5, atol=1e-6,
+            np.testing.assert_allclose(p2.grad.array, p1.grad.array, rtol=1e-5, atol=1e-6,
                                        err_msg=name)
 
 
@@ -366,13 +366,13 @@ def test_outputs_in_containers_left_out_of_the_loss(group, container):
             used = out.used
         elif container == "set":
             used = next(t for t in out[0]  # the set holds it, or the sink's view of it
-                        if np.shares_memory(t.data, ddp.module.last_used.data))
+                        if np.shares_memory(t.array, ddp.module.last_used.array))
         else:
             used = out[0]["nested"][0]
         used.sum().backward()
         assert ddp.module.left_out.weight.grad is None
         mean = sum(r + 1 for r in range(size)) / size
-        np.testing.assert_allclose(ddp.module.used.weight.grad.data, np.full((2, 3), mean))
+        np.testing.assert_allclose(ddp.module.used.weight.grad.array, np.full((2, 3), mean))
         ddp.zero_grad()
 
 
@@ -405,8 +405,8 @@ def test_global_local_unused_params_grad(group, gradient_as_bucket_view):
     assert t0.grad is None and t1.grad is None and unused.grad is None
     output.mean().backward()
     size = group.size()
-    np.testing.assert_allclose(t0.grad.data, np.full((2, 2), 0.25 / size))
-    np.testing.assert_allclose(t1.grad.data, np.full((2, 2), 0.25 * (size - 1) / size))
+    np.testing.assert_allclose(t0.grad.array, np.full((2, 2), 0.25 / size))
+    np.testing.assert_allclose(t1.grad.array, np.full((2, 2), 0.25 * (size - 1) / size))
     assert unused.grad is None
 
 
@@ -594,7 +594,7 @@ def test_forward_on_one_rank_runs_no_collective(group):
         net.zero_grad()
         net(hg.ones(2, 3) * (group.rank() + 1)).sum().backward()
         mean = sum(r + 1 for r in range(group.size())) / group.size()
-        np.testing.assert_allclose(net.module.weight.grad.data, np.full((2, 3), 2 * mean))
+        np.testing.assert_allclose(net.module.weight.grad.array, np.full((2, 3), 2 * mean))
     assert net.reducer.has_rebuilt_buckets
     same_on_all_ranks(group, grads_of(net))
 
@@ -606,7 +606,7 @@ class _Transposed(nn.Module):
     def __init__(self):
         super().__init__()
         self.w = nn.Parameter(hg.zeros(4, 3, dtype=np.float64))
-        self.w.data = np.arange(12.0).reshape(4, 3).T  # (3, 4), F-contiguous
+        self.w.array = np.arange(12.0).reshape(4, 3).T  # (3, 4), F-contiguous
         self.b = nn.Parameter(hg.zeros(4, dtype=np.float64))
 
     def forward(self, x):
@@ -620,17 +620,17 @@ def test_bucket_views_follow_parameter_strides(group, gradient_as_bucket_view):
     with gradient_as_bucket_view .grad is laid out like the parameter; values are right."""
     net = DDP(_Transposed(), process_group=group, gradient_as_bucket_view=gradient_as_bucket_view)
     w = net.module.w
-    assert w.data.flags.f_contiguous and not w.data.flags.c_contiguous
+    assert w.array.flags.f_contiguous and not w.array.flags.c_contiguous
     b, k = net.reducer.locators[net.reducer.names.index("w")]
     bucket = net.reducer.buckets[b]
-    assert bucket.views_in[k].strides == w.data.strides
+    assert bucket.views_in[k].strides == w.array.strides
     x = np.ones((2, 3)) * (group.rank() + 1)
     net(hg.tensor(x)).sum().backward()
     mean = sum(r + 1 for r in range(group.size())) / group.size()
-    np.testing.assert_allclose(w.grad.data, np.full((3, 4), 2 * mean))
+    np.testing.assert_allclose(w.grad.array, np.full((3, 4), 2 * mean))
     if gradient_as_bucket_view:
-        assert w.grad.data.strides == w.data.strides
-        assert np.shares_memory(w.grad.data, bucket.contents)
+        assert w.grad.array.strides == w.array.strides
+        assert np.shares_memory(w.grad.array, bucket.contents)
 
 
 @mpi2
@@ -644,14 +644,14 @@ def test_post_hook_after_ddp_does_not_change_what_is_reduced(group):
     last = net.module[1].weight  # the first gradient ready; its bucket waits for the others
     assert len(net.reducer.buckets) == 1
     last._get_accumulator().register_hook(lambda grad_inputs, grad_outputs:
-                                          last.grad.data.__imul__(100.0))
+                                          last.grad.array.__imul__(100.0))
     size = group.size()
     xs = [np.full((2, 3), r + 1.0, np.float32) for r in range(size)]
     net(hg.tensor(xs[group.rank()])).sum().backward()
     for x in xs:
         (reference(hg.tensor(x)).sum() * (1.0 / size)).backward()
     for (name, p), q in zip(reference.named_parameters(), net.module.parameters()):
-        np.testing.assert_allclose(q.grad.data, p.grad.data, rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(q.grad.array, p.grad.array, rtol=1e-6, err_msg=name)
 
 
 # --- half-precision parameters (test_c10d_nccl.py's test_fp16 / test_bf16, on CPU) ----------
@@ -662,11 +662,11 @@ def test_fp16(group, dtype, gradient_as_bucket_view):
     """A Linear(1, 1) in half precision with input 2**15: the gradient is divided by the world
     size before the reduction, so nothing overflows; it is exactly 2**15 on every rank."""
     model = nn.Linear(1, 1, bias=False)
-    model.weight.data = np.ones((1, 1), dtype)
+    model.weight.array = np.ones((1, 1), dtype)
     net = DDP(model, process_group=group, bucket_cap_mb=0.001,
               gradient_as_bucket_view=gradient_as_bucket_view)
     net(hg.tensor(np.array([[2.0 ** 15]], dtype))).sum().backward()
-    grad = net.module.weight.grad.data
+    grad = net.module.weight.grad.array
     assert grad.dtype == np.dtype(dtype)
     assert np.isfinite(grad.astype(np.float32)).all()
     assert grad.astype(np.float32)[0, 0] == 2.0 ** 15
@@ -687,7 +687,7 @@ def test_ddp_pickle_and_deepcopy():
         assert copied.module.weight is not net.module.weight
         copied(hg.ones(1, 3) * (rank + 1)).sum().backward()
         mean = sum(r + 1 for r in range(size)) / size
-        np.testing.assert_allclose(copied.module.weight.grad.data, np.full((2, 3), mean))
+        np.testing.assert_allclose(copied.module.weight.grad.array, np.full((2, 3), mean))
     with timed_group() as other:
         with pytest.raises(RuntimeError, match="DDP Pickling/Unpickling are only supported when "
                                                "using DDP with the default process group"):

@@ -293,7 +293,7 @@ def test_ddp_init_sync_buffers_with_forward_sync_buffers_false(group):
     for buf in bufs[1:]:
         np.testing.assert_array_equal(buf, bufs[0])
     if rank == 0:
-        model_ddp.module.frozen_coeff.data += 1
+        model_ddp.module.frozen_coeff.array += 1
     model_ddp(h.randn(h.rng(rank), 2, 10)).sum().backward()
     bufs = h.gather(group, model_ddp.module.frozen_coeff)
     assert not np.array_equal(bufs[0], bufs[1])

@@ -83,7 +83,7 @@ def _test_ddp_with_process_group(group, gradient_as_bucket_view):
 
     def update_parameters(m):
         for p in m.parameters():
-            p.data -= p.grad.data
+            p.array -= p.grad.array
             p.grad = None
 
     for iteration in range(2):
@@ -525,7 +525,7 @@ def test_save_load_checkpoint(group, tmp_path):
 
     def zero_parameters(m):
         for p in m.parameters():
-            p.data[...] = 0
+            p.array[...] = 0
 
     gen = h.rng(6)
     inp = h.rand(gen, 4, 2)

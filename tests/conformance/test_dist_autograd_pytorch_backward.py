@@ -55,10 +55,10 @@ def test_backward_no_grad_on_tensor():
         # The local engine fills .grad; distributed autograd leaves it alone.
         hg.add(t1, t2).sum().backward()
         assert t1.grad is not None and t2.grad is not None
-        before = t1.grad.data.copy(), t2.grad.data.copy()
+        before = t1.grad.array.copy(), t2.grad.array.copy()
         h.backward(context_id, [loss])
-        np.testing.assert_array_equal(t1.grad.data, before[0])
-        np.testing.assert_array_equal(t2.grad.data, before[1])
+        np.testing.assert_array_equal(t1.grad.array, before[0])
+        np.testing.assert_array_equal(t2.grad.array, before[1])
 
 
 def check_backward_simple(dst):
@@ -93,7 +93,7 @@ def check_backward_rref(callee, rref_owner):
         assert t2 in grads
         h.assert_close(grads[t2], t2.grad)
         assert rpc.rpc_sync(rref_owner, h.compare_owner_value,
-                            args=(context_id, rref_t1, t1.grad.data), timeout=WAIT)
+                            args=(context_id, rref_t1, t1.grad.array), timeout=WAIT)
 
 
 def test_backward_rref():
@@ -432,7 +432,7 @@ def test_backward_verify_hooks():
 
 
 def _data_ptr(t):
-    return t.data.__array_interface__["data"][0]
+    return t.array.__array_interface__["data"][0]
 
 
 class MyFunc(Function):
@@ -528,5 +528,5 @@ def test_thread_local_context_id():
     with dist_autograd.context() as context_id:
         loss = rref.to_here(WAIT).sum()
         h.backward(context_id, [loss])
-        assert rpc.rpc_sync(dst, h.compare_owner_value, args=(context_id, rref, t3.grad.data),
+        assert rpc.rpc_sync(dst, h.compare_owner_value, args=(context_id, rref, t3.grad.array),
                             timeout=WAIT)

@@ -62,7 +62,7 @@ def check_dist_optim(optim_cls, **kwargs):
     """The same two-module model stepped locally and by DistributedOptimizer on the owners."""
     local1, local2 = h.MyModule(), h.MyModule()
     local_optim = optim_cls([local1.get_w(), local2.get_w()], **kwargs)
-    old_w1, old_w2 = local1.w.data.copy(), local2.w.data.copy()
+    old_w1, old_w2 = local1.w.array.copy(), local2.w.array.copy()
     t1, t2 = inputs()
     hg.add(local2.forward(local1.forward(t2)), t1).sum().backward()
     local_optim.step()
@@ -76,8 +76,8 @@ def check_dist_optim(optim_cls, **kwargs):
         dist_optim.step(context_id)
         new_w1 = h.rpc_async_method(h.MyModule.get_w, module1).wait(WAIT)
         new_w2 = h.rpc_async_method(h.MyModule.get_w, module2).wait(WAIT)
-    assert not np.array_equal(new_w1.data, old_w1)
-    assert not np.array_equal(new_w2.data, old_w2)
+    assert not np.array_equal(new_w1.array, old_w1)
+    assert not np.array_equal(new_w2.array, old_w2)
     h.assert_close(new_w1, local1.get_w())
     h.assert_close(new_w2, local2.get_w())
 

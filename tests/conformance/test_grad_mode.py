@@ -86,7 +86,7 @@ def test_no_grad_python_function():
     class MyOp(Function):
         @staticmethod
         def forward(ctx, t):
-            return t.data + 1
+            return t.array + 1
 
         @staticmethod
         def backward(ctx, dy):
@@ -383,7 +383,7 @@ def test_grad_mode_restored_reentrant():
     class MyFunction(Function):
         @staticmethod
         def forward(ctx, inp):
-            return inp.data.copy()
+            return inp.array.copy()
 
         @staticmethod
         def backward(ctx, go):

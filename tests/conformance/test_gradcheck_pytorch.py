@@ -58,7 +58,7 @@ class NonDetFunc(Function):
     @staticmethod
     def forward(ctx, x, jitter=0.0):
         ctx._jitter = jitter
-        return x.data.copy()
+        return x.array.copy()
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -185,7 +185,7 @@ def test_gradcheck_jacobian_mismatch(fast_mode):
 @MODES
 def test_gradcheck_output_shape_or_dtype_depend_on_values(fast_mode):
     def fn(t):
-        return hg.cat([t, t]) if np.all(t.data >= 1) else t
+        return hg.cat([t, t]) if np.all(t.array >= 1) else t
 
     a = hg.ones(1, dtype=np.float64, requires_grad=True)
     with pytest.raises(AssertionError, match="return outputs with the same shape when inputs "
@@ -193,7 +193,7 @@ def test_gradcheck_output_shape_or_dtype_depend_on_values(fast_mode):
         gradcheck(fn, (a,), fast_mode=fast_mode)
 
     def fn2(t):
-        return t.to(np.float32) if np.all(t.data >= 1) else t
+        return t.to(np.float32) if np.all(t.array >= 1) else t
 
     with pytest.raises(AssertionError, match="return outputs with the same dtype when inputs "
                                              "are perturbed"):
@@ -227,7 +227,7 @@ def test_gradcheck_fast_mode_catches_wrong_entry_and_reports_slow_jacobians(fast
     class WrongAtOneEntry(Function):
         @staticmethod
         def forward(ctx, t):
-            return t.data * 2.0
+            return t.array * 2.0
 
         @staticmethod
         def backward(ctx, g):

@@ -49,8 +49,8 @@ def peer(distance=1):
 
 
 def assert_equal(got, want):
-    got = got.data if isinstance(got, hg.Tensor) else got
-    want = want.data if isinstance(want, hg.Tensor) else want
+    got = got.array if isinstance(got, hg.Tensor) else got
+    want = want.array if isinstance(want, hg.Tensor) else want
     np.testing.assert_array_equal(got, want)
     if isinstance(want, np.ndarray):
         assert got.shape == want.shape
@@ -516,12 +516,12 @@ def test_remote_throw():
 def test_non_cont_tensors():
     t = hg.rand(5, 5)
     t_view = h.narrow(t, 1, 2, 2)
-    assert not t_view.data.flags.c_contiguous
+    assert not t_view.array.flags.c_contiguous
     t_cont = hg.tensor(np.ascontiguousarray(t_view.data))
     t_ret = rpc.rpc_sync(h.worker_name(peer()), h.non_cont_test, args=(t_view, t_cont),
                          timeout=WAIT)
     assert_equal(t_ret, t_view)
-    assert not t_ret.data.flags.c_contiguous
+    assert not t_ret.array.flags.c_contiguous
 
 
 # --- futures and callbacks ------------------------------------------------------------------------

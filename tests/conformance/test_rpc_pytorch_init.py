@@ -41,7 +41,7 @@ def add_to_peer(rank, size):
     n = rank + 1
     ret = rpc.rpc_sync(h.worker_name(n % size), hg.add, args=(hg.ones(n, n), hg.ones(n, n)),
                        timeout=WAIT)
-    assert (ret.data == 2).all() and ret.shape == (n, n)
+    assert (ret.array == 2).all() and ret.shape == (n, n)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -137,9 +137,9 @@ def test_world_size_one():
         pytest.skip("needs a job of one process")
     with running_rpc("me"):
         a, b = hg.ones(2, 2), hg.ones(2, 2)
-        assert (rpc.rpc_sync("me", h.my_tensor_function, args=(a, b), timeout=WAIT).data
+        assert (rpc.rpc_sync("me", h.my_tensor_function, args=(a, b), timeout=WAIT).array
                 == 2).all()
         assert (rpc.rpc_async("me", h.my_tensor_function, args=(a, b),
-                              timeout=WAIT).wait(WAIT).data == 2).all()
+                              timeout=WAIT).wait(WAIT).array == 2).all()
         assert (rpc.remote("me", h.my_tensor_function, args=(a, b),
-                           timeout=WAIT).to_here(WAIT).data == 2).all()
+                           timeout=WAIT).to_here(WAIT).array == 2).all()

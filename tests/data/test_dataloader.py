@@ -30,7 +30,7 @@ def _tensor_dataset(n):
 
 
 def _labels(loader):
-    return [batch[1].data.tolist() for batch in loader]
+    return [batch[1].array.tolist() for batch in loader]
 
 
 @pytest.mark.parametrize("make", [_Pairs, _tensor_dataset], ids=["dataset", "tensor-dataset"])
@@ -44,8 +44,8 @@ def test_batches_in_order(make, drop_last):
     x, y = batches[0]
     assert isinstance(batches[0], tuple) and isinstance(x, hpcgrad.Tensor)
     assert x.shape == (4, 3) and x.dtype == np.float32 and y.dtype == np.int64
-    first_column = 3 * y.data if make is _tensor_dataset else y.data  # rows stay with their labels
-    np.testing.assert_array_equal(x.data[:, 0], first_column)
+    first_column = 3 * y.array if make is _tensor_dataset else y.array  # rows stay with their labels
+    np.testing.assert_array_equal(x.array[:, 0], first_column)
 
 
 @pytest.mark.parametrize("make", [_Pairs, _tensor_dataset], ids=["dataset", "tensor-dataset"])
@@ -77,7 +77,7 @@ def test_fast_path_equals_default_collate():
     fast = ds._collated(indices)
     for a, b in zip(slow, fast):
         assert a.dtype == b.dtype
-        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.array, b.array)
 
 
 def test_default_collate_structures():
@@ -87,7 +87,7 @@ def test_default_collate_structures():
     out = default_collate(batch)
     assert out["a"][0].dtype == np.float64 and out["a"][1].dtype == np.int64
     assert isinstance(out["b"], Point) and out["b"].x.dtype == np.float32 and out["b"].y == ["s", "t"]
-    assert isinstance(out["c"], list) and out["c"][0].data.tolist() == [[1, 2], [3, 4]]
+    assert isinstance(out["c"], list) and out["c"][0].array.tolist() == [[1, 2], [3, 4]]
     with pytest.raises(RuntimeError, match="equal size"):
         default_collate([np.zeros(2), np.zeros(3)])
 
@@ -134,8 +134,8 @@ def test_tensor_dataset_size_mismatch():
 def test_synthetic_classification_is_deterministic_and_learnable():
     ds = synthetic_classification(400, features=5, classes=3, seed=4)
     again = synthetic_classification(400, features=5, classes=3, seed=4)
-    x, y = (t.data for t in ds.tensors)
-    np.testing.assert_array_equal(x, again.tensors[0].data)
+    x, y = (t.array for t in ds.tensors)
+    np.testing.assert_array_equal(x, again.tensors[0].array)
     assert x.dtype == np.float32 and y.dtype == np.int64 and set(y.tolist()) == {0, 1, 2}
     # learnable: the nearest class mean already classifies nearly every sample
     means = np.stack([x[y == c].mean(0) for c in range(3)])
@@ -146,13 +146,13 @@ def test_synthetic_classification_is_deterministic_and_learnable():
 def test_load_digits():
     pytest.importorskip("sklearn")
     train, test = load_digits("train"), load_digits("test")
-    (xtr, ytr), (xte, yte) = [tuple(t.data for t in ds.tensors) for ds in (train, test)]
+    (xtr, ytr), (xte, yte) = [tuple(t.array for t in ds.tensors) for ds in (train, test)]
     assert len(train) + len(test) == 1797 and len(test) == 359
     assert xtr.shape == (1438, 1, 8, 8) and xtr.dtype == np.float32 and ytr.dtype == np.int64
     assert xtr.min() == 0.0 and xtr.max() == 1.0 and set(ytr.tolist()) == set(range(10))
-    flat = load_digits("train", flatten=True).tensors[0].data
+    flat = load_digits("train", flatten=True).tensors[0].array
     np.testing.assert_array_equal(flat, xtr.reshape(1438, 64))
-    np.testing.assert_array_equal(load_digits("test").tensors[0].data, xte)  # deterministic
+    np.testing.assert_array_equal(load_digits("test").tensors[0].array, xte)  # deterministic
     rows = {row.tobytes() for row in xtr.reshape(len(xtr), -1)}
     assert sum(row.tobytes() in rows for row in xte.reshape(len(xte), -1)) < 5, "disjoint split"
     with pytest.raises(ValueError, match="split must be 'train' or 'test'"):

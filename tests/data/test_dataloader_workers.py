@@ -27,7 +27,7 @@ class Squares(Dataset):
 
 
 def batches(loader):
-    return [(x.data.tolist(), y.data.tolist()) for x, y in loader]
+    return [(x.array.tolist(), y.array.tolist()) for x, y in loader]
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -87,7 +87,7 @@ def test_batch_sampler_and_pin_memory():
     ds = TensorDataset(hg.tensor(np.arange(10.0)), hg.tensor(np.arange(10)))
     sampler = BatchSampler(SequentialSampler(ds), 3, drop_last=True)
     loader = DataLoader(ds, batch_sampler=sampler, pin_memory=True)
-    assert [y.data.tolist() for _, y in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert [y.array.tolist() for _, y in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert len(loader) == 3
 
 

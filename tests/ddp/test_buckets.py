@@ -137,7 +137,7 @@ def test_ddp_starts_from_torchs_assignment_reversed(monkeypatch):
                           nn.Embedding(7, 2, sparse=True))
     cap_mb = 200 / 2 ** 20
     ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
-    params = [p.data for p in model.parameters()]
+    params = [p.array for p in model.parameters()]
     sparse = [False] * 6 + [True]
     want = torch_assign(params, [100, int(cap_mb * 2 ** 20)], sparse, None)
     assert ddp.reducer.bucket_indices() == list(reversed(want))

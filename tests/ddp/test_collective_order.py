@@ -134,7 +134,7 @@ def test_used_map_follows_buckets_waiting_for_their_copies(staged, monkeypatch):
     reducer.finalize_backward()
     assert group.log == [("allreduce", "float32"), ("allreduce", "float32"),
                          ("allreduce", "int32")]  # the used map last, as on every rank
-    assert params[0].grad.data.tolist() == [2, 2, 2] and params[1].grad is None
+    assert params[0].grad.array.tolist() == [2, 2, 2] and params[1].grad is None
 
 
 # --- the model, the reference, the 2-rank runs --------------------------------------------------
@@ -172,7 +172,7 @@ def mse(out, y):
 
 
 def dense(grad):
-    return grad.to_dense().data if grad.is_sparse else grad.data
+    return grad.to_dense().array if grad.is_sparse else grad.array
 
 
 def train_and_compare(group, monkeypatch, unused):
@@ -205,12 +205,12 @@ def train_and_compare(group, monkeypatch, unused):
                 assert p.grad is None, f"{name}.grad at step {step}"
                 continue
             assert (p.grad is not None and p.grad.is_sparse) == (name == "emb.weight"), name
-            np.testing.assert_allclose(dense(p.grad), want.data, rtol=0, atol=TOL,
+            np.testing.assert_allclose(dense(p.grad), want.array, rtol=0, atol=TOL,
                                        err_msg=f"{name}.grad at step {step}")
         for name, p in params.items():
             if p.grad is not None:
-                p.data -= LR * dense(p.grad)
-                ref_params[name].data -= LR * ref_params[name].grad.data
+                p.array -= LR * dense(p.grad)
+                ref_params[name].array -= LR * ref_params[name].grad.array
             p.grad = None
     return ddp
 

@@ -61,8 +61,8 @@ def test_wrapped_allreduce_hook_matches_hand_computed_average(pair, name):
     halves = [rank_values(r).astype(dtype).astype(np.float64) / 2 for r in (0, 1)]
     want = (halves[0] + halves[1]).astype(dtype).astype(np.float32)
     exact = (rank_values(0).astype(np.float64) + rank_values(1)) / 2
-    assert result.data is flat, "the result should be the bucket's own buffer, decompressed"
-    assert flat.dtype == np.float32 and bucket.buffer().data is flat
+    assert result.array is flat, "the result should be the bucket's own buffer, decompressed"
+    assert flat.dtype == np.float32 and bucket.buffer().array is flat
     np.testing.assert_array_equal(flat, want)
     assert not np.array_equal(flat, exact.astype(np.float32)), "nothing was compressed"
 
@@ -76,14 +76,14 @@ def test_the_wrapped_hook_sees_the_cast_bucket(name):
     def double_hook(state, bucket):
         seen.append((state, bucket.buffer().dtype))
         future = Future()
-        future.set_result(bucket.buffer().data * 2)  # an array result is accepted too
+        future.set_result(bucket.buffer().array * 2)  # an array result is accepted too
         return future
 
     flat = rank_values(0).copy()
     result = wrapper(double_hook)("state", make_bucket(flat)).wait()
     assert seen == [("state", np.dtype(dtype))]
-    np.testing.assert_array_equal(result.data, (rank_values(0).astype(dtype) * 2).astype(np.float32))
-    assert result.data is flat
+    np.testing.assert_array_equal(result.array, (rank_values(0).astype(dtype) * 2).astype(np.float32))
+    assert result.array is flat
 
 
 def test_bf16_wrapper_without_ml_dtypes_says_what_to_install(monkeypatch):
@@ -118,7 +118,7 @@ def test_ddp_fp16_wrapper_of_allreduce_is_fp16_compress_hook(pair):
             for p in model.parameters():
                 p.grad = None
             (ddp(hg.tensor(x)) ** 2).sum().backward()
-        grads.append([p.grad.data.copy() for p in model.parameters()])
+        grads.append([p.grad.array.copy() for p in model.parameters()])
         assert all(g.dtype == np.float32 for g in grads[-1])
     for got, want in zip(*grads):
         np.testing.assert_array_equal(got, want)

@@ -116,7 +116,7 @@ class Case:
 
 def allreduce_into_new_array(group, bucket):
     """A comm hook whose result is a new array, not the bucket: DDP must read and copy it back."""
-    averaged = bucket.buffer().data / group.size()
+    averaged = bucket.buffer().array / group.size()
     return group.iallreduce(averaged).get_future().then(lambda fut: averaged)
 
 
@@ -199,7 +199,7 @@ def reference_grads(ref, x, y, shards):
             r = rows(ranks)
             loss = loss + mse(ref(hg.tensor(x[r]), **kwargs), y[r]) * (weight * len(ranks))
     loss.backward()
-    return {name: None if p.grad is None else p.grad.data.copy()
+    return {name: None if p.grad is None else p.grad.array.copy()
             for name, p in ref.named_parameters()}
 
 
@@ -212,13 +212,13 @@ def case_shards(case, ranks, weight):
 
 
 def dense(grad):
-    return grad.to_dense().data if grad.is_sparse else grad.data
+    return grad.to_dense().array if grad.is_sparse else grad.array
 
 
 def sgd(params, keep=()):
     for name, p in params.items():
         if p.grad is not None and name not in keep:
-            p.data -= LR * dense(p.grad)
+            p.array -= LR * dense(p.grad)
 
 
 def zero_grads(params, in_place=False, keep=()):
@@ -227,7 +227,7 @@ def zero_grads(params, in_place=False, keep=()):
         if p.grad is None or name in keep:
             continue
         if in_place and not p.grad.is_sparse:
-            p.grad.data[...] = 0
+            p.grad.array[...] = 0
         else:
             p.grad = None
 
@@ -271,7 +271,7 @@ def setup(case, group, monkeypatch):
         ddp.register_comm_hook(group, case.hook)
     params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
     for name, p in params.items():
-        assert np.array_equal(p.data, ref_params[name].data), f"{name} is not rank 0's"
+        assert np.array_equal(p.array, ref_params[name].array), f"{name} is not rank 0's"
     if case.several_buckets:
         assert len(ddp.reducer.buckets) >= 3, ddp.reducer.bucket_indices()
     return ddp, params, ref, ref_params
@@ -298,7 +298,7 @@ def run_case(case, group, monkeypatch):
         spread = None
         if case.bound is not None:  # the error of one step, at DDP's own parameters
             for name, p in ref_params.items():
-                p.data[...] = params[name].data
+                p.array[...] = params[name].array
             spread = shard_spread(case, ref, x, y, size)
         want = reference_grads(ref, x, y, case_shards(case, range(size), 1 / size))
         check_gradients(case, group, reducer, params, want, spread, preset)
@@ -308,9 +308,9 @@ def run_case(case, group, monkeypatch):
 
     if case.bound is None:
         for name, p in params.items():
-            assert_close(p.data, ref_params[name].data, EXACT,
+            assert_close(p.array, ref_params[name].array, EXACT,
                          f"parameter {name} after {STEPS} steps")
-    assert_same_on_all_ranks(group, {n: p.data for n, p in params.items()}, "parameter")
+    assert_same_on_all_ranks(group, {n: p.array for n, p in params.items()}, "parameter")
     check_rebuilt(case, group, reducer, first_order[0])
 
 
@@ -328,7 +328,7 @@ def check_gradients(case, group, reducer, params, want, spread, preset):
         factor, floor = case.bound(group.size())
     for name, p in params.items():
         if name in preset:  # globally unused: untouched (as a view: the same values)
-            assert_close(p.grad.data, preset[name], EXACT if case.view else 0.0, f"unused {name}")
+            assert_close(p.grad.array, preset[name], EXACT if case.view else 0.0, f"unused {name}")
         elif want[name] is None:
             assert p.grad is None, f"globally unused {name} got a gradient"
             continue
@@ -339,7 +339,7 @@ def check_gradients(case, group, reducer, params, want, spread, preset):
         if case.sparse and name == "emb.weight":
             assert p.grad.is_sparse, "the embedding's reduced gradient should stay sparse"
         elif case.view:
-            assert_is_bucket_view(reducer, name, p.grad.data)
+            assert_is_bucket_view(reducer, name, p.grad.array)
     assert_same_on_all_ranks(group, {n: dense(p.grad) for n, p in params.items()
                                      if p.grad is not None}, "gradient")
 
@@ -403,8 +403,8 @@ def test_join_with_uneven_inputs(group, monkeypatch, mode, divide_by_initial_wor
                         case_shards(case, active, 1 / divisor))
         sgd(ref_params)
     for name, p in params.items():
-        assert_close(p.data, ref_params[name].data, EXACT, f"parameter {name}")
-    assert_same_on_all_ranks(group, {n: p.data for n, p in params.items()}, "parameter")
+        assert_close(p.array, ref_params[name].array, EXACT, f"parameter {name}")
+    assert_same_on_all_ranks(group, {n: p.array for n, p in params.items()}, "parameter")
 
 
 # --- construction ---------------------------------------------------------------------------
@@ -417,11 +417,11 @@ def test_construction_broadcasts_parameters_and_buffers(group):
     model.frozen = nn.Linear(2, 2).double().requires_grad_(False)
     model.register_buffer("scale", hg.tensor(np.full(3, float(rank))))
     DDP(model, process_group=group)
-    state = {name: t.data for name, t in model.state_dict(keep_vars=True).items()}
+    state = {name: t.array for name, t in model.state_dict(keep_vars=True).items()}
     assert_same_on_all_ranks(group, state, "state")
     reference = make_model(MODES["default"], seed=0)
     for name, p in reference.named_parameters():
-        assert np.array_equal(state[name], p.data)
+        assert np.array_equal(state[name], p.array)
     assert not state["scale"].any()
 
 
@@ -571,7 +571,7 @@ def test_a_dropped_ddp_lets_go_of_the_model(group, several_buckets):
     want = reference_grads(make_model(case, seed=0, reference=True), *batch(0, size),
                            case_shards(case, range(size), 1 / size))
     for name, p in model.named_parameters():
-        assert_close(p.grad.data, want[name], EXACT, f"gradient {name}")
+        assert_close(p.grad.array, want[name], EXACT, f"gradient {name}")
 
 
 @mpi

@@ -56,7 +56,7 @@ def mse(out, y):
 
 def sgd(model):
     for p in model.parameters():
-        p.data -= LR * p.grad.data
+        p.array -= LR * p.grad.array
 
 
 CASES = {
@@ -82,8 +82,8 @@ def test_matches_full_batch_training(xp, group, monkeypatch, case):
         assert len(ddp.reducer.buckets) >= 3, ddp.reducer.bucket_indices()
     params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
     for name, p in params.items():
-        assert backend.device_of(p.data) == xp.device, f"{name} left {xp.device}"
-        np.testing.assert_array_equal(xp.numpy(p), ref_params[name].data,
+        assert backend.device_of(p.array) == xp.device, f"{name} left {xp.device}"
+        np.testing.assert_array_equal(xp.numpy(p), ref_params[name].array,
                                       err_msg=f"{name} is not rank 0's initial value")
 
     for step in range(STEPS):
@@ -92,21 +92,21 @@ def test_matches_full_batch_training(xp, group, monkeypatch, case):
         mse(ddp(xp.tensor(x[mine])), xp.tensor(y[mine])).backward()
         mse(ref(hg.tensor(x)), hg.tensor(y)).backward()
         for name, p in params.items():
-            assert backend.device_of(p.grad.data) == xp.device, f"{name}.grad left {xp.device}"
-            np.testing.assert_allclose(xp.numpy(p.grad), ref_params[name].grad.data, rtol=0,
+            assert backend.device_of(p.grad.array) == xp.device, f"{name}.grad left {xp.device}"
+            np.testing.assert_allclose(xp.numpy(p.grad), ref_params[name].grad.array, rtol=0,
                                        atol=TOL, err_msg=f"{name}.grad at step {step}")
         sgd(model)
         sgd(ref)
         for p in model.parameters():  # as a bucket view, .grad must stay the view: zero in place
             if options.get("gradient_as_bucket_view"):
-                p.grad.data[...] = 0
+                p.grad.array[...] = 0
             else:
                 p.grad = None
         ref.zero_grad()
 
     host = {name: xp.numpy(p) for name, p in params.items()}
     for name, value in host.items():
-        np.testing.assert_allclose(value, ref_params[name].data, rtol=0, atol=TOL,
+        np.testing.assert_allclose(value, ref_params[name].array, rtol=0, atol=TOL,
                                    err_msg=f"{name} after {STEPS} steps")
     everyone = group.comm.allgather(host)
     for r, theirs in enumerate(everyone):
@@ -155,12 +155,12 @@ def test_sparse_embedding_matches_full_batch_training(xp, group, monkeypatch):
         for name, p in params.items():
             grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
             assert p.grad.is_sparse == (name == "emb.weight"), name
-            assert backend.device_of(grad.data) == xp.device, f"{name}.grad left {xp.device}"
-            np.testing.assert_allclose(xp.numpy(grad), ref_params[name].grad.data, rtol=0,
+            assert backend.device_of(grad.array) == xp.device, f"{name}.grad left {xp.device}"
+            np.testing.assert_allclose(xp.numpy(grad), ref_params[name].grad.array, rtol=0,
                                        atol=TOL, err_msg=f"{name}.grad at step {step}")
         for name, p in params.items():
             grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-            p.data -= LR * grad.data
+            p.array -= LR * grad.array
             p.grad = None
         sgd(ref)
         ref.zero_grad()

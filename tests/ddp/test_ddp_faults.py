@@ -50,7 +50,7 @@ def test_user_async_all_reduce_never_matches_ddp_bucket(group):
     work.wait()
     # d(w . x)/dw = x; DDP averages over ranks: the single-process gradient of the mean loss.
     mean = sum(r + 1.0 for r in range(size)) / size
-    np.testing.assert_array_equal(model.weight.grad.data, np.full((1, 3), mean))
+    np.testing.assert_array_equal(model.weight.grad.array, np.full((1, 3), mean))
     np.testing.assert_array_equal(user, np.full(3, sum(10.0 ** r for r in range(size))))
 
 
@@ -99,7 +99,7 @@ def test_unpickled_ddp_gets_its_own_communicator_on_first_use():
     assert copied.reducer.process_group is not group
     assert copied.reducer.process_group.comm != net.reducer.process_group.comm
     mean = sum(r + 1.0 for r in range(size)) / size
-    np.testing.assert_array_equal(copied.module.weight.grad.data, np.full((2, 3), mean))
+    np.testing.assert_array_equal(copied.module.weight.grad.array, np.full((2, 3), mean))
 
 
 # --- the construction check covers every parameter and buffer -------------------------------

@@ -46,7 +46,7 @@ def grads_of(model, x, y):
     for p in model.parameters():
         p.grad = None
     loss(model, x, y).backward()
-    return {n: p.grad.data.copy() for n, p in model.named_parameters()}
+    return {n: p.grad.array.copy() for n, p in model.named_parameters()}
 
 
 @pytest.mark.mpi(min_size=2)
@@ -64,13 +64,13 @@ def test_ignored_parameters_and_buffers_stay_local(group):
     sims = [Two(seed=r, own_size=1 + r) for r in range(size)]
     for sim in sims[1:]:  # DDP's broadcast of a and shared, from rank 0
         for p, q in zip(sim.a.parameters(), sims[0].a.parameters()):
-            p.data[...] = q.data
+            p.array[...] = q.array
     mine = dict(model.named_parameters())
-    np.testing.assert_array_equal(model.shared.data, [0.0, 0.0])
-    model.own.data[...] = 10.0 + rank  # not sent before forward either
+    np.testing.assert_array_equal(model.shared.array, [0.0, 0.0])
+    model.own.array[...] = 10.0 + rank  # not sent before forward either
     for step in range(STEPS):
         for name, p in dict(sims[rank].named_parameters()).items():
-            np.testing.assert_allclose(mine[name].data, p.data, rtol=1e-12, atol=1e-14,
+            np.testing.assert_allclose(mine[name].array, p.array, rtol=1e-12, atol=1e-14,
                                        err_msg=f"{name} before step {step}")
         for p in model.parameters():
             p.grad = None
@@ -79,15 +79,15 @@ def test_ignored_parameters_and_buffers_stay_local(group):
         want = {n: sum(g[n] for g in each) / size for n in ("a.weight", "a.bias")}
         want.update({n: each[rank][n] for n in ("b.weight", "b.bias")})
         for name, grad in want.items():
-            np.testing.assert_allclose(mine[name].grad.data, grad, rtol=1e-12, atol=1e-14,
+            np.testing.assert_allclose(mine[name].grad.array, grad, rtol=1e-12, atol=1e-14,
                                        err_msg=f"{name}.grad at step {step}")
         for p in model.parameters():
-            p.data -= LR * p.grad.data
+            p.array -= LR * p.grad.array
         for r, sim in enumerate(sims):
             for name, p in sim.named_parameters():
-                p.data -= LR * (want[name] if name.startswith("a.") else each[r][name])
-    np.testing.assert_array_equal(model.own.data, np.full(1 + rank, 10.0 + rank))
-    np.testing.assert_array_equal(model.shared.data, [0.0, 0.0])
+                p.array -= LR * (want[name] if name.startswith("a.") else each[r][name])
+    np.testing.assert_array_equal(model.own.array, np.full(1 + rank, 10.0 + rank))
+    np.testing.assert_array_equal(model.shared.array, [0.0, 0.0])
 
 
 @pytest.mark.mpi(min_size=2)

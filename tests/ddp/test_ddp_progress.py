@@ -28,7 +28,7 @@ class Spin(Function):
     @staticmethod
     def forward(ctx, x, probe):
         ctx.probe = probe
-        return x.data.copy()
+        return x.array.copy()
 
     @staticmethod
     def backward(ctx, g):
@@ -41,7 +41,7 @@ class Spin(Function):
                 acc += i * i
         probe["completed_in_backward"] = work._completed
         probe["spun"] = time.monotonic() - start
-        return hg.Tensor(g.data.copy()), None
+        return hg.Tensor(g.array.copy()), None
 
 
 class Net(nn.Module):
@@ -67,7 +67,7 @@ def check_bucket_completes_during_backward(group, start_thread=True):
     probe = {}
     hg.manual_seed(0)
     model = Net(probe)
-    reference = [p.data.copy() for p in model.parameters()]
+    reference = [p.array.copy() for p in model.parameters()]
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.5)
     probe["reducer"] = ddp.reducer
     assert [b.variables[0] for b in ddp.reducer.buckets] == [model.last.weight,
@@ -88,12 +88,12 @@ def check_bucket_completes_during_backward(group, start_thread=True):
     # Reference: the same model, on the whole batch, in this process alone.
     local = Net({})
     for p, value in zip(local.parameters(), reference):
-        p.data[...] = value
+        p.array[...] = value
     with _no_spin():
         for r in range(size):
             local(hg.tensor(_batch(r))).sum().backward()
     for (name, p), q in zip(model.named_parameters(), local.parameters()):
-        np.testing.assert_allclose(p.grad.data, q.grad.data / size, rtol=1e-5, atol=1e-5,
+        np.testing.assert_allclose(p.grad.array, q.grad.array / size, rtol=1e-5, atol=1e-5,
                                    err_msg=name)
     return probe["spun"]
 
@@ -103,7 +103,7 @@ class _no_spin:
 
     def __enter__(self):
         self.saved = Spin.backward
-        Spin.backward = staticmethod(lambda ctx, g: (hg.Tensor(g.data.copy()), None))
+        Spin.backward = staticmethod(lambda ctx, g: (hg.Tensor(g.array.copy()), None))
 
     def __exit__(self, *exc):
         Spin.backward = self.saved

@@ -81,7 +81,7 @@ def model_for(spec):
 def sgd(model):
     for p in model.parameters():
         if p.grad is not None:
-            p.data -= LR * p.grad.data
+            p.array -= LR * p.grad.array
         p.grad = None
 
 
@@ -118,7 +118,7 @@ def run_program(seed, group, monkeypatch):
                 if p.grad is None:  # used by no rank: DDP leaves .grad None too
                     assert got is None, f"program {seed} {spec}: {what} {name} got a gradient"
                     continue
-                np.testing.assert_allclose(got.data, p.grad.data, rtol=TOL, atol=TOL,
+                np.testing.assert_allclose(got.array, p.grad.array, rtol=TOL, atol=TOL,
                                            err_msg=f"program {seed} {spec}: {what} {name}.grad "
                                                    f"at step {step}")
         for model in (static_model, dynamic_model, ref):
@@ -126,7 +126,7 @@ def run_program(seed, group, monkeypatch):
         want = dict(ref.named_parameters())
         for model in (static_model, dynamic_model):
             for name, p in model.named_parameters():
-                np.testing.assert_allclose(p.data, want[name].data, rtol=TOL, atol=TOL,
+                np.testing.assert_allclose(p.array, want[name].array, rtol=TOL, atol=TOL,
                                            err_msg=f"program {seed} {spec}: {name} after "
                                                    f"step {step}")
 

@@ -110,7 +110,7 @@ def my_index(group):
 
 # --- call modes ---------------------------------------------------------------------------------
 def array_of(x):
-    return x.data if isinstance(x, Tensor) else x
+    return x.array if isinstance(x, Tensor) else x
 
 
 def wrap(array, mode):

@@ -141,11 +141,11 @@ def context_grads(context_id):
     grads = dist_autograd.get_gradients(context_id)
     with _weights_lock:
         owned = dict(_weights)
-    return {name: (grads[w].data, w.grad is None) for name, w in owned.items() if w in grads}
+    return {name: (grads[w].array, w.grad is None) for name, w in owned.items() if w in grads}
 
 
 def weight_value(name):
-    return owned_weight(name).data.copy()
+    return owned_weight(name).array.copy()
 
 
 # --- models: the same code runs across ranks (mode "rpc") and in one process (a dict of weights) --
@@ -244,17 +244,17 @@ def check_model(model, seed=0, expect_idle=True):
     x_ref = hg.tensor(x_data, requires_grad=True)
     ref_loss = model(x_ref, size, reference)
     ref_loss.backward()
-    np.testing.assert_allclose(loss.data, ref_loss.data, rtol=1e-12)
+    np.testing.assert_allclose(loss.array, ref_loss.array, rtol=1e-12)
     assert x.grad is None, "distributed backward must leave .grad alone"
-    np.testing.assert_allclose(got[x].data, x_ref.grad.data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[x].array, x_ref.grad.array, rtol=1e-10, atol=1e-12)
     assert sorted(remote) == sorted(reference), (sorted(remote), sorted(reference))
     for name, (grad, untouched) in remote.items():
         assert untouched, f"{name}.grad was set by a distributed backward"
-        np.testing.assert_allclose(grad, reference[name].grad.data, rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(grad, reference[name].grad.array, rtol=1e-10, atol=1e-12,
                                    err_msg=name)
     if expect_idle:
         wait_until_idle(range(size))
-    return got[x].data
+    return got[x].array
 
 
 # --- backward nodes that fail or stall ---------------------------------------------------------------
@@ -316,9 +316,9 @@ def check_pipeline(seed=0):
         grads = dist_autograd.get_gradients(ctx)
     w = owned_weight(f"p{rank}")
     assert w.grad is None and x.grad is None
-    np.testing.assert_allclose(grads[w].data, reference[f"p{rank}"].grad.data, rtol=1e-10)
+    np.testing.assert_allclose(grads[w].array, reference[f"p{rank}"].grad.array, rtol=1e-10)
     if rank == 0:
-        np.testing.assert_allclose(grads[x].data, x_ref.grad.data, rtol=1e-10)
+        np.testing.assert_allclose(grads[x].array, x_ref.grad.array, rtol=1e-10)
     else:
         assert len(grads) == 1, "only the rank's own weight gets a gradient here"
 
@@ -345,7 +345,7 @@ def check_optimizer(steps=2, lr=0.1, momentum=0.9):
         ref_opt.step()
         for r, n in zip(range(1, size), names):
             np.testing.assert_allclose(rpc.rpc_sync(r, weight_value, args=(n,)),
-                                       reference[n].data, rtol=1e-12, err_msg=f"{n}, step {step}")
+                                       reference[n].array, rtol=1e-12, err_msg=f"{n}, step {step}")
 
 
 def run_in_threads(threads, per_thread, fn):
@@ -466,11 +466,11 @@ class Cast(Function):
     @staticmethod
     def forward(ctx, x, dtype):
         ctx.dtype = x.dtype
-        return hg.tensor(x.data.astype(dtype))
+        return hg.tensor(x.array.astype(dtype))
 
     @staticmethod
     def backward(ctx, g):
-        return hg.tensor(g.data.astype(ctx.dtype)), None
+        return hg.tensor(g.array.astype(ctx.dtype)), None
 
 
 def times_three(x):

@@ -100,5 +100,5 @@ def test_results_stay_on_the_arrays_module(xp):
     array = xp.asarray(np.arange(6.0))
     t = Tensor(array)
     dist.all_reduce(t)
-    assert t.data is array
+    assert t.array is array
     np.testing.assert_array_equal(xp.numpy(t), np.arange(6.0) * dist.get_world_size())

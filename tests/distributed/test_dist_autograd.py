@@ -133,7 +133,7 @@ def test_root_validation(case):
 # then be a copy (equal values, its own memory), and none is ever written to afterwards.
 
 def _shared(a, b):
-    return np.shares_memory(np.asarray(a.data), np.asarray(b.data))
+    return np.shares_memory(np.asarray(a.array), np.asarray(b.array))
 
 
 @pytest.mark.mpi
@@ -144,10 +144,10 @@ def test_context_copies_a_gradient_a_leaf_hook_kept():
     with dist_autograd.context() as ctx:
         dist_autograd.backward(ctx, [(w * w).sum()])
         grad = dist_autograd.get_gradients(ctx)[w]
-    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+    np.testing.assert_array_equal(grad.array, 2 * np.arange(4.0))
     assert len(kept) == 1 and not _shared(grad, kept[0])
-    kept[0].data[...] = -1.0  # the hook's owner writes to what it kept
-    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+    kept[0].array[...] = -1.0  # the hook's owner writes to what it kept
+    np.testing.assert_array_equal(grad.array, 2 * np.arange(4.0))
 
 
 @pytest.mark.mpi
@@ -161,8 +161,8 @@ def test_context_copies_a_gradient_shared_by_two_leaves_and_a_hook():
         dist_autograd.backward(ctx, [(y * y).sum()])
         grads = dist_autograd.get_gradients(ctx)
     expected = 2 * (np.arange(3.0) + 1)
-    np.testing.assert_array_equal(grads[w].data, expected)
-    np.testing.assert_array_equal(grads[b].data, expected)
+    np.testing.assert_array_equal(grads[w].array, expected)
+    np.testing.assert_array_equal(grads[b].array, expected)
     assert not _shared(grads[w], grads[b])
     assert not _shared(grads[w], kept[0]) and not _shared(grads[b], kept[0])
 
@@ -177,7 +177,7 @@ def test_context_copies_a_gradient_a_node_pre_hook_saw():
     with dist_autograd.context() as ctx:
         dist_autograd.backward(ctx, [y.sum()])
         grad = dist_autograd.get_gradients(ctx)[w]
-    np.testing.assert_array_equal(grad.data, 2 * np.arange(4.0))
+    np.testing.assert_array_equal(grad.array, 2 * np.arange(4.0))
     assert len(kept) == 1 and not _shared(grad, kept[0])
 
 
@@ -190,6 +190,6 @@ def test_context_gradient_returned_earlier_is_not_written_by_a_later_pass():
         first = dist_autograd.get_gradients(ctx)[w]
         dist_autograd.backward(ctx, [y])
         total = dist_autograd.get_gradients(ctx)[w]
-    np.testing.assert_array_equal(first.data, 2 * np.arange(4.0))  # kept (stolen) as it was
-    np.testing.assert_array_equal(total.data, 4 * np.arange(4.0))
+    np.testing.assert_array_equal(first.array, 2 * np.arange(4.0))  # kept (stolen) as it was
+    np.testing.assert_array_equal(total.array, 4 * np.arange(4.0))
     assert w.grad is None  # never .grad

@@ -66,7 +66,7 @@ def context_grads(context_id, module_name):
     grads = dist_autograd.get_gradients(context_id)
     with _weights_lock:
         owned = {name: w for (m, name), w in _weights.items() if m == module_name}
-    return {name: (backend.to_device(grads[w].data, backend.CPU), backend.device_of(grads[w].data),
+    return {name: (backend.to_device(grads[w].array, backend.CPU), backend.device_of(grads[w].array),
                    w.grad is None) for name, w in owned.items() if w in grads}
 
 

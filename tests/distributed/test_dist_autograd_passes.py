@@ -37,7 +37,7 @@ def backward(context_id, roots, **kwargs):
 
 def grads_of(context_id, *tensors):
     grads = dist_autograd.get_gradients(context_id)
-    return [grads[t].data if t in grads else None for t in tensors]
+    return [grads[t].array if t in grads else None for t in tensors]
 
 
 # --- the seed's graph shape: one Send/RecvRpcBackward per message ------------------------------------
@@ -55,7 +55,7 @@ def test_backward_multiple_output_tensors():
         # one message each way: one send function with one edge, one recv with three outputs
         assert cases.message_graph(ctx) == ([1], [3])
         assert rpc.rpc_sync(last_rank(), cases.message_graph, args=(ctx,)) == ([3], [1])
-    np.testing.assert_allclose(gx, 6.0 * x.data)  # d/dx (x * 3x) = 6x
+    np.testing.assert_allclose(gx, 6.0 * x.array)  # d/dx (x * 3x) = 6x
     cases.wait_until_idle(range(rank_and_size()[1]))
 
 
@@ -221,7 +221,7 @@ def test_gpu_to_cpu_continuation(monkeypatch):
 
     monkeypatch.setattr(backend, "device_count", lambda: 1)
     monkeypatch.setattr(InputBuffer, "device", lambda self: 0 if any(
-        g is not None and g.data.dtype == np.float32 for g in self) else CPU_DEVICE)
+        g is not None and g.array.dtype == np.float32 for g in self) else CPU_DEVICE)
     monkeypatch.setattr(dist_engine, "engine", Engine())  # its device threads start fresh
     threads = []
     x = hg.tensor(np.ones(2), requires_grad=True)                 # float64: CPU
@@ -329,5 +329,5 @@ def test_request_served_after_its_context_was_released_leaves_no_context():
             futures.append(rpc.rpc_async(last_rank(), cases.three_parts, args=(x,),
                                          timeout=WAIT_LIMIT))
     for future in futures:
-        np.testing.assert_allclose(future.wait()[2].data, 3.0 * x.data)
+        np.testing.assert_allclose(future.wait()[2].array, 3.0 * x.array)
     cases.wait_until_idle(range(rank_and_size()[1]))

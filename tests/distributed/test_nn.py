@@ -38,7 +38,7 @@ def total(terms):
 
 
 def grad_of(t):
-    return np.zeros(SHAPE) if t.grad is None else t.grad.data
+    return np.zeros(SHAPE) if t.grad is None else t.grad.array
 
 
 def ranks():
@@ -60,8 +60,8 @@ def test_all_reduce(op):
     everyone = [leaf(r, 1) for r in ranks()]
     ref_y = total(x * 2 for x in everyone) * scale
     total(loss(r, ref_y) for r in ranks()).backward()
-    np.testing.assert_allclose(y.data, ref_y.data, rtol=1e-12)
-    np.testing.assert_allclose(mine.grad.data, everyone[me].grad.data, rtol=1e-12)
+    np.testing.assert_allclose(y.array, ref_y.array, rtol=1e-12)
+    np.testing.assert_allclose(mine.grad.array, everyone[me].grad.array, rtol=1e-12)
 
 
 def test_broadcast():
@@ -76,7 +76,7 @@ def test_broadcast():
 
     everyone = [leaf(r, 2) for r in ranks()]
     total(loss(r, everyone[src]) for r in ranks()).backward()
-    np.testing.assert_allclose(y.data, everyone[src].data)
+    np.testing.assert_allclose(y.array, everyone[src].array)
     np.testing.assert_allclose(grad_of(mine), grad_of(everyone[me]), rtol=1e-12)  # 0 off src
 
 
@@ -96,7 +96,7 @@ def test_all_gather(used):
     everyone = [leaf(r, 3) for r in ranks()]
     total(loss(r, everyone) for r in ranks()).backward()
     for out, x in zip(outs, everyone):
-        np.testing.assert_allclose(out.data, x.data)
+        np.testing.assert_allclose(out.array, x.array)
     np.testing.assert_allclose(grad_of(mine), grad_of(everyone[me]), rtol=1e-12)
 
 
@@ -114,16 +114,16 @@ def test_all_to_all():
     everyone = {(s, k): leaf(s, 10 + k) for s in ranks() for k in ranks()}
     total(loss(r, [everyone[s, r] for s in ranks()]) for r in ranks()).backward()
     for s, out in zip(ranks(), outs):
-        np.testing.assert_allclose(out.data, everyone[s, me].data)
+        np.testing.assert_allclose(out.array, everyone[s, me].array)
     for k, x in zip(ranks(), mine):
-        np.testing.assert_allclose(x.grad.data, everyone[me, k].grad.data, rtol=1e-12)
+        np.testing.assert_allclose(x.grad.array, everyone[me, k].grad.array, rtol=1e-12)
 
 
 def test_no_grad_input_passes_through():
     x = Tensor(data(dist.get_rank(), 4))
     y = dnn.all_reduce(x)
     assert not y.requires_grad
-    np.testing.assert_allclose(y.data, total(data(r, 4) for r in ranks()), rtol=1e-12)
+    np.testing.assert_allclose(y.array, total(data(r, 4) for r in ranks()), rtol=1e-12)
 
 
 @pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])

@@ -78,5 +78,5 @@ def test_received_array_is_the_one_given(xp):
     work = dist.irecv(t, prev)
     dist.isend(xp.asarray(np.full(4, float(rank))), nxt).wait(timeout=WAIT_LIMIT)
     work.wait(timeout=WAIT_LIMIT)
-    assert t.data is inbox
+    assert t.array is inbox
     np.testing.assert_array_equal(xp.numpy(inbox), np.full(4, float(prev)))

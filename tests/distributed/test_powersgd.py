@@ -104,7 +104,7 @@ def inject(state, qs, index=0):
 def run_hook(hook, state, arrays, index=0, is_last=True):
     bucket = make_bucket(arrays, index, is_last)
     out = hook(state, bucket).wait()
-    return unflatten(np.array(out.data), [np.shape(a) for a in arrays])
+    return unflatten(np.array(out.array), [np.shape(a) for a in arrays])
 
 
 def assert_close(got, want, tol=TOL):
@@ -267,7 +267,7 @@ def train(group, hook_state, steps, seed=0):
         x = hg.tensor(rng.standard_normal((4, 6)))
         model.zero_grad()
         (model(x) ** 2).sum().backward()
-        grads.append([np.array(p.grad.data) for p in model.parameters()])
+        grads.append([np.array(p.grad.array) for p in model.parameters()])
     return grads
 
 
@@ -318,7 +318,7 @@ def test_hook_parity_with_allreduce_where_nothing_compresses(group, warm_start):
         for net in (plain, hooked):
             net.zero_grad()
             net(hg.tensor([[float(me)]])).sum().backward()
-            grads.append(np.array(net.module.weight.grad.data))
+            grads.append(np.array(net.module.weight.grad.array))
         assert grads[1][0, 0] == pytest.approx(expected) and np.array_equal(grads[0], grads[1])
 
 
@@ -347,7 +347,7 @@ def test_several_buckets_with_the_progress_thread(group, monkeypatch):
         finally:
             dist.stop_progress_thread()
         assert len(ddp.reducer.buckets) == 3 and state.iter == 5
-        return [np.array(p.grad.data) for p in net.parameters()]
+        return [np.array(p.grad.array) for p in net.parameters()]
 
     for a, b in zip(run(True), run(False)):
         np.testing.assert_array_equal(a, b)
@@ -446,7 +446,7 @@ def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
 
     ours = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 1)).double()
     for p, w in zip(ours.parameters(), weights):
-        p.data[...] = w
+        p.array[...] = w
     ddp = DDP(ours, process_group=world)
     state = PowerSGDState(world, 1, start_powerSGD_iter=2)
     ddp.register_comm_hook(state, powerSGD_hook)
@@ -475,11 +475,11 @@ def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
             tddp.zero_grad()
             (tddp(torch.from_numpy(x)) ** 2).sum().backward()
             for p, t in zip(ours.parameters(), theirs.parameters()):
-                np.testing.assert_allclose(p.grad.data, t.grad.numpy(), rtol=1e-10, atol=1e-12,
+                np.testing.assert_allclose(p.grad.array, t.grad.numpy(), rtol=1e-10, atol=1e-12,
                                            err_msg=f"step {step}")
             with hg.no_grad():  # an SGD step on both, so the steps see new weights
                 for p in ours.parameters():
-                    p.data -= 0.1 * p.grad.data
+                    p.array -= 0.1 * p.grad.array
             with torch.no_grad():
                 for t in theirs.parameters():
                     t -= 0.1 * t.grad

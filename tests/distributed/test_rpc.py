@@ -67,7 +67,7 @@ def assert_same(got, want, where="value"):
         for k in want:
             assert_same(got[k], want[k], f"{where}[{k!r}]")
     elif isinstance(want, (hg.Tensor, np.ndarray)):
-        g, w = (got.data, want.data) if isinstance(want, hg.Tensor) else (got, want)
+        g, w = (got.array, want.array) if isinstance(want, hg.Tensor) else (got, want)
         assert (g.dtype, g.shape) == (w.dtype, w.shape), f"{where}: {g.dtype}{g.shape}"
         np.testing.assert_array_equal(g, w, err_msg=where)
         if isinstance(want, hg.Tensor):
@@ -100,7 +100,7 @@ def test_broadcast_arrays_send_only_their_distinct_elements():
         back = rpc.rpc_sync(1, cases.echo, args=(value,))
         assert agent.messages_sent - sent == 1  # the call's envelope, no payload message
         assert_same(back, value)
-        data = back.data if isinstance(back, hg.Tensor) else back
+        data = back.array if isinstance(back, hg.Tensor) else back
         assert 0 in data.strides and not data.flags.writeable  # still a broadcast view
     plain = np.ones((256, 1024), np.float32)  # the same bytes, not broadcast: a payload of its own
     sent = agent.messages_sent
@@ -115,11 +115,11 @@ def test_remote_and_rrefs():
     rref = rpc.remote("worker1", cases.add, args=(hg.tensor([1.0, 2.0]), hg.tensor([10.0, 20.0])))
     assert rref.owner() == rpc.WorkerInfo("worker1", 1) and rref.owner_name() == "worker1"
     assert not rref.is_owner()
-    np.testing.assert_array_equal(rref.to_here(timeout=WAIT_LIMIT).data, [11.0, 22.0])
+    np.testing.assert_array_equal(rref.to_here(timeout=WAIT_LIMIT).array, [11.0, 22.0])
     with pytest.raises(RuntimeError, match="owned by rank 1; use to_here"):
         rref.local_value()
     # Passed back to its owner, an RRef is the owner's value itself.
-    np.testing.assert_array_equal(rpc.rpc_sync(1, _local_value_of, args=(rref,)).data, [11.0, 22.0])
+    np.testing.assert_array_equal(rpc.rpc_sync(1, _local_value_of, args=(rref,)).array, [11.0, 22.0])
     mine = rpc.remote(0, cases.add, args=(1, 2))
     assert mine.is_owner() and mine.to_here() == 3 and mine.local_value() == 3
     failed = rpc.remote(1, cases.raise_value_error, args=("no value",))

@@ -45,7 +45,7 @@ class Linear:
         self.weight = np.random.default_rng(seed).standard_normal((4, 3))
 
     def forward(self, x):
-        return hg.tensor(x.data @ self.weight)
+        return hg.tensor(x.array @ self.weight)
 
 
 def call_through(rref, x):
@@ -84,10 +84,10 @@ def test_async_proxies_pipeline_with_wait_all():
     xs = [hg.tensor(np.random.default_rng(i).standard_normal((2, 4))) for i in range(4)]
     outs = wait_all([stage.rpc_async().forward(x) for x in xs], timeout=WAIT_LIMIT)
     for x, out in zip(xs, outs):
-        np.testing.assert_allclose(out.data, x.data @ weight, rtol=1e-12)
+        np.testing.assert_allclose(out.array, x.array @ weight, rtol=1e-12)
     # an RRef to the output, chained into the next call without fetching it here
     out_rref = stage.remote().forward(xs[0])
-    np.testing.assert_allclose(out_rref.to_here().data, xs[0].data @ weight, rtol=1e-12)
+    np.testing.assert_allclose(out_rref.to_here().array, xs[0].array @ weight, rtol=1e-12)
 
 
 @pytest.mark.mpi(min_size=2)

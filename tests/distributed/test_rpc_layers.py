@@ -147,7 +147,7 @@ def test_rref_context_debug_info():
     # remote() results, one of them forwarded by its creator to a third rank and dropped here
     a = rpc.remote(peer, hg.add, args=(hg.ones(2), 1.0), timeout=WAIT_LIMIT)
     b = rpc.remote(peer, hg.add, args=(hg.ones(2), 2.0), timeout=WAIT_LIMIT)
-    np.testing.assert_array_equal(a.to_here(WAIT_LIMIT).data, [2.0, 2.0])
+    np.testing.assert_array_equal(a.to_here(WAIT_LIMIT).array, [2.0, 2.0])
     rpc.rpc_sync((peer + 1) % size, cases.keep, args=("forwarded", b), timeout=WAIT_LIMIT)
     cases.barrier()
     assert _owned_count() == 2
@@ -157,7 +157,7 @@ def test_rref_context_debug_info():
     cases.barrier()
     _wait_for_owned(1)  # b is still held by the rank it was forwarded to
     cases.barrier()
-    np.testing.assert_array_equal(cases.kept("forwarded").to_here(WAIT_LIMIT).data, [3.0, 3.0])
+    np.testing.assert_array_equal(cases.kept("forwarded").to_here(WAIT_LIMIT).array, [3.0, 3.0])
     cases.drop("forwarded")
     gc.collect()
     _wait_for_owned(0)

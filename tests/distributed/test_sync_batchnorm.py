@@ -60,8 +60,8 @@ def make_layers(batchnorm_cls, group, momentum=0.1, affine=True):
     if affine:
         rng = np.random.default_rng(3)
         for layer in (sync, ref):
-            layer.weight.data[...] = rng.standard_normal(C) + 1
-            layer.bias.data[...] = np.arange(C) - 1.0
+            layer.weight.array[...] = rng.standard_normal(C) + 1
+            layer.bias.array[...] = np.arange(C) - 1.0
             rng = np.random.default_rng(3)
     return sync, ref
 
@@ -86,21 +86,21 @@ def check_against_full_batch(group, batchnorm_cls, tail, sizes, momentum=0.1, af
         yr = ref(xr)
         (yr * Tensor(w)).sum().backward()
 
-        np.testing.assert_allclose(y.data, yr.data[mine], rtol=TOL, atol=TOL)
-        np.testing.assert_allclose(xs.grad.data, xr.grad.data[mine], rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(y.array, yr.array[mine], rtol=TOL, atol=TOL)
+        np.testing.assert_allclose(xs.grad.array, xr.grad.array[mine], rtol=1e-10, atol=1e-10)
         if affine:
             for name in ("weight", "bias"):
-                got = summed(group, getattr(sync, name).grad.data)
-                np.testing.assert_allclose(got, getattr(ref, name).grad.data, rtol=1e-10,
+                got = summed(group, getattr(sync, name).grad.array)
+                np.testing.assert_allclose(got, getattr(ref, name).grad.array, rtol=1e-10,
                                            atol=1e-10, err_msg=name)
                 getattr(sync, name).grad = getattr(ref, name).grad = None
-    np.testing.assert_allclose(sync.running_mean.data, ref.running_mean.data, rtol=TOL, atol=TOL)
-    np.testing.assert_allclose(sync.running_var.data, ref.running_var.data, rtol=TOL, atol=TOL)
-    assert int(sync.num_batches_tracked.data) == int(ref.num_batches_tracked.data) == steps
+    np.testing.assert_allclose(sync.running_mean.array, ref.running_mean.array, rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(sync.running_var.array, ref.running_var.array, rtol=TOL, atol=TOL)
+    assert int(sync.num_batches_tracked.array) == int(ref.num_batches_tracked.array) == steps
     # Eval uses the running statistics, as BatchNorm's.
     sync.eval(), ref.eval()
     x, _ = full_batch(sizes, tail, 99)
-    np.testing.assert_allclose(sync(Tensor(x[mine])).data, ref(Tensor(x)).data[mine],
+    np.testing.assert_allclose(sync(Tensor(x[mine])).array, ref(Tensor(x)).array[mine],
                                rtol=TOL, atol=TOL)
 
 
@@ -146,9 +146,9 @@ def test_float32_with_a_large_mean(group):
     y = sync(Tensor(x[mine].astype(np.float32)))
     assert y.dtype == np.float32
     ref = nn.BatchNorm1d(C).double()
-    want = ref(Tensor(x)).data[mine]
-    np.testing.assert_allclose(y.data, want, rtol=0, atol=2e-3)
-    np.testing.assert_allclose(sync.running_var.data, ref.running_var.data, rtol=1e-3)
+    want = ref(Tensor(x)).array[mine]
+    np.testing.assert_allclose(y.array, want, rtol=0, atol=2e-3)
+    np.testing.assert_allclose(sync.running_var.array, ref.running_var.array, rtol=1e-3)
 
 
 @mpi
@@ -156,7 +156,7 @@ def test_eval_does_not_communicate(group, monkeypatch):
     sync = nn.SyncBatchNorm(C, process_group=group).double().eval()
     monkeypatch.setattr(sync_module, "sync_batch_norm", _refuse)
     x = np.random.default_rng(group.rank()).standard_normal((4, C))
-    np.testing.assert_allclose(sync(Tensor(x)).data, x / np.sqrt(1 + sync.eps), rtol=TOL)
+    np.testing.assert_allclose(sync(Tensor(x)).array, x / np.sqrt(1 + sync.eps), rtol=TOL)
 
 
 def _refuse(*args, **kwargs):
@@ -172,8 +172,8 @@ def test_one_rank_or_no_group_is_plain_batch_norm(monkeypatch):
     sync = nn.SyncBatchNorm(C, process_group=single).double()
     ref = nn.BatchNorm1d(C).double()
     x = np.random.default_rng(1).standard_normal((5, C, 2))
-    np.testing.assert_allclose(sync(Tensor(x)).data, ref(Tensor(x)).data, rtol=TOL)
-    np.testing.assert_allclose(sync.running_var.data, ref.running_var.data, rtol=TOL)
+    np.testing.assert_allclose(sync(Tensor(x)).array, ref(Tensor(x)).array, rtol=TOL)
+    np.testing.assert_allclose(sync.running_var.array, ref.running_var.array, rtol=TOL)
 
 
 @mpi
@@ -235,10 +235,10 @@ def test_ddp_training_equals_full_batch(group):
     got, want = dict(model.named_parameters()), dict(ref.named_parameters())
     assert got.keys() == want.keys()
     for name, param in want.items():
-        np.testing.assert_allclose(got[name].data, param.data, rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(got[name].array, param.array, rtol=1e-10, atol=1e-12,
                                    err_msg=name)
     for name, buf in ref.named_buffers():
-        np.testing.assert_allclose(dict(model.named_buffers())[name].data, buf.data, rtol=1e-12,
+        np.testing.assert_allclose(dict(model.named_buffers())[name].array, buf.array, rtol=1e-12,
                                    atol=1e-12, err_msg=name)
 
 
@@ -284,10 +284,10 @@ def test_ddp_with_an_empty_batch_on_one_rank(group):
         (((ref(Tensor(x)) - Tensor(y)) ** 2).sum() * (1 / total)).backward()
         ref_sgd.step()
     for name, param in ref.named_parameters():
-        np.testing.assert_allclose(dict(model.named_parameters())[name].data, param.data,
+        np.testing.assert_allclose(dict(model.named_parameters())[name].array, param.array,
                                    rtol=1e-10, atol=1e-12, err_msg=name)
     for name, buf in ref.named_buffers():
-        np.testing.assert_allclose(dict(model.named_buffers())[name].data, buf.data, rtol=1e-12,
+        np.testing.assert_allclose(dict(model.named_buffers())[name].array, buf.array, rtol=1e-12,
                                    atol=1e-12, err_msg=name)
 
 
@@ -295,7 +295,7 @@ def test_ddp_with_an_empty_batch_on_one_rank(group):
 def test_convert_sync_batchnorm_keeps_parameters_and_buffers():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, momentum=0.3),
                           nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2, eps=1e-3, affine=False)))
-    model[1].running_mean.data[...] = 0.5
+    model[1].running_mean.array[...] = 0.5
     model[2][1].eval()
     old = [model[1], model[2][1]]
     group = object()  # stored as given, used only when training with several ranks

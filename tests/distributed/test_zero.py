@@ -48,9 +48,9 @@ def train(model, optimizer, steps, first=0, rows=slice(None)):
 def assert_same_parameters(model, ref, exact=True):
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         if exact:
-            np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+            np.testing.assert_array_equal(p.array, q.array, err_msg=name)
         else:
-            np.testing.assert_allclose(p.data, q.data, rtol=1e-10, atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(p.array, q.array, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
 @mpi
@@ -268,7 +268,7 @@ def test_step_with_closure_and_zero_grad(group):
         return loss
 
     loss = zero.step(closure)
-    assert float(loss.data) > 0
+    assert float(loss.array) > 0
     assert all(p.grad is not None for p in model.parameters())
     zero.zero_grad()
     assert all(p.grad is None for p in model.parameters())

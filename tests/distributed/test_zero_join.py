@@ -49,9 +49,9 @@ def reference_run(cls, options, counts):
                 x, y = shard(t, r)
                 loss = loss + ((ref(Tensor(x)) - Tensor(y)) ** 2).mean() * (1 / size)
         loss.backward()
-        grads = [p.grad.data.copy() for p in ref.parameters()]
+        grads = [p.grad.array.copy() for p in ref.parameters()]
         opt.step()
-        out.append((grads, [p.data.copy() for p in ref.parameters()]))
+        out.append((grads, [p.array.copy() for p in ref.parameters()]))
     return out
 
 
@@ -101,10 +101,10 @@ def test_zero_join_hook_with_uneven_inputs(group, which):
             setter.set_next()
             zero.step()
             for p, want in zip(params, trajectory[t][1]):
-                np.testing.assert_array_equal(p.data, want, err_msg=f"step {t}")
+                np.testing.assert_array_equal(p.array, want, err_msg=f"step {t}")
     assert setter.t == max(counts)  # the joined rank stepped the others' remaining iterations
     for p, want in zip(params, trajectory[-1][1]):
-        np.testing.assert_array_equal(p.data, want)
+        np.testing.assert_array_equal(p.array, want)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -122,7 +122,7 @@ def test_zero_alone_in_join(group):
             ((model(Tensor(x)) - Tensor(y)) ** 2).mean().backward()
             zero.step()
         zero.zero_grad()  # the joined rank's step inside Join sees no gradients
-    everyone = group.comm.allgather([p.data for p in model.parameters()])
+    everyone = group.comm.allgather([p.array for p in model.parameters()])
     for theirs in everyone:
         for a, b in zip(theirs, everyone[0]):
             np.testing.assert_array_equal(a, b)
@@ -142,7 +142,7 @@ def test_join_ddp_and_zero_do_not_hang(group):
             x, y = shard(t, rank)
             ((ddp(Tensor(x)) - Tensor(y)) ** 2).mean().backward()
             zero.step()
-    everyone = group.comm.allgather([p.data for p in model.parameters()])
+    everyone = group.comm.allgather([p.array for p in model.parameters()])
     for theirs in everyone:
         for a, b in zip(theirs, everyone[0]):
             np.testing.assert_array_equal(a, b)

@@ -60,7 +60,7 @@ def test_threshold_backward_op_takes_kernel_or_numpy_with_one_result(layout):
         g, y = g.T, y.T
     if layout == "float16":
         g, y = g.astype(np.float16), y.astype(np.float16)
-    out = ThresholdBackward.apply(hg.tensor(g), hg.tensor(y)).data
+    out = ThresholdBackward.apply(hg.tensor(g), hg.tensor(y)).array
     np.testing.assert_array_equal(out, np.where(y <= 0, 0, g).astype(g.dtype))
 
 

@@ -29,9 +29,9 @@ def _params(seed, dtype=np.float64, missing=2, scale=1.0):
 def _torch_params(torch, params):
     out = []
     for p in params:
-        t = torch.tensor(p.data, requires_grad=True)
+        t = torch.tensor(p.array, requires_grad=True)
         if p.grad is not None:
-            t.grad = torch.tensor(p.grad.data.copy())
+            t.grad = torch.tensor(p.grad.array.copy())
         out.append(t)
     return out
 
@@ -48,12 +48,12 @@ def test_clip_grad_norm_matches_torch(norm_type, max_norm, dtype):
     want = torch.nn.utils.clip_grad_norm_(tparams, max_norm, norm_type=nt)
     rtol = 1e-12 if dtype == np.float64 else 1e-6
     assert total.dtype == dtype and total.shape == ()
-    np.testing.assert_allclose(total.data, want.numpy(), rtol=rtol)
+    np.testing.assert_allclose(total.array, want.numpy(), rtol=rtol)
     for p, t in zip(params, tparams):
         assert (p.grad is None) == (t.grad is None)
         if p.grad is not None:
             assert p.grad.dtype == dtype
-            np.testing.assert_allclose(p.grad.data, t.grad.numpy(), rtol=rtol, atol=1e-30)
+            np.testing.assert_allclose(p.grad.array, t.grad.numpy(), rtol=rtol, atol=1e-30)
 
 
 def test_clip_grad_value_matches_torch():
@@ -64,19 +64,19 @@ def test_clip_grad_value_matches_torch():
     torch.nn.utils.clip_grad_value_(tparams, 0.3)
     for p, t in zip(params, tparams):
         if p.grad is not None:
-            np.testing.assert_array_equal(p.grad.data, t.grad.numpy())
+            np.testing.assert_array_equal(p.grad.array, t.grad.numpy())
 
 
 def test_nonfinite_norm_matches_torch():
     torch = pytest.importorskip("torch")
     params = _params(2)
-    params[0].grad.data[0, 0] = np.inf
+    params[0].grad.array[0, 0] = np.inf
     tparams = _torch_params(torch, params)
     total, want = clip_grad_norm_(params, 1.0), torch.nn.utils.clip_grad_norm_(tparams, 1.0)
     assert np.isinf(total.item()) and np.isinf(want.item())
     for p, t in zip(params, tparams):
         if p.grad is not None:  # scaled by 1 / inf = 0 (and inf * 0 = nan), as torch
-            np.testing.assert_array_equal(p.grad.data, t.grad.numpy())
+            np.testing.assert_array_equal(p.grad.array, t.grad.numpy())
 
 
 # --- by hand ---------------------------------------------------------------------------------
@@ -86,18 +86,18 @@ def test_by_hand():
     a.grad, b.grad = hg.tensor([3.0, 0.0]), hg.tensor([4.0])
     total = clip_grad_norm_([a, b], max_norm=1.0)
     assert total.item() == 5.0
-    np.testing.assert_allclose(a.grad.data, [3 / (5 + 1e-6), 0])
-    np.testing.assert_allclose(b.grad.data, [4 / (5 + 1e-6)])
+    np.testing.assert_allclose(a.grad.array, [3 / (5 + 1e-6), 0])
+    np.testing.assert_allclose(b.grad.array, [4 / (5 + 1e-6)])
     # below max_norm: untouched (the coefficient is clamped at 1)
     a.grad = hg.tensor(np.array([0.3, 0.4]))
     assert clip_grad_norm_(a, 1.0).item() == pytest.approx(0.5)
-    np.testing.assert_array_equal(a.grad.data, [0.3, 0.4])
+    np.testing.assert_array_equal(a.grad.array, [0.3, 0.4])
     a.grad = hg.tensor([-3.0, 1.0])
     assert clip_grad_norm_(a, 1.0, norm_type="inf").item() == 3.0
-    np.testing.assert_allclose(a.grad.data, [-3 / (3 + 1e-6), 1 / (3 + 1e-6)])
+    np.testing.assert_allclose(a.grad.array, [-3 / (3 + 1e-6), 1 / (3 + 1e-6)])
     a.grad = hg.tensor([-3.0, 2.0])
     clip_grad_value_(a, 2.5)
-    np.testing.assert_array_equal(a.grad.data, [-2.5, 2.0])
+    np.testing.assert_array_equal(a.grad.array, [-2.5, 2.0])
 
 
 def test_no_gradients_gives_zero_and_generators_work():
@@ -106,7 +106,7 @@ def test_no_gradients_gives_zero_and_generators_work():
     assert total.item() == 0.0 and p.grad is None
     model = nn.Linear(3, 2)
     model(hg.tensor(np.ones((4, 3), np.float32))).sum().backward()
-    want = math.sqrt(sum(float((q.grad.data.astype(np.float64) ** 2).sum())
+    want = math.sqrt(sum(float((q.grad.array.astype(np.float64) ** 2).sum())
                          for q in model.parameters()))
     total = clip_grad_norm_(model.parameters(), 0.1)  # a generator
     assert total.item() == pytest.approx(want, rel=1e-6)
@@ -117,9 +117,9 @@ def test_no_gradients_gives_zero_and_generators_work():
 def test_the_gradient_array_is_scaled_in_place():
     p = hg.tensor(np.zeros(2), requires_grad=True)
     p.grad = hg.tensor([3.0, 4.0])
-    array = p.grad.data
+    array = p.grad.array
     clip_grad_norm_([p], 1.0)
-    assert p.grad.data is array and np.linalg.norm(array) == pytest.approx(1.0, rel=1e-5)
+    assert p.grad.array is array and np.linalg.norm(array) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_sparse_gradient_norm_counts_repeated_rows_once_summed():
@@ -128,15 +128,15 @@ def test_sparse_gradient_norm_counts_repeated_rows_once_summed():
     p.grad = SparseCOOTensor(np.array([1, 1]), np.array([[1.0, 2.0], [2.0, 2.0]]), (4, 2))
     total = clip_grad_norm_([p], 1.0)
     assert total.item() == pytest.approx(5.0)
-    np.testing.assert_allclose(p.grad.to_dense().data[1], [3 / (5 + 1e-6), 4 / (5 + 1e-6)])
+    np.testing.assert_allclose(p.grad.to_dense().array[1], [3 / (5 + 1e-6), 4 / (5 + 1e-6)])
     p.grad = SparseCOOTensor(np.array([0]), np.array([[-3.0, 1.0]]), (4, 2))
     clip_grad_value_([p], 2.0)
-    np.testing.assert_array_equal(p.grad.to_dense().data[0], [-2.0, 1.0])
+    np.testing.assert_array_equal(p.grad.to_dense().array[0], [-2.0, 1.0])
 
 
 def test_errors():
     params = _params(3)
-    params[1].grad.data[0] = np.nan
+    params[1].grad.array[0] = np.nan
     with pytest.raises(RuntimeError, match="non-finite, so it cannot be clipped"):
         clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
     p = hg.tensor(np.zeros(0), requires_grad=True)
@@ -179,4 +179,4 @@ def test_under_ddp_clips_the_full_batch_gradient(group, norm_type):
     assert want_total.item() > 0.5  # clipping happened
     np.testing.assert_allclose(total.item(), want_total.item(), rtol=1e-12)
     for p, q in zip(ddp.parameters(), ref.parameters()):
-        np.testing.assert_allclose(p.grad.data, q.grad.data, rtol=1e-11, atol=1e-14)
+        np.testing.assert_allclose(p.grad.array, q.grad.array, rtol=1e-11, atol=1e-14)

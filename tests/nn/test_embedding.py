@@ -24,17 +24,17 @@ def test_sparse_gradient_equals_dense(padding_idx, steps):
     sparse, dense = _grads(True, padding_idx, steps), _grads(False, padding_idx, steps)
     assert sparse.is_sparse and not dense.is_sparse
     assert sparse.shape == (10, 4)
-    np.testing.assert_allclose(sparse.to_dense().data, dense.data, rtol=1e-6)
-    np.testing.assert_allclose(sparse.coalesce().to_dense().data, dense.data, rtol=1e-6)
+    np.testing.assert_allclose(sparse.to_dense().array, dense.array, rtol=1e-6)
+    np.testing.assert_allclose(sparse.coalesce().to_dense().array, dense.array, rtol=1e-6)
     if padding_idx is not None:
         assert padding_idx not in sparse.indices.tolist()
-        assert not dense.data[padding_idx].any()
+        assert not dense.array[padding_idx].any()
 
 
 def test_padding_row_starts_at_zero_and_lookup_shapes():
     hg.manual_seed(0)
     emb = nn.Embedding(6, 3, padding_idx=-1)
-    assert emb.padding_idx == 5 and not emb.weight.data[5].any() and emb.weight.data[:5].any()
+    assert emb.padding_idx == 5 and not emb.weight.array[5].any() and emb.weight.array[:5].any()
     assert emb(hg.tensor(np.array(2))).shape == (3,)
     assert emb(np.array([[1, 2], [3, 4], [5, 0]])).shape == (3, 2, 3)
 
@@ -47,5 +47,5 @@ def test_max_norm_and_from_pretrained_match_torch():
     assert not ours.weight.requires_grad
     idx = np.array([0, 2, 2, 5])
     np.testing.assert_allclose(ours(idx).data, theirs(torch.from_numpy(idx)).numpy(), rtol=1e-6)
-    np.testing.assert_allclose(ours.weight.data, theirs.weight.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ours.weight.array, theirs.weight.numpy(), rtol=1e-6)
     assert nn.Embedding.from_pretrained(hg.tensor(table), freeze=False).weight.requires_grad

@@ -54,13 +54,13 @@ def _bilinear_run(fn, arrays, upstream, upstream2, dtype, second_order):
     u = hg.tensor(upstream.astype(dtype))
     if not second_order:
         (out * u).sum().backward()
-        return [out.data] + [x.grad.data for x in inputs]
+        return [out.array] + [x.grad.array for x in inputs]
     firsts = autograd_grad((out * u).sum(), inputs, create_graph=True)
     total = sum((g * hg.tensor(v.astype(dtype))).sum() for g, v in zip(firsts, upstream2))
     seconds = autograd_grad(total, inputs, allow_unused=True)
     zeros = [np.zeros(a.shape, dtype) for a in arrays]  # bias: linear, no second derivative
-    return ([out.data] + [g.data for g in firsts]
-            + [z if s is None else s.data for s, z in zip(seconds, zeros)])
+    return ([out.array] + [g.array for g in firsts]
+            + [z if s is None else s.array for s, z in zip(seconds, zeros)])
 
 
 def _check_bilinear(fast, plain, arrays, terms, dtype, rng, second_order=False):
@@ -192,7 +192,7 @@ def test_conv2d_dispatch_matches_torch(seed):
 def _plain_cross_entropy(x, target):
     """mean_i (logsumexp(x_i) - x_i[t_i]) from exp, log, sums and a one-hot mask."""
     n, classes = x.shape
-    shift = hg.tensor(x.data.max(1, keepdims=True))  # a constant: the shift's gradient cancels
+    shift = hg.tensor(x.array.max(1, keepdims=True))  # a constant: the shift's gradient cancels
     z = x - shift
     lse = z.exp().sum(1, keepdim=True).log()
     onehot = hg.tensor((np.arange(classes) == target[:, None]).astype(x.dtype))
@@ -214,7 +214,7 @@ def test_fused_cross_entropy_matches_the_plain_formula(seed):
         loss = fn(xt, target)
         (g,) = autograd_grad(loss, [xt], create_graph=True)
         (gg,) = autograd_grad((g * hg.tensor(v.astype(dt))).sum(), [xt])
-        results.append((loss.data, g.data, gg.data, loss.grad_fn))
+        results.append((loss.array, g.array, gg.array, loss.grad_fn))
     (loss, g, gg, node), (want_loss, want_g, want_gg, _) = results
     assert isinstance(node, _functions.CrossEntropy._backward_cls)  # the fused Node
     assert loss.dtype == g.dtype == dtype
@@ -229,10 +229,10 @@ def test_fused_cross_entropy_matches_the_plain_formula(seed):
     # (log_softmax + nll_loss) whose bits it keeps (CrossEntropy.backward says why)
     xt = _t(x, dtype)
     F.cross_entropy(xt, target).backward()
-    np.testing.assert_allclose(xt.grad.data, want_g, rtol=0, atol=4 * (classes + 4) * eps / n)
+    np.testing.assert_allclose(xt.grad.array, want_g, rtol=0, atol=4 * (classes + 4) * eps / n)
     unfused = _t(x, dtype)
     F.nll_loss(F.log_softmax(unfused, 1), target).backward()
-    np.testing.assert_array_equal(xt.grad.data, unfused.grad.data)
+    np.testing.assert_array_equal(xt.grad.array, unfused.grad.array)
     torch = pytest.importorskip("torch")
     xtorch = torch.tensor(x.astype(np.float64), requires_grad=True)
     tl = torch.nn.functional.cross_entropy(xtorch, torch.tensor(target))
@@ -264,14 +264,14 @@ def test_relu_backward_matches_the_select(seed):
     y = np.maximum(x, 0)
     want = np.where(y <= 0, dtype(0), g)  # PyTorch's threshold_backward(g, relu(x), 0)
     assert xt.grad.dtype == dtype
-    np.testing.assert_array_equal(xt.grad.data, want)  # a select: the same bits
+    np.testing.assert_array_equal(xt.grad.array, want)  # a select: the same bits
     # the kernel itself, and the np.where path a non-contiguous gradient takes
     from hpcgrad.kernels.cpu import threshold_backward
     np.testing.assert_array_equal(threshold_backward(g, y), want)
     if x.ndim >= 2 and x.size:  # F-ordered: relu's backward takes np.where, same bits
         xt2 = hg.tensor(np.asfortranarray(x.T), requires_grad=True)
         xt2.relu().backward(hg.tensor(np.asfortranarray(g.T)))
-        np.testing.assert_array_equal(xt2.grad.data, want.T)
+        np.testing.assert_array_equal(xt2.grad.array, want.T)
     torch = pytest.importorskip("torch")
     xtorch = torch.tensor(x, requires_grad=True)
     torch.relu(xtorch).backward(torch.tensor(g))

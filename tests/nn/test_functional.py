@@ -110,21 +110,21 @@ def test_gradgradcheck(name):
 def test_dropout_mask_statistics_seed_and_eval():
     x = hg.ones(200, 100)
     hg.manual_seed(3)
-    a = F.dropout(x, 0.3).data
+    a = F.dropout(x, 0.3).array
     hg.manual_seed(3)
-    b = F.dropout(x, 0.3).data
+    b = F.dropout(x, 0.3).array
     np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(np.unique(a), [0.0, 1 / 0.7], rtol=1e-6)
     assert abs((a == 0).mean() - 0.3) < 0.02
     assert F.dropout(x, 0.3, training=False) is x
-    np.testing.assert_array_equal(F.dropout(x, 1.0).data, 0)
+    np.testing.assert_array_equal(F.dropout(x, 1.0).array, 0)
     with pytest.raises(ValueError, match="between 0 and 1"):
         F.dropout(x, 1.5)
 
 
 def test_conv2d_matches_a_direct_loop():
     x, w, b = _randn(2, 3, 6, 5), _randn(4, 3, 3, 2), _randn(4)
-    out = F.conv2d(hg.tensor(x), hg.tensor(w), hg.tensor(b), stride=(2, 1), padding=1).data
+    out = F.conv2d(hg.tensor(x), hg.tensor(w), hg.tensor(b), stride=(2, 1), padding=1).array
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = np.empty(out.shape)
     for i in range(out.shape[2]):
@@ -140,10 +140,10 @@ def test_col2im_sums_overlapping_windows():
     args = ((3, 2), (1, 2), (1, 1))
     cols = Im2Col.apply(x, *args)
     assert cols.shape == (1, 3 * 2, 3 * 3)  # (N, C*kh*kw, Ho*Wo)
-    counts = Col2Im.apply(hg.ones(*cols.shape, dtype=np.float64), x.shape, *args).data
+    counts = Col2Im.apply(hg.ones(*cols.shape, dtype=np.float64), x.shape, *args).array
     # each row is covered by up to 3 windows (kernel 3, stride 1); columns by exactly 1
     np.testing.assert_array_equal(counts[0, 0, :, 0], [1, 2, 3, 2, 1])
-    np.testing.assert_array_equal(Col2Im.apply(cols, x.shape, *args).data, x.data * counts)
+    np.testing.assert_array_equal(Col2Im.apply(cols, x.shape, *args).array, x.array * counts)
 
 
 @pytest.mark.parametrize("call, error, match", [

@@ -19,7 +19,7 @@ def _loss_and_grad(x, t, **kwargs):
     x = hg.tensor(x, requires_grad=True)
     loss = F.cross_entropy(x, t, **kwargs)
     loss.backward()
-    return loss.data, x.grad.data
+    return loss.array, x.grad.array
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -82,10 +82,10 @@ def test_conv_product_derivatives(bias):
     def fn(c, weight, bias=None):
         return _functions.ConvMatMul.apply(c, weight, bias)
 
-    out = fn(*inputs).data
-    want = np.einsum("ok,nkl->nol", w.data, cols.data)
+    out = fn(*inputs).array
+    want = np.einsum("ok,nkl->nol", w.array, cols.array)
     if bias:
-        want = want + b.data[:, None]
+        want = want + b.array[:, None]
     np.testing.assert_allclose(out, want, rtol=1e-12)
     assert gradcheck(fn, inputs)
     assert gradgradcheck(fn, inputs)
@@ -112,12 +112,12 @@ def test_stride1_conv_node_matches_torch():
     tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
     out = F.conv2d(hx, hw, hb, padding=1)
     want = torch.nn.functional.conv2d(tx, tw, tb, padding=1)
-    np.testing.assert_allclose(out.data, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.array, want.detach().numpy(), rtol=1e-10, atol=1e-12)
     v = rng.standard_normal(out.shape)
     (out * hg.tensor(v)).sum().backward()
     (want * torch.from_numpy(v)).sum().backward()
     for h, t in [(hx, tx), (hw, tw), (hb, tb)]:
-        np.testing.assert_allclose(h.grad.data, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(h.grad.array, t.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_stride1_conv_input_gradient_in_chunks_equals_in_one_go(monkeypatch):
@@ -127,7 +127,7 @@ def test_stride1_conv_input_gradient_in_chunks_equals_in_one_go(monkeypatch):
     def input_grad():
         hx = hg.tensor(x, requires_grad=True)
         F.conv2d(hx, hg.tensor(w), padding=1).sum().backward()
-        return hx.grad.data
+        return hx.grad.array
 
     whole = input_grad()
     monkeypatch.setattr(_functions, "_CHUNK_ELEMENTS", 1000)  # one sample (4*9*36 columns) a chunk
@@ -150,9 +150,9 @@ def test_linear_small_batch_orientation_matches_the_product(batch, bias):
     x64, w64, b64 = x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)
     want = x64 @ w64.T + (b64 if bias else 0)
     magnitude = np.abs(x64) @ np.abs(w64).T + (np.abs(b64) if bias else 0)
-    assert out.data.flags.c_contiguous and out.dtype == np.float32
+    assert out.array.flags.c_contiguous and out.dtype == np.float32
     terms = 24 + 1
-    assert np.all(np.abs(out.data - want) <= 2 * terms * np.finfo(np.float32).eps * magnitude)
+    assert np.all(np.abs(out.array - want) <= 2 * terms * np.finfo(np.float32).eps * magnitude)
     out.sum().backward()  # ones @ weight: a 40-term sum per column, within its bound too
-    error = np.abs(hx.grad.data - w64.sum(0))
+    error = np.abs(hx.grad.array - w64.sum(0))
     assert np.all(error <= 2 * 40 * np.finfo(np.float32).eps * np.abs(w64).sum(0))

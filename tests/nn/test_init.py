@@ -22,7 +22,7 @@ def test_manual_seed_makes_layers_reproducible(make):
     hg.manual_seed(11)
     b = make().state_dict()
     for key in a:
-        np.testing.assert_array_equal(a[key].data, b[key].data)
+        np.testing.assert_array_equal(a[key].array, b[key].array)
 
 
 @pytest.mark.parametrize("make, fan_in", [(lambda: nn.Linear(300, 200), 300),
@@ -32,8 +32,8 @@ def test_default_init_bounds_like_torch(make, fan_in):
     layer = make()
     bound = 1 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) == U(-1/sqrt(fan_in), ..)
     for p in (layer.weight, layer.bias):
-        assert np.abs(p.data).max() <= bound
-    assert np.abs(layer.weight.data).max() > 0.98 * bound
+        assert np.abs(p.array).max() <= bound
+    assert np.abs(layer.weight.array).max() > 0.98 * bound
     assert layer.weight.dtype == np.float32
 
 
@@ -51,22 +51,22 @@ def test_random_fills_have_the_right_spread(fill, expected_std):
     hg.manual_seed(5)
     t = fill(_fresh(300, 400))
     if expected_std is None:
-        assert -1.0 <= t.data.min() and t.data.max() <= 1.0
+        assert -1.0 <= t.array.min() and t.array.max() <= 1.0
     else:
-        assert abs(t.data.std() / expected_std - 1) < 0.02
+        assert abs(t.array.std() / expected_std - 1) < 0.02
     hg.manual_seed(5)
-    np.testing.assert_array_equal(fill(_fresh(300, 400)).data, t.data)
+    np.testing.assert_array_equal(fill(_fresh(300, 400)).array, t.array)
 
 
 def test_constants_gain_fans_and_generator():
     t = _fresh(2, 3, 4, 5)
     assert init._calculate_fan_in_and_fan_out(t) == (60, 40)
-    assert init.ones_(t) is t and (t.data == 1).all()
-    assert (init.zeros_(t).data == 0).all() and (init.constant_(t, 2.5).data == 2.5).all()
+    assert init.ones_(t) is t and (t.array == 1).all()
+    assert (init.zeros_(t).array == 0).all() and (init.constant_(t, 2.5).array == 2.5).all()
     with pytest.raises(ValueError, match="fewer than 2 dimensions"):
         init.xavier_uniform_(_fresh(4))
-    a = init.normal_(_fresh(3), generator=np.random.default_rng(1)).data
-    b = init.normal_(_fresh(3), generator=np.random.default_rng(1)).data
+    a = init.normal_(_fresh(3), generator=np.random.default_rng(1)).array
+    b = init.normal_(_fresh(3), generator=np.random.default_rng(1)).array
     np.testing.assert_array_equal(a, b)
     torch = pytest.importorskip("torch")
     for args in [("linear",), ("relu",), ("tanh",), ("leaky_relu",), ("leaky_relu", 0.2),

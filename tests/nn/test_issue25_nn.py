@@ -19,7 +19,7 @@ def _torch_lib(torch):
 
 
 def _numpy(t):
-    return t.detach().numpy() if hasattr(t, "detach") and not hasattr(t, "_data") else t.data
+    return t.detach().numpy() if hasattr(t, "detach") and not hasattr(t, "_data") else t.array
 
 
 def _empty_batch_run(lib, make, shape, train, state):
@@ -129,7 +129,7 @@ def test_pad_zero_of_a_plain_tensor_does_not_share_memory():
     x = hg.tensor(np.arange(6.0).reshape(2, 3))
     y = F.pad(x, (0, 0))
     y.add_(1.0)
-    np.testing.assert_array_equal(x.data, np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(x.array, np.arange(6.0).reshape(2, 3))
 
 
 # --- softmax of empty tensors ---------------------------------------------------------------

@@ -73,47 +73,47 @@ def test_embedding_padding_idx_gradcheck():
 # --- by hand ---------------------------------------------------------------------------------
 def test_avg_pool2d_by_hand():
     x = hg.tensor(np.arange(16.0).reshape(1, 1, 4, 4))
-    np.testing.assert_allclose(F.avg_pool2d(x, 2).data[0, 0], [[2.5, 4.5], [10.5, 12.5]])
+    np.testing.assert_allclose(F.avg_pool2d(x, 2).array[0, 0], [[2.5, 4.5], [10.5, 12.5]])
     # padding 1, kernel 2, stride 2: corner window holds x[0,0] only (divided by 4, or by 1)
-    out = F.avg_pool2d(x, 2, padding=1).data[0, 0]
+    out = F.avg_pool2d(x, 2, padding=1).array[0, 0]
     assert out[0, 0] == 0 / 4 and out[0, 1] == (1 + 2) / 4
-    out = F.avg_pool2d(x, 2, padding=1, count_include_pad=False).data[0, 0]
+    out = F.avg_pool2d(x, 2, padding=1, count_include_pad=False).array[0, 0]
     assert out[0, 0] == 0 and out[0, 1] == 1.5 and out[2, 2] == 15
-    assert F.avg_pool2d(x, 2, divisor_override=1).data[0, 0, 0, 0] == 0 + 1 + 4 + 5
+    assert F.avg_pool2d(x, 2, divisor_override=1).array[0, 0, 0, 0] == 0 + 1 + 4 + 5
 
 
 def test_adaptive_avg_pool2d_by_hand():
     x = hg.tensor(np.arange(5.0).reshape(1, 1, 1, 5))
     # 5 -> 3: windows [0, 2), [1, 4), [3, 5)
-    np.testing.assert_allclose(F.adaptive_avg_pool2d(x, (1, 3)).data[0, 0, 0],
+    np.testing.assert_allclose(F.adaptive_avg_pool2d(x, (1, 3)).array[0, 0, 0],
                                [0.5, 2.0, 3.5])
     x = hg.tensor(np.arange(2.0).reshape(1, 2, 1))
     # growing 2 -> 3 rows: windows [0, 1), [0, 2), [1, 2)
-    np.testing.assert_allclose(hnn.AdaptiveAvgPool2d((3, 1))(x).data[0, :, 0], [0, 0.5, 1])
+    np.testing.assert_allclose(hnn.AdaptiveAvgPool2d((3, 1))(x).array[0, :, 0], [0, 0.5, 1])
 
 
 def test_adaptive_avg_pool2d_global_is_the_mean():
     x = _x(3, 4, 5, 6)
     out = hnn.AdaptiveAvgPool2d(1)(x)
     assert out.shape == (3, 4, 1, 1)
-    np.testing.assert_allclose(out.data[..., 0, 0], x.data.mean((2, 3)))
+    np.testing.assert_allclose(out.array[..., 0, 0], x.array.mean((2, 3)))
 
 
 def test_embedding_padding_row_gets_no_gradient_and_max_norm_renorms_in_place():
     emb = hnn.Embedding(5, 3, padding_idx=-1, max_norm=1.0)
     assert emb.padding_idx == 4
-    np.testing.assert_array_equal(emb.weight.data[4], 0)
-    emb.weight.data[...] = np.arange(15.0, dtype=np.float32).reshape(5, 3)
-    before = emb.weight.data.copy()
+    np.testing.assert_array_equal(emb.weight.array[4], 0)
+    emb.weight.array[...] = np.arange(15.0, dtype=np.float32).reshape(5, 3)
+    before = emb.weight.array.copy()
     out = emb(hg.tensor(np.array([1, 4, 4, 3])))
-    norms = np.linalg.norm(emb.weight.data, axis=1)
+    norms = np.linalg.norm(emb.weight.array, axis=1)
     # looked-up rows 1, 3, 4 renormed to 1 (in place, under no_grad); 0 and 2 untouched
     np.testing.assert_allclose(norms[[1, 3, 4]], 1.0, rtol=1e-6)
-    np.testing.assert_array_equal(emb.weight.data[[0, 2]], before[[0, 2]])
+    np.testing.assert_array_equal(emb.weight.array[[0, 2]], before[[0, 2]])
     assert emb.weight.grad_fn is None and emb.weight.requires_grad
     out.sum().backward()
-    np.testing.assert_array_equal(emb.weight.grad.data[4], 0)
-    np.testing.assert_array_equal(emb.weight.grad.data[1], 1)
+    np.testing.assert_array_equal(emb.weight.grad.array[4], 0)
+    np.testing.assert_array_equal(emb.weight.grad.array[1], 1)
 
 
 # --- beside PyTorch --------------------------------------------------------------------------
@@ -130,10 +130,10 @@ def _grads_both(fn_hg, fn_torch, arrays, seed=1):
     v = np.random.default_rng(seed).standard_normal(tuple(tout.shape))
     (out * hg.tensor(v)).sum().backward()
     (tout * torch.tensor(v)).sum().backward()
-    np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(out.array, tout.detach().numpy(), rtol=1e-12, atol=1e-13)
     for x, t in zip(xs, ts):
         if t.requires_grad:
-            np.testing.assert_allclose(x.grad.data, t.grad.numpy(), rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(x.grad.array, t.grad.numpy(), rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("name", sorted(AVG_CASES))
@@ -162,20 +162,20 @@ def test_conv1d_module_matches_torch(kwargs):
     theirs = torch.nn.Conv1d(3, 4, 3, **kwargs).double()
     assert mine.weight.shape == tuple(theirs.weight.shape)
     with torch.no_grad():
-        theirs.weight.copy_(torch.from_numpy(mine.weight.data))
+        theirs.weight.copy_(torch.from_numpy(mine.weight.array))
         if mine.bias is not None:
-            theirs.bias.copy_(torch.from_numpy(mine.bias.data))
+            theirs.bias.copy_(torch.from_numpy(mine.bias.array))
     _grads_both(mine, theirs, [RNG.standard_normal((2, 3, 11))])
-    np.testing.assert_allclose(mine.weight.grad.data, theirs.weight.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mine.weight.grad.array, theirs.weight.grad.numpy(), rtol=1e-12)
     if mine.bias is not None:
-        np.testing.assert_allclose(mine.bias.grad.data, theirs.bias.grad.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(mine.bias.grad.array, theirs.bias.grad.numpy(), rtol=1e-12)
     assert repr(mine) == repr(theirs)
 
 
 def test_conv1d_default_init_bounds_match_torch():
     torch = torch_or_skip()
     hg.manual_seed(0)
-    w = hnn.Conv1d(4, 8, 5).weight.data
+    w = hnn.Conv1d(4, 8, 5).weight.array
     bound = torch.nn.init._calculate_fan_in_and_fan_out(torch.empty(8, 4, 5))[0] ** -0.5
     assert np.abs(w).max() <= bound and np.abs(w).max() > 0.8 * bound
 
@@ -189,12 +189,12 @@ def test_embedding_padding_idx_and_max_norm_match_torch():
     theirs = torch.nn.Embedding.from_pretrained(torch.tensor(table.copy()), freeze=False,
                                                 padding_idx=3, max_norm=1.5, norm_type=1.0)
     out, tout = mine(hg.tensor(idx)), theirs(torch.from_numpy(idx))
-    np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-12)
-    np.testing.assert_allclose(mine.weight.data, theirs.weight.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out.array, tout.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mine.weight.array, theirs.weight.detach().numpy(), rtol=1e-12)
     v = RNG.standard_normal(out.shape)
     (out * hg.tensor(v)).sum().backward()
     (tout * torch.tensor(v)).sum().backward()
-    np.testing.assert_allclose(mine.weight.grad.data, theirs.weight.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mine.weight.grad.array, theirs.weight.grad.numpy(), rtol=1e-12)
 
 
 def test_embedding_max_norm_is_an_in_place_write_as_torch():
@@ -212,7 +212,7 @@ def test_embedding_max_norm_is_an_in_place_write_as_torch():
 def test_embedding_padding_row_zero_initialised_as_torch():
     torch = torch_or_skip()
     assert (torch.nn.Embedding(4, 2, padding_idx=1).weight[1] == 0).all()
-    np.testing.assert_array_equal(hnn.Embedding(4, 2, padding_idx=1).weight.data[1], 0)
+    np.testing.assert_array_equal(hnn.Embedding(4, 2, padding_idx=1).weight.array[1], 0)
 
 
 # --- errors ----------------------------------------------------------------------------------

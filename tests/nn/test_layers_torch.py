@@ -45,7 +45,7 @@ def compare(make, x, target=None, steps=2, seed=0, rtol=1e-10, atol=1e-12):
     ours, theirs = make(HG).double(), make(TORCH).double()
     ours_state = ours.state_dict()
     assert list(ours_state) == list(theirs.state_dict())
-    theirs.load_state_dict({k: torch.from_numpy(v.data.copy()) for k, v in ours_state.items()})
+    theirs.load_state_dict({k: torch.from_numpy(v.array.copy()) for k, v in ours_state.items()})
     rng = np.random.default_rng(seed)
     for step in range(steps + 1):
         if step == steps:
@@ -61,11 +61,11 @@ def compare(make, x, target=None, steps=2, seed=0, rtol=1e-10, atol=1e-12):
             np.testing.assert_allclose(grad, want_grad, rtol=rtol, atol=atol)
         theirs_params = dict(theirs.named_parameters())
         for name, p in ours.named_parameters():
-            np.testing.assert_allclose(p.grad.data, _numpy(theirs_params[name].grad),
+            np.testing.assert_allclose(p.grad.array, _numpy(theirs_params[name].grad),
                                        rtol=rtol, atol=atol, err_msg=name)
         theirs_state = theirs.state_dict()
         for name, value in ours.state_dict().items():
-            np.testing.assert_allclose(value.data, _numpy(theirs_state[name]), rtol=rtol,
+            np.testing.assert_allclose(value.array, _numpy(theirs_state[name]), rtol=rtol,
                                        atol=atol, err_msg=name)
         ours.zero_grad()
         theirs.zero_grad()

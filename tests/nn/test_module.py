@@ -70,11 +70,11 @@ def test_parameter_is_a_leaf_tensor_that_accumulates_grad():
     data = hg.tensor(np.arange(3.0))
     p = Parameter(data)
     assert isinstance(p, Parameter) and isinstance(p, hg.Tensor)
-    assert p.requires_grad and p.is_leaf and p.data is data.data
+    assert p.requires_grad and p.is_leaf and p.array is data.array
     assert not Parameter(hg.zeros(2), requires_grad=False).requires_grad
     (p * p).sum().backward()
     (p * 2.0).sum().backward()
-    np.testing.assert_array_equal(p.grad.data, 2 * np.arange(3.0) + 2)
+    np.testing.assert_array_equal(p.grad.array, 2 * np.arange(3.0) + 2)
     assert type(p.detach()) is hg.Tensor
     assert repr(p).startswith("Parameter containing:\ntensor(")
 
@@ -88,7 +88,7 @@ def test_state_dict_order_values_and_torch_keys():
         "body.0.bn.bias", "body.0.bn.running_mean", "body.0.bn.running_var",
         "body.0.bn.num_batches_tracked", "heads.0.weight", "heads.0.bias", "heads.1.weight",
         "heads.1.bias", "alias.weight", "alias.bias"]  # a shared module under both names
-    assert state["heads.0.weight"].data is net.heads[0].weight.data  # shares memory
+    assert state["heads.0.weight"].array is net.heads[0].weight.array  # shares memory
     assert not state["heads.0.weight"].requires_grad
     assert net.state_dict(keep_vars=True)["scale"] is net.scale
     torch = pytest.importorskip("torch")
@@ -99,17 +99,17 @@ def test_state_dict_order_values_and_torch_keys():
 def test_load_state_dict_copies_in_place():
     source, target = make_net(HG), make_net(HG)
     for p in source.parameters():
-        p.data[...] = np.random.default_rng(0).standard_normal(p.shape)
-    source.body[0].bn.num_batches_tracked.data[...] = 7
-    arrays = {name: t.data for name, t in target.state_dict().items()}
+        p.array[...] = np.random.default_rng(0).standard_normal(p.shape)
+    source.body[0].bn.num_batches_tracked.array[...] = 7
+    arrays = {name: t.array for name, t in target.state_dict().items()}
     result = target.load_state_dict(source.state_dict())
     assert result.missing_keys == [] and result.unexpected_keys == []
     for name, value in target.state_dict().items():
-        assert value.data is arrays[name]  # the same arrays: optimizers keep their references
-        np.testing.assert_array_equal(value.data, source.state_dict()[name].data)
+        assert value.array is arrays[name]  # the same arrays: optimizers keep their references
+        np.testing.assert_array_equal(value.array, source.state_dict()[name].array)
     # plain arrays are accepted too
-    target.load_state_dict({k: v.data * 2 for k, v in source.state_dict().items()})
-    np.testing.assert_array_equal(target.scale.data, source.scale.data * 2)
+    target.load_state_dict({k: v.array * 2 for k, v in source.state_dict().items()})
+    np.testing.assert_array_equal(target.scale.array, source.scale.array * 2)
 
 
 def _broken_state(kind):
@@ -131,13 +131,13 @@ def _broken_state(kind):
 ])
 def test_load_state_dict_errors_name_the_keys_and_copy_nothing(kind, match):
     net = make_net(HG)
-    before = {k: v.data.copy() for k, v in net.state_dict().items()}
+    before = {k: v.array.copy() for k, v in net.state_dict().items()}
     with pytest.raises(RuntimeError, match="Error\\(s\\) in loading state_dict for Net"):
         net.load_state_dict(_broken_state(kind))
     with pytest.raises(RuntimeError, match=match):
         net.load_state_dict(_broken_state(kind))
     for k, v in net.state_dict().items():
-        np.testing.assert_array_equal(v.data, before[k])
+        np.testing.assert_array_equal(v.array, before[k])
     if kind == "shape":  # a shape mismatch is an error even when not strict
         with pytest.raises(RuntimeError, match="size mismatch"):
             net.load_state_dict(_broken_state(kind), strict=False)
@@ -152,7 +152,7 @@ def test_zero_grad_train_eval_and_requires_grad():
     net(hg.randn(2, 2, 4, 4)).sum().backward()
     assert all(p.grad is not None for p in net.parameters())
     net.zero_grad(set_to_none=False)
-    assert all(p.grad is not None and not p.grad.data.any() for p in net.parameters())
+    assert all(p.grad is not None and not p.grad.array.any() for p in net.parameters())
     net.zero_grad()
     assert all(p.grad is None for p in net.parameters())
     assert net.training and all(m.training for m in net.modules())
@@ -174,16 +174,16 @@ def test_forward_hooks_modify_and_remove():
                                       prepend=True)
     x = hg.randn(4, 3)
     out = lin(x)
-    np.testing.assert_allclose(out.data, np.broadcast_to(lin.bias.data + 1, (4, 2)))
+    np.testing.assert_allclose(out.array, np.broadcast_to(lin.bias.array + 1, (4, 2)))
     assert [c[0] for c in calls] == ["first", "post"]
     pre.remove()
     post.remove()
     first.remove()
-    np.testing.assert_allclose(lin(x).data, x.data @ lin.weight.data.T + lin.bias.data,
+    np.testing.assert_allclose(lin(x).array, x.array @ lin.weight.array.T + lin.bias.array,
                                rtol=1e-6)
     with lin.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] * 2,), kwargs),
                                        with_kwargs=True):
-        np.testing.assert_allclose(lin(x).data, 2 * x.data @ lin.weight.data.T + lin.bias.data,
+        np.testing.assert_allclose(lin(x).array, 2 * x.array @ lin.weight.array.T + lin.bias.array,
                                    rtol=1e-6)
     assert not lin._forward_pre_hooks
     with pytest.raises(TypeError, match="callable"):
@@ -236,8 +236,8 @@ def test_apply_to_dtype_and_deepcopy():
     clone = copy.deepcopy(net)
     assert clone.heads[0].weight is not net.heads[0].weight
     assert clone.alias is clone.heads[1]  # sharing survives the copy
-    clone.heads[0].weight.data[...] = 0
-    assert net.heads[0].weight.data.any()
+    clone.heads[0].weight.array[...] = 0
+    assert net.heads[0].weight.array.any()
     with pytest.raises(TypeError, match="floating point"):
         net.to(np.int32)
 
@@ -294,4 +294,4 @@ def test_name_listings_match_torch(listing):
     assert names(ours) == names(theirs)
     if listing == "state_dict":  # and torch's state_dict loads into ours
         ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
-        np.testing.assert_array_equal(ours.heads[0].weight.data, theirs.heads[0].weight.detach())
+        np.testing.assert_array_equal(ours.heads[0].weight.array, theirs.heads[0].weight.detach())

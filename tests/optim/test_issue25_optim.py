@@ -50,7 +50,7 @@ def _step_then_backward(lib, name, options, steps=2):
     else:
         model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
         for p, key in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
-            p.data = a[key].copy()
+            p.array = a[key].copy()
         x = hpcgrad.tensor(a["x"])
         opt = CLASSES[name](model.parameters(), **options)
     model(x).sum().backward()
@@ -65,7 +65,7 @@ def _step_then_backward(lib, name, options, steps=2):
             outcomes.append(str(e))
         opt.zero_grad()
         model(x).sum().backward()
-    return outcomes, [p.detach().numpy().copy() if lib == "torch" else p.data.copy()
+    return outcomes, [p.detach().numpy().copy() if lib == "torch" else p.array.copy()
                       for p in model.parameters()]
 
 
@@ -128,7 +128,7 @@ def test_zero_grad_in_place_counts_as_a_write_like_torch():
     p.grad = hpcgrad.tensor(np.ones(3))
     g = p.grad
     SGD([p], lr=0.1).zero_grad(set_to_none=False)
-    assert p.grad is g and g._version == 1 and not g.data.any()
+    assert p.grad is g and g._version == 1 and not g.array.any()
     torch = pytest.importorskip("torch")
     q = torch.ones(3, requires_grad=True)
     q.grad = torch.ones(3)
@@ -177,7 +177,7 @@ def _tensor_lr_schedule(lib, name, options, steps=6):
         seen.append((float(group["lr"]), float(scheduler.base_lrs[0]),
                      float(scheduler.get_last_lr()[0]), group["lr"] is lr,
                      scheduler.get_last_lr()[0] is lr))
-    params = p.detach().numpy() if lib == "torch" else p.data
+    params = p.detach().numpy() if lib == "torch" else p.array
     return aliases, seen, params.copy()
 
 
@@ -253,7 +253,7 @@ def test_optimizer_steps_with_a_tensor_lr_as_torch(name):
             p.grad = mod.tensor(np.array([0.5, -1.0, 2.0, 0.25]) * (k + 1))
             opt.step()
             lr.mul_(0.5)
-        return (p.detach().numpy() if mod is not hpcgrad else p.data).copy()
+        return (p.detach().numpy() if mod is not hpcgrad else p.array).copy()
     ours = run(hpcgrad, CLASSES[name])
     with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
         CLASSES[name]([hpcgrad.tensor(np.ones(2), requires_grad=True)], lr=hpcgrad.ones(2))
@@ -294,7 +294,7 @@ def _cyclic_run(mod, optimizer, options, steps=25, lr=None):
                      for g in opt.param_groups] + [list(map(float, scheduler.get_last_lr()))])
         opt.step()
         scheduler.step()
-    return seen, [(p.detach().numpy() if mod is not hpcgrad else p.data).copy() for p in params]
+    return seen, [(p.detach().numpy() if mod is not hpcgrad else p.array).copy() for p in params]
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
@@ -497,7 +497,7 @@ def _run_program(name, options, init, grads, fused=True):
         for p, g in zip(params, step):
             p.grad = None if g is None else hpcgrad.tensor(g)
         opt.step()
-        out.append([p.data.copy() for p in params])
+        out.append([p.array.copy() for p in params])
     return out
 
 
@@ -596,7 +596,7 @@ def test_sgd_float16_and_a_fortran_order_momentum_buffer(dtype):
             options, dampening=0.0, nesterov=False, weight_decay=0.0, maximize=False))
         ref_p = ref_p.astype(dtype)
         tol = _tolerance(dtype)
-        np.testing.assert_allclose(p.data, ref_p, rtol=tol, atol=tol)
+        np.testing.assert_allclose(p.array, ref_p, rtol=tol, atol=tol)
         np.testing.assert_allclose(opt.state[p]["momentum_buffer"], ref_state["buf"], rtol=tol)
     torch = pytest.importorskip("torch")
     q = torch.tensor(p0.copy(), requires_grad=True)
@@ -607,4 +607,4 @@ def test_sgd_float16_and_a_fortran_order_momentum_buffer(dtype):
     for k in range(3):
         q.grad = torch.full((3, 4), k + 0.5, dtype=q.dtype)
         t_opt.step()
-    np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=5 * tol, atol=5 * tol)
+    np.testing.assert_allclose(p.array, q.detach().numpy(), rtol=5 * tol, atol=5 * tol)

@@ -179,7 +179,7 @@ def test_the_optimizer_uses_the_scheduled_lr():
         p.grad = hpcgrad.tensor(np.ones(1))
         opt.step()
         sched.step()
-    np.testing.assert_allclose(p.data, [-(1 + 0.5 + 0.25)])
+    np.testing.assert_allclose(p.array, [-(1 + 0.5 + 0.25)])
 
 
 # --- state_dict ------------------------------------------------------------------------------

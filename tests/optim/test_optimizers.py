@@ -39,7 +39,7 @@ def _run_hpcgrad(cls, options, group_options, init, grads, state_from=None):
         for p, g in zip(params, step_grads):
             p.grad = None if g is None else hpcgrad.tensor(g)
         opt.step()
-    return [p.data for p in params], opt
+    return [p.array for p in params], opt
 
 
 def _run_torch(name, options, group_options, init, grads):
@@ -122,10 +122,10 @@ def test_sgd_momentum_two_steps_by_hand():
     opt = SGD([p], lr=0.5, momentum=0.9, dampening=0.5, weight_decay=0.1)
     p.grad = hpcgrad.tensor(np.array([0.2, 0.4]))
     opt.step()  # d = g + 0.1 p = [0.3, 0.2]; buf = d (no dampening at first); p -= 0.5 buf
-    np.testing.assert_allclose(p.data, [0.85, -2.1], rtol=1e-15)
+    np.testing.assert_allclose(p.array, [0.85, -2.1], rtol=1e-15)
     opt.step()  # d = [0.285, 0.19]; buf = 0.9 [0.3, 0.2] + 0.5 d; p -= 0.5 buf
     buf = 0.9 * np.array([0.3, 0.2]) + 0.5 * np.array([0.285, 0.19])
-    np.testing.assert_allclose(p.data, np.array([0.85, -2.1]) - 0.5 * buf, rtol=1e-15)
+    np.testing.assert_allclose(p.array, np.array([0.85, -2.1]) - 0.5 * buf, rtol=1e-15)
 
 
 @pytest.mark.parametrize("cls", [Adam, AdamW])
@@ -140,17 +140,17 @@ def test_adam_one_step_by_hand(cls):
     else:  # the decay enters the gradient
         d = g + wd * p0
         expected = p0 - lr * d / (np.abs(d) + eps)
-    np.testing.assert_allclose(p.data, expected, rtol=1e-12)
+    np.testing.assert_allclose(p.array, expected, rtol=1e-12)
 
 
 def test_float32_parameters_stay_float32_and_in_place():
     p = hpcgrad.tensor(np.ones(4, np.float32), requires_grad=True)
-    array = p.data
+    array = p.array
     for opt in (SGD([p], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1), Adam([p])):
         p.grad = hpcgrad.tensor(np.full(4, 0.5, np.float32))
         opt.step()
         opt.step()
-        assert p.data is array and array.dtype == np.float32
+        assert p.array is array and array.dtype == np.float32
         assert all(a.dtype == np.float32 for s in opt.state.values() for a in s.values()
                    if isinstance(a, np.ndarray))
 
@@ -163,7 +163,7 @@ def test_gradient_is_not_modified():
         p.grad = hpcgrad.tensor(g.copy())
         opt.step()
         opt.step()
-        np.testing.assert_array_equal(p.grad.data, g)
+        np.testing.assert_array_equal(p.grad.array, g)
 
 
 def test_step_returns_closure_loss():
@@ -178,7 +178,7 @@ def test_step_returns_closure_loss():
 
     loss = opt.step(closure)
     assert loss.item() == 2.0
-    np.testing.assert_allclose(p.data, [0.8, 0.8])
+    np.testing.assert_allclose(p.array, [0.8, 0.8])
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -191,7 +191,7 @@ def test_zero_grad(set_to_none):
     if set_to_none:
         assert p.grad is None
     else:
-        np.testing.assert_array_equal(p.grad.data, [0.0, 0.0])
+        np.testing.assert_array_equal(p.grad.array, [0.0, 0.0])
     assert q.grad is None
 
 
@@ -218,7 +218,7 @@ def test_sgd_sparse_gradient_equals_dense(options):
         for _ in range(2):
             p.grad = grad
             opt.step()
-        results.append(p.data)
+        results.append(p.array)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-15)
 
 
@@ -236,7 +236,7 @@ def test_sgd_on_sparse_embedding_equals_dense(momentum):
             (embedding(tokens) ** 2).sum().backward()
             assert getattr(embedding.weight.grad, "is_sparse", False) is sparse
             opt.step()
-        weights.append(embedding.weight.data)
+        weights.append(embedding.weight.array)
     np.testing.assert_allclose(weights[0], weights[1], rtol=1e-6)
 
 
@@ -249,7 +249,7 @@ def test_adam_refuses_sparse_gradients(cls):
     with pytest.raises(RuntimeError, match=f"^{cls.__name__} does not support sparse gradients, "
                                            "please consider SparseAdam instead"):
         cls([dense, p]).step()
-    assert not dense.data.any(), "a refused step updates nothing"
+    assert not dense.array.any(), "a refused step updates nothing"
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -320,4 +320,4 @@ def test_adam_bias_correction_uses_step_count():
         p.grad = hpcgrad.tensor(np.array([3.0]))
         opt.step()
     assert opt.state[p]["step"] == 5
-    assert math.isclose(p.data[0], -0.5, rel_tol=1e-12)
+    assert math.isclose(p.array[0], -0.5, rel_tol=1e-12)

@@ -60,7 +60,7 @@ class _Run:
         else:
             self.model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
             for p, key in zip(self.model.parameters(), ("w1", "b1", "w2", "b2")):
-                p.data = arrays[key].copy()
+                p.array = arrays[key].copy()
             self.x, self.y = hpcgrad.tensor(arrays["x"]), hpcgrad.tensor(arrays["y"])
             self.loss_fn = nn.functional.mse_loss
             module = optim
@@ -83,7 +83,7 @@ class _Run:
     def params(self):
         if self.lib == "torch":
             return [p.detach().numpy().copy() for p in self.model.parameters()]
-        return [p.data.copy() for p in self.model.parameters()]
+        return [p.array.copy() for p in self.model.parameters()]
 
 
 def _torch_dtype(arrays):
@@ -230,8 +230,8 @@ def test_adagrad_sparse_gradients_as_torch(maximize):
         theirs.grad = torch.sparse_coo_tensor(rows[None], torch.tensor(values), (6, 3))
         opt.step()
         ref.step()
-        np.testing.assert_allclose(ours.data, theirs.detach().numpy(), rtol=1e-12, atol=1e-14)
-    np.testing.assert_array_equal(ours.data[[1, 3, 5]], init[[1, 3, 5]])
+        np.testing.assert_allclose(ours.array, theirs.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(ours.array[[1, 3, 5]], init[[1, 3, 5]])
     np.testing.assert_allclose(opt.state[ours]["sum"], ref.state[theirs]["sum"].numpy(),
                                rtol=1e-12)
 
@@ -244,7 +244,7 @@ def test_adagrad_refuses_sparse_gradients_with_weight_decay_before_any_update():
     table.grad = SparseCOOTensor(np.array([1]), np.ones((1, 2)), (4, 2))
     with pytest.raises(RuntimeError, match="weight_decay option is not compatible with sparse"):
         opt.step()
-    np.testing.assert_array_equal(dense.data, np.ones(3))
+    np.testing.assert_array_equal(dense.array, np.ones(3))
 
 
 @pytest.mark.parametrize("name", ["Adadelta", "RMSprop"])
@@ -254,7 +254,7 @@ def test_sparse_gradients_are_refused_as_torch(name):
     p.grad = SparseCOOTensor(np.array([1]), np.ones((1, 2)), (4, 2))
     with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):
         opt.step()
-    np.testing.assert_array_equal(p.data, np.ones((4, 2)))
+    np.testing.assert_array_equal(p.array, np.ones((4, 2)))
 
 
 # --- a step is one in-place write of each parameter it changes -------------------------------

@@ -37,7 +37,7 @@ def call(case, rank, async_op, seen):
     wait = (lambda work: work.wait()) if async_op else (lambda work: None)
     if case == "all_reduce-count":
         x = hg.tensor(np.ones(12 if odd else 10, np.float32))
-        seen.append((x.data, x.data.copy()))
+        seen.append((x.array, x.array.copy()))
         wait(dist.all_reduce(x, async_op=async_op))
         return
     if case == "all_gather-count":

@@ -54,8 +54,8 @@ def main(mode):
         except RuntimeError as error:
             print(f"[rank {rank}] step {step} backward raised: {error}", flush=True)
             for what in ("weights", "gradients"):
-                flat = np.concatenate([(p.data if what == "weights" else
-                                        p.grad.data if p.grad is not None
+                flat = np.concatenate([(p.array if what == "weights" else
+                                        p.grad.array if p.grad is not None
                                         else np.full(p.shape, np.nan)).ravel()
                                        for p in model.parameters()])
                 everyone = [None] * dist.get_world_size()
@@ -65,7 +65,7 @@ def main(mode):
             sys.exit(3)
         for p in model.parameters():  # SGD
             if p.grad is not None:
-                p.data -= 0.1 * p.grad.data
+                p.array -= 0.1 * p.grad.array
                 p.grad = None
         print(f"[rank {rank}] step {step} done", flush=True)
 

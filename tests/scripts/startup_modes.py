@@ -44,7 +44,7 @@ def train_step(trainer):
     x = hg.tensor(rpc.rpc_sync("ps", batch, args=(trainer,)))
     model(x).sum().backward()
     weight, bias = model.module.weight.grad, model.module.bias.grad
-    return dist.get_rank(), dist.get_world_size(), np.array(weight.data), np.array(bias.data)
+    return dist.get_rank(), dist.get_world_size(), np.array(weight.array), np.array(bias.array)
 
 
 if mode == "ddp_rpc":

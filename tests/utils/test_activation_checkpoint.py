@@ -21,7 +21,7 @@ def grads_of(use_checkpoint):
     out = checkpoint(block, x, w, calls, use_reentrant=True) if use_checkpoint else block(x, w, calls)
     assert out.requires_grad
     (out * out).sum().backward()
-    return x.grad.data, w.grad.data, len(calls)
+    return x.grad.array, w.grad.array, len(calls)
 
 
 def test_checkpoint_matches_plain_backward_and_recomputes():
@@ -52,4 +52,4 @@ def test_checkpoint_warns_when_no_input_requires_grad():
     with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
         out = checkpoint(lambda a: a * 2.0, hg.ones(2), use_reentrant=True)
     assert not out.requires_grad
-    np.testing.assert_array_equal(out.data, [2.0, 2.0])
+    np.testing.assert_array_equal(out.array, [2.0, 2.0])

@@ -80,7 +80,7 @@ class DistAutogradContext:
         with self._lock:
             old = self._grads.get(variable)
             if old is not None:
-                self._grads[variable] = Tensor._make(old.data + grad.data, False, None, 0)
+                self._grads[variable] = Tensor._make(old.array + grad.array, False, None, 0)
             else:
                 self._grads[variable] = grad if steal else grad.detach_copy()
 

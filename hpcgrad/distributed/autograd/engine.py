@@ -306,7 +306,7 @@ class DistEngine:
                 raise TypeError(f"root {i} is a {type(root).__name__}, expected a Tensor")
             if not root.requires_grad:
                 raise RuntimeError(f"requires_grad not set on root {i}")
-            if root.data.size != 1:
+            if root.array.size != 1:
                 raise RuntimeError(f"root {i} (shape {list(root.shape)}) is not a scalar, all "
                                    "roots need to be scalar")
             if root.grad_fn is None:
@@ -314,8 +314,8 @@ class DistEngine:
                                    "needs no backward)")
             edges.append(root._gradient_edge())
             # ones, not root * 0 + 1: an inf or nan root still seeds a gradient of 1
-            xp = backend.get_array_module(root.data)
-            grads.append(Tensor._make(xp.ones_like(root.data), False, None, 0))
+            xp = backend.get_array_module(root.array)
+            grads.append(Tensor._make(xp.ones_like(root.array), False, None, 0))
         validate_outputs(edges, grads, lambda msg: msg)
         return edges, grads
 

@@ -56,7 +56,7 @@ class RecvRpcBackward(Node):
         self.context, self.peer_context_id = context, peer_context_id
         self.message_id, self.peer = message_id, peer
         self.send_grad = send_grad  # (this node, running graph task, [array]) -> None
-        self.input_metadata = [(t.data.shape, t.data.dtype, t.device) for t in tensors]
+        self.input_metadata = [(t.array.shape, t.array.dtype, t.device) for t in tensors]
 
     def name(self):
         return "RecvRpcBackward"
@@ -65,7 +65,7 @@ class RecvRpcBackward(Node):
         arrays = []
         for grad, (shape, dtype, device) in zip(grads, self.input_metadata):
             # An unused output's gradient: zeros where the tensor lived, as PyTorch's
-            arrays.append(backend.zeros(shape, dtype, device) if grad is None else grad.data)
+            arrays.append(backend.zeros(shape, dtype, device) if grad is None else grad.array)
         self.send_grad(self, current_graph_task(), arrays)
         return []
 

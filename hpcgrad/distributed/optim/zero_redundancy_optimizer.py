@@ -140,16 +140,16 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         for groups in self._partition_parameters():
             params = [p for g in groups for p in g["params"]]
             if not params:  # a rank with nothing to own still joins the broadcasts
-                xp = backend.get_array_module(self._all_params[0].data)
+                xp = backend.get_array_module(self._all_params[0].array)
                 self._buckets.append(xp.zeros(1, self._all_params[0].dtype))
                 continue
-            xp = backend.get_array_module(params[0].data)
+            xp = backend.get_array_module(params[0].array)
             bucket = xp.empty(sum(p.numel() for p in params), params[0].dtype)
             offset = 0
             for p in params:
                 view = bucket[offset:offset + p.numel()].reshape(p.shape)
-                view[...] = p.data
-                p.data = view
+                view[...] = p.array
+                p.array = view
                 offset += p.numel()
             self._buckets.append(bucket)
 
@@ -175,7 +175,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             for rank, groups in enumerate(self._partition_parameters()):
                 for g in groups:
                     for p in g["params"]:
-                        works.append(api.broadcast(p.data, group.ranks[rank], group,
+                        works.append(api.broadcast(p.array, group.ranks[rank], group,
                                                    async_op=True))
         for work in works:
             work.wait()
@@ -268,7 +268,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                                  f"parameter group lists")
             # Every rank checks every entry, so a wrong checkpoint fails on all ranks alike.
             for name, item in value.items():
-                shape = getattr(item.data if isinstance(item, Tensor) else item, "shape", None)
+                shape = getattr(item.array if isinstance(item, Tensor) else item, "shape", None)
                 if shape not in (None, (), tuple(p.shape)):
                     raise ValueError(f"loaded state dict has {name!r} of shape {tuple(shape)} "
                                      f"for parameter {key}, but that parameter has shape "
@@ -343,7 +343,7 @@ def _to_host(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_host(value) for value in obj)
     if isinstance(obj, Tensor):
-        obj = obj.data
+        obj = obj.array
     if isinstance(obj, np.ndarray) or backend.is_gpu_array(obj):
         return np.array(backend.to_device(obj, backend.CPU), copy=True)
     return copy.deepcopy(obj)

@@ -57,7 +57,7 @@ def encode(obj, on_send=None):
         if isinstance(x, Tensor):
             if x.requires_grad:
                 grad_tensors.append(x)
-            payloads.append(host_array(x.data))
+            payloads.append(host_array(x.array))
             return ArrayRef(len(payloads) - 1, payloads[-1], True, x.requires_grad)
         if isinstance(x, np.ndarray) or backend.is_gpu_array(x):
             payloads.append(host_array(x))

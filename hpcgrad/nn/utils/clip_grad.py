@@ -23,7 +23,7 @@ def _array(grad):
     add up before the norm, as in PyTorch)."""
     if getattr(grad, "is_sparse", False):
         return grad.coalesce().values
-    return grad.data
+    return grad.array
 
 
 def _vector_norm(array, norm_type):
@@ -74,7 +74,7 @@ def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=Non
 
 def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
     """Scale every gradient in place by ``min(1, max_norm / (total_norm + 1e-6))``."""
-    total = total_norm.data if isinstance(total_norm, Tensor) else np.asarray(total_norm)
+    total = total_norm.array if isinstance(total_norm, Tensor) else np.asarray(total_norm)
     total = backend.to_device(total, backend.CPU)
     kind = total.dtype.type if total.dtype.kind == "f" else np.float32
     # In the norm's dtype, as PyTorch's tensor arithmetic: clamp(max_norm / (norm + 1e-6), max=1)
@@ -87,7 +87,7 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
             if getattr(grad, "is_sparse", False):
                 grad.values *= coef
             else:
-                grad.data *= coef
+                grad.array *= coef
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
@@ -113,5 +113,5 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
         grad = p.grad
         if grad is None:
             continue
-        array = grad.values if getattr(grad, "is_sparse", False) else grad.data
+        array = grad.values if getattr(grad, "is_sparse", False) else grad.array
         backend.get_array_module(array).clip(array, -clip_value, clip_value, out=array)
