@@ -4,6 +4,7 @@ Note [Layers]
     Imports run one way, from the top of this list to the bottom (tests/test_layers.py checks
     it from the source):
 
+        hpcgrad.distributed.nn.api      RemoteModule: an nn.Module served over RPC
         hpcgrad.distributed.optim       DistributedOptimizer
         hpcgrad.distributed.autograd    contexts, send/recv functions, DistEngine; registers
                                         its codec with RPC at init_rpc

@@ -29,6 +29,8 @@ FORBIDDEN = {
                                 "hpcgrad.optim", "hpcgrad.distributed.api"),
     "hpcgrad.distributed.autograd": ("hpcgrad.distributed.optim", "hpcgrad.ddp", "hpcgrad.nn"),
     "hpcgrad.distributed.optim": ("hpcgrad.ddp",),
+    # RemoteModule (torch.distributed.nn.api): an nn.Module served over RPC, above both.
+    "hpcgrad.distributed.nn.api": ("hpcgrad.ddp", "hpcgrad.distributed.optim"),
 }
 # PyTorch's names for things built above them: modules that only re-export.
 REEXPORTS = {"hpcgrad.nn.parallel", "hpcgrad.nn.utils.rnn", "hpcgrad.utils.data",
