@@ -688,7 +688,8 @@ from .ops import views as _views
 
 for _name in ("add_", "sub_", "mul_", "div_", "pow_", "clamp_", "clamp_min_", "clamp_max_",
               "neg_", "exp_", "log_", "sqrt_", "abs_", "tanh_", "sigmoid_", "relu_", "sin_",
-              "cos_", "zero_", "fill_", "copy_", "masked_fill_", "t_", "transpose_"):
+              "cos_", "zero_", "fill_", "copy_", "masked_fill_", "t_", "transpose_",
+              "scatter_", "scatter", "random_", "uniform_", "normal_"):
     setattr(Tensor, _name, getattr(_inplace, _name))
 del _name
 

@@ -17,13 +17,17 @@ of a leaf) that requires grad may not be written in place with grad mode on; und
 may (optimizers, initialisation), and its version still goes up.
 """
 
+import math
+import warnings
+
 import numpy as np
 
-from .. import backend
+from .. import backend, creation
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..tensor import Tensor
 from . import elementwise as ew
+from . import indexing as _indexing
 from . import shape as _shape
 from .views import check_inplace, permute_in_place
 
@@ -469,3 +473,259 @@ def t_(self):
 def transpose_(self, dim0, dim1):
     """Swap two axes in place (shape and strides; the values stay where they are)."""
     return _permute_(self, dim0, dim1, Transpose)
+
+
+# --- scatter_: scatter's Functions, writing into the input ----------------------------------
+
+Scatter_, ScatterValue_, ScatterReduce_ = (_inplace(op) for op in (
+    _indexing.Scatter, _indexing.ScatterValue, _indexing.ScatterReduce))
+Scatter_._backward_cls.__name__ = "ScatterBackward0"
+ScatterValue_._backward_cls.__name__ = "ScatterBackward1"
+ScatterReduce_._backward_cls.__name__ = "ScatterReduceBackward0"
+
+
+def scatter_(self, dim, index, src=None, reduce=None, *, value=None):
+    """``self[index[i][j]][j] = src[i][j]`` (dim 0) in place, as PyTorch's ``scatter_``; ``src``
+    may be a number (the one-hot idiom ``zeros(n, k).scatter_(1, labels, 1)``)."""
+    _prepare(self)
+    src = _indexing._one_of(src, value, "scatter_")
+    check_no_partial_overlap(self, src)
+    op = _indexing.scatter_args(self, dim, index, src, reduce, "scatter_")
+    if op is None:
+        return self
+    function, args = op
+    return {_indexing.Scatter: Scatter_, _indexing.ScatterValue: ScatterValue_,
+            _indexing.ScatterReduce: ScatterReduce_}[function].apply(*args)
+
+
+def scatter(self, dim, index, src=None, reduce=None, *, value=None):
+    """Tensor.scatter (out of place): ops/indexing.py's, registered with the in-place ops."""
+    return _indexing.scatter(self, dim, index, src, reduce, value=value)
+
+
+# --- random fills: random_, uniform_, normal_ ------------------------------------------------
+# Drawn on the host from a numpy Generator (hpcgrad's global one, which manual_seed reseeds, or
+# ``generator=``) and copied to the tensor's device, so a seed gives the same values on CPU and
+# GPU. As PyTorch, they are in-place ops in the graph whose gradient to the input is zero.
+
+class _RandomFill(Function):
+    @staticmethod
+    def forward(ctx, a, values):
+        _check_writable(a)
+        a._data[...] = backend.to_device(values, a.device)
+        ctx.mark_dirty(a)
+        return a
+
+    @staticmethod
+    def backward(ctx, g):
+        return _zeros_like(g), None
+
+
+class Random(_RandomFill):
+    """random_: PyTorch's RandomBackward1 (of random_(from, to)'s overloads)."""
+
+
+class Uniform(_RandomFill):
+    """uniform_"""
+
+
+class Normal(_RandomFill):
+    """normal_"""
+
+
+Random._backward_cls.__name__ = "RandomBackward1"
+
+_C_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half",
+            "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int", "int16": "short int",
+            "int8": "signed char", "uint8": "unsigned char", "uint16": "unsigned short",
+            "uint32": "unsigned int", "uint64": "unsigned long", "bool": "bool"}
+_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+
+
+def _generator(generator):
+    if generator is None:
+        return creation.default_generator()  # read per call: manual_seed replaces it
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator (hpcgrad's generators are "
+                        f"numpy's), got {type(generator).__name__}")
+    return generator
+
+
+def _dtype_limits(dtype):
+    """(lowest, max) of ``dtype`` as PyTorch's numeric_limits."""
+    if dtype.kind == "b":
+        return 0, 1
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.min), int(info.max)
+    info = np.finfo(dtype)
+    return float(info.min), float(info.max)
+
+
+def _as_float(value, dtype):
+    """int(static_cast<scalar_t>(value)): ``value`` rounded to ``dtype`` and back (kept where
+    it overflows the dtype: the range check then refuses it)."""
+    with np.errstate(over="ignore"):
+        cast = float(dtype.type(float(value)))
+    return int(cast) if math.isfinite(cast) else value
+
+
+def _update_from(value, dtype):
+    """PyTorch's update_from: move ``from`` right until it stays >= from once cast to dtype."""
+    plus = _as_float(value + 1, dtype)
+    if plus < value:
+        n = abs(value + 1).bit_length() - 1
+        value = plus + (1 << (n - _DIGITS[dtype.name] + 1))
+    return value
+
+
+def _update_to(value, dtype):
+    """PyTorch's update_to: move ``to`` left until to - 1 stays < to once cast to dtype."""
+    minus = _as_float(value - 1, dtype)
+    if minus >= value:
+        n = abs(value - 1).bit_length() - 1
+        value = minus - (1 << (n - _DIGITS[dtype.name] + 1))
+    return value
+
+
+def _check_range(low, high, dtype):
+    """PyTorch's check_from_to_in_range (``high`` inclusive), with its float precision warning."""
+    lowest, most = _dtype_limits(dtype)
+    name = _C_NAMES.get(dtype.name, dtype.name)
+    for value, what in ((low, "from"), (high, "to - 1")):
+        if not lowest <= value <= most:
+            raise RuntimeError(f"{what} is out of bounds for {name} (it is {value}; {dtype} "
+                               f"holds [{lowest}, {most}])")
+    if dtype.kind == "f":
+        digits = _DIGITS[dtype.name]
+        for value, what in ((low, "from"), (high, "to - 1")):
+            if not -(1 << digits) <= value <= 1 << digits:
+                warnings.warn(f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to "
+                              f"precision limitations {name} can support discrete uniform "
+                              f"distribution only within this range. This warning will become "
+                              f"an error in version 1.7 release, please fix the code in advance",
+                              UserWarning, stacklevel=4)
+
+
+def _random_bounds(dtype, low, to):
+    """[low, high] (inclusive) of random_(low, to) for ``dtype``, checked as PyTorch's
+    random_from_to_impl; None for the full int64 range."""
+    floating = dtype.kind == "f"
+    if to is not None:
+        if not low < to:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} "
+                               f">= to={to}")
+        if floating:
+            low, to = _update_from(low, dtype), _update_to(to, dtype)
+            if not low < to:
+                raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than 'to' "
+                                   f"casted to dtype, but got from={low} >= to={to}")
+        _check_range(low, to - 1, dtype)
+        return low, to - 1
+    if low == _INT64_MIN:
+        return None
+    if floating:
+        high = min(1 << _DIGITS[dtype.name], _INT64_MAX)
+        low = _update_from(low, dtype)
+        if not low < high:
+            raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than or equal "
+                               f"to 'to_inc' casted to dtype, but got from={low} > to_inc={high}")
+    elif dtype.kind in "iub":
+        high = _dtype_limits(dtype)[1]
+    else:
+        raise RuntimeError(f"random_from_to_impl handles only integral, floating-point and "
+                           f"boolean types, not {dtype}")
+    _check_range(low, high, dtype)
+    return low, high
+
+
+def _int_arg(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"random_() received an invalid combination of arguments - got "
+                        f"{what}={type(value).__name__}, but expected one of: (*, Generator "
+                        f"generator), (int from, int? to, *, Generator generator), (int to, *, "
+                        f"Generator generator)")
+    value = int(value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise RuntimeError(f"Overflow when unpacking long: random_'s {what}={value} does not fit "
+                           f"in int64")
+    return value
+
+
+def random_(self, *args, generator=None, **kwargs):
+    """Integers drawn uniformly from [from, to - 1] (floats too), as PyTorch's ``random_()``,
+    ``random_(to)``, ``random_(from, to)`` (``to=None``: up to the dtype's largest); without
+    bounds, [0, 2**mantissa digits] for floats (2**24 for float32, 2**53 for float64) and
+    [0, max] for integers (``from`` is a keyword: ``random_(**{'from': 1, 'to': 5})``)."""
+    _prepare(self)
+    names = ("from", "to")
+    if len(args) > 2 or set(kwargs) - set(names):
+        raise TypeError(f"random_() takes from, to and generator, got {len(args)} positional "
+                        f"arguments and keywords {sorted(kwargs)}")
+    if len(args) == 1 and "to" not in kwargs and "from" not in kwargs:
+        bounds = {"to": args[0]}  # random_(to)
+    else:
+        bounds = dict(zip(names, args))
+        for name in kwargs:
+            if name in bounds:
+                raise TypeError(f"random_() got multiple values for argument '{name}'")
+            bounds[name] = kwargs[name]
+    low = _int_arg(bounds.get("from", 0), "from")
+    to = bounds.get("to")
+    to = None if to is None else _int_arg(to, "to")
+    dtype = self._data.dtype
+    rng = _generator(generator)
+    if not args and not kwargs:
+        low = 0  # random_(): the same range as random_(0, None)
+    span = _random_bounds(dtype, low, to)
+    shape = self._data.shape
+    if span is None:  # every int64
+        values = rng.integers(_INT64_MIN, _INT64_MAX, size=shape, dtype=np.int64, endpoint=True)
+    else:
+        values = rng.integers(span[0], span[1], size=shape, dtype=np.int64, endpoint=True)
+    return Random.apply(self, values.astype(dtype))
+
+
+def _float_check(self, kernel):
+    dtype = self._data.dtype
+    if dtype.kind not in "fc":
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{_torch_type(dtype)}\' '
+                                  f"(it fills floating-point tensors only; convert with .float())")
+    return dtype
+
+
+def uniform_(self, from_=0.0, to=1.0, *, generator=None, **kwargs):
+    """Values drawn uniformly from [from, to), as PyTorch's ``uniform_(from=0, to=1)``."""
+    _prepare(self)
+    if "from" in kwargs:
+        from_ = kwargs.pop("from")
+    if kwargs:
+        raise TypeError(f"uniform_() got unexpected keyword arguments {sorted(kwargs)}")
+    dtype = _float_check(self, "check_uniform_bounds")
+    lowest, most = _dtype_limits(dtype if dtype.kind == "f" else np.dtype(np.float64))
+    low, high = float(from_), float(to)
+    for value, what in ((low, "from"), (high, "to")):
+        if not lowest <= value <= most:
+            raise RuntimeError(f"{what} is out of bounds for {_C_NAMES.get(dtype.name, dtype)}")
+    if not low <= high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
+                           f"from={low:g} > to={high:g}")
+    if high - low > most:
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<"
+                           f"{_torch_type(dtype)}>::max(), but found to={high:g} and "
+                           f"from={low:g} which result in to-from to exceed the limit")
+    rng = _generator(generator)
+    values = low + (high - low) * rng.random(self._data.shape)
+    return Uniform.apply(self, values.astype(dtype))
+
+
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    """Values drawn from N(mean, std**2), as PyTorch's ``normal_(mean=0, std=1)``."""
+    _prepare(self)
+    if not std >= 0.0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    dtype = _float_check(self, "normal_kernel_cpu")
+    rng = _generator(generator)
+    values = mean + std * rng.standard_normal(self._data.shape)
+    return Normal.apply(self, values.astype(dtype))
