@@ -32,6 +32,9 @@ CPU_EDITS = (
     (r'loc = f"cuda:\{self\.(?:gpu_id|local_rank)\}"', 'loc = "cpu"'),
     (r"\.cuda\(\)", '.to("cpu")'),
     (r'"cuda:[01]"', '"cpu"'),
+    (r"\.to\((?:self\.)?rank\)", '.to("cpu")'),
+    (r"if not verify_min_gpu_count\(min_gpus=_min_gpu_count\):", "if False:  # CPU run: no GPU needed"),
+    (r"acc = torch\.accelerator\.current_accelerator\(\)$", 'acc = "cpu"'),
 )
 
 

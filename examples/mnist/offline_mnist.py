@@ -6,12 +6,15 @@ inside scikit-learn, no download), drawn at MNIST's size: each 8x8 image (values
 to 0..255, every pixel repeated 3x3 (24x24) and padded by 2 on each side (28x28, a centred digit
 as in MNIST). The split is the one of ``hpcgrad.data.load_digits``: a permutation from
 ``np.random.default_rng(0)``, 20% (359 images) in the test set, 1438 in the training set.
+``OFFLINE_MNIST_SIZE=N`` in the environment keeps the first N images of each split (the tests'
+tiny runs: the scripts have no option for fewer steps).
 
 It is framework-free (numpy only), so the same port runs under hpcgrad and, with its imports
 turned back, under PyTorch: items are ``(float32 array of shape (1, 28, 28), int label)``, which
 both frameworks' default collate turn into tensors.
 """
 
+import os
 import types
 
 import numpy as np
@@ -33,6 +36,7 @@ def _digits_28x28(train):
     order = np.random.default_rng(0).permutation(len(labels))
     n_test = int(round(_TEST_FRACTION * len(labels)))
     rows = np.sort(order[n_test:] if train else order[:n_test])
+    rows = rows[:int(os.environ.get("OFFLINE_MNIST_SIZE", len(rows)))]
     return images[rows], labels[rows]
 
 

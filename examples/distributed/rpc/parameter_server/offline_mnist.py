@@ -1,0 +1,1 @@
+../../../mnist/offline_mnist.py
