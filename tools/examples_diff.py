@@ -30,6 +30,7 @@ CPU_EDITS = (
     (r"device_ids=\[[^\]]*\]", "device_ids=None"),
     (r"device = 0  # shorthand for cuda:0", 'device = "cpu"'),
     (r'loc = f"cuda:\{self\.(?:gpu_id|local_rank)\}"', 'loc = "cpu"'),
+    (r"self\.states\.cuda\(\)", "self.states.clone()"),  # .cuda() copies; states change in place after
     (r"\.cuda\(\)", '.to("cpu")'),
     (r'"cuda:[01]"', '"cpu"'),
     (r"\.to\((?:self\.)?rank\)", '.to("cpu")'),

@@ -1,0 +1,1 @@
+../torchvision_resnet.py
