@@ -570,11 +570,13 @@ class Reducer:
                 state, hook = self.comm_hook
                 bucket.future = hook(state, _grad_bucket(b, bucket, b == len(self.buckets) - 1))
                 if not isinstance(bucket.future, Future):
-                    raise RuntimeError("callback must return a hpcgrad.distributed.Future "
-                                       f"object, but got {type(bucket.future).__name__} (as "
-                                       "PyTorch's torch.futures.Future); return the Future of "
-                                       "an async collective, e.g. all_reduce(..., "
-                                       "async_op=True).get_future()")
+                    kind = type(bucket.future)
+                    raise RuntimeError("DDP communication hook's callback must return a "
+                                       "torch.futures.Future object, but got "
+                                       f"{kind.__name__} ({kind.__module__}.{kind.__qualname__})"
+                                       ": hpcgrad's is hpcgrad.futures.Future; return the "
+                                       "Future of an async collective, e.g. dist.all_reduce("
+                                       "bucket.buffer(), async_op=True).get_future()")
             elif bucket.expect_sparse:
                 # Its gather must follow the earlier buckets' all-reduces on every rank, and
                 # those may still wait for their host copies: launched first (Note [Sparse

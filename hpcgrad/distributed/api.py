@@ -22,7 +22,9 @@ from ..comm.rendezvous import rendezvous
 from ..comm.process_group import ProcessGroup, ReduceOp
 from ..comm.progress import start_from_env
 from ..comm.work import CommTimeoutError, default_timeout
+from ..sparse import SparseCOOTensor
 from ..tensor import Tensor
+from .sparse_reduce import SparseAllReduceWork
 
 _default_group = None
 _local = None  # (local rank, local size) from the shared-memory split
@@ -331,8 +333,19 @@ def _group_rank(group, world_rank, what):
 
 # --- collectives --------------------------------------------------------------------------
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
-    """Reduce ``tensor`` across the group, in place on every rank. All ranks call it."""
+    """Reduce ``tensor`` across the group, in place on every rank. All ranks call it. A
+    row-sparse tensor (SparseCOOTensor) is summed by gathering every rank's rows, as PyTorch's
+    gloo backend does for sparse tensors."""
     g = _group(group)
+    if isinstance(tensor, SparseCOOTensor):
+        if op is not ReduceOp.SUM:
+            raise RuntimeError(f"all_reduce of a sparse tensor: only ReduceOp.SUM is supported "
+                               f"(got {op}); sum, then scale, or use to_dense()")
+        work = SparseAllReduceWork(g, tensor)
+        if not async_op:
+            work.wait()
+            return None
+        return work
     if not async_op and g.allreduce_now(tensor.array if type(tensor) is Tensor else tensor, op):
         return None
     return g.iallreduce(as_array(tensor), op, [tensor], not async_op)

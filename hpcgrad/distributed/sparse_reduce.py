@@ -3,6 +3,7 @@
 import numpy as np
 
 from .. import backend
+from ..futures import Future
 from ..sparse import SparseCOOTensor
 
 # Note [Sparse gathers in the group's order]
@@ -71,3 +72,43 @@ class SparseAllGather:
     def result(self):
         self.wait()
         return self._result
+
+
+class SparseAllReduceWork:
+    """``dist.all_reduce`` of a SparseCOOTensor, as PyTorch's gloo sparse all-reduce: every
+    rank's rows all-gathered and summed (coalesced); on completion the tensor holds the sum, in
+    place (its indices and values replaced), and ``result()`` / the Future give ``[tensor]``,
+    as a dense all-reduce's Work does. Only SUM is defined on row sets."""
+
+    def __init__(self, process_group, tensor):
+        self._tensor = tensor
+        self._gather = SparseAllGather(process_group, tensor)
+        self._done = False
+        self._future = None
+
+    def wait(self, timeout=None):
+        if not self._done:
+            total = self._gather.result()
+            self._tensor.indices, self._tensor.values = total.indices, total.values
+            self._done = True
+            if self._future is not None:
+                self._future.try_set_result([self._tensor])
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def result(self):
+        self.wait()
+        return [self._tensor]
+
+    def exception(self):
+        return None
+
+    def get_future(self):
+        """A Future of ``[tensor]``; its ``wait()`` waits for the gather (as Work.get_future)."""
+        if self._future is None:
+            self._future = Future(wait_fn=self.wait)
+            if self._done:
+                self._future.try_set_result([self._tensor])
+        return self._future
