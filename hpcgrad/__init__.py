@@ -33,6 +33,11 @@ from . import autograd, backend  # noqa: E402,F401
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402,F401
 from .creation import (arange, empty, eye, from_numpy, full, manual_seed, ones, ones_like,  # noqa: E402,F401
                        rand, randint, randn, randn_like, tensor, zeros, zeros_like)
+from .creation import (as_tensor, empty_like, full_like, is_tensor, linspace, numel,  # noqa: E402,F401
+                       rand_like, randperm)
+from .dtypes import get_default_dtype, is_floating_point, set_default_dtype  # noqa: E402,F401
+from .dtypes import DTYPES as _DTYPES  # noqa: E402
+globals().update(_DTYPES)  # hpcgrad.float32, .long, .bool ...: PyTorch's dtype names
 from .creation import (BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor,  # noqa: E402,F401
                        HalfTensor, IntTensor, LongTensor, ShortTensor)
 from .functional import (abs, add, amax, cat, clamp, div, exp, flatten, gather, gelu,  # noqa: E402,F401
@@ -40,11 +45,14 @@ from .functional import (abs, add, amax, cat, clamp, div, exp, flatten, gather, 
                          pow, relu, reshape, sigmoid, softmax, sqrt, squeeze, stack, sub, sum,
                          tanh, transpose, unsqueeze, var, var_mean, where)
 from .ops.elementwise import cos, maximum, minimum, sin  # noqa: F401  (issue 17's ops)
-from .ops.indexing import masked_fill, scatter_add, topk  # noqa: F401
+from .ops.indexing import masked_fill, scatter, scatter_add, topk  # noqa: F401
 from .ops.reduce import argmax, argmin, cumsum, min  # noqa: F401
 from .ops.promotion import promote_types, result_type  # noqa: F401
 from .ops.split import chunk, split, unbind  # noqa: F401
 from .tensor import Tensor  # noqa: E402,F401
+from .ops import common as _common  # noqa: E402  (everyday methods onto Tensor, functions here)
+globals().update({name: fn for name, fn in _common.FUNCTIONS.items() if name not in globals()})
 from .devices import device  # noqa: E402,F401
 from . import accelerator, checkpoint, cuda, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)
 from .serialization import load, save  # noqa: E402,F401  (torch.save / torch.load)
+from . import distributions  # noqa: E402,F401  (torch.distributions)

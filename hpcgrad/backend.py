@@ -62,19 +62,29 @@ def to_device(array, device):
         return array
     if device == CPU:
         return _cupy.asnumpy(array)
-    if _cupy is None:
-        raise RuntimeError(f"cannot move an array to {device}: cupy is not installed "
-                           "(pip install 'hpcgrad[cuda12]')")
+    _require_gpu(device, "move an array to")
     with _cupy.cuda.Device(device_index(device)):
         return _cupy.asarray(array)
+
+
+def _require_gpu(device, what):
+    """PyTorch's errors first (what users search for), then why and how to fix it here."""
+    if _cupy is None:
+        raise RuntimeError(f"Torch not compiled with CUDA enabled: hpcgrad cannot {what} "
+                           f"{device}: cupy is not installed (pip install 'hpcgrad[cuda12]')")
+    count = device_count()
+    if count == 0:
+        raise RuntimeError(f"No CUDA GPUs are available: hpcgrad cannot {what} {device} (cupy "
+                           "is installed, but no CUDA device or driver answers on this node)")
+    if device_index(device) >= count:
+        raise RuntimeError(f"CUDA error: invalid device ordinal: {device}, but this node has "
+                           f"{count} GPU(s) (cuda:0 to cuda:{count - 1})")
 
 
 def zeros(shape, dtype, device=CPU):
     """Zeros on ``device`` ("cpu" or "cuda:N")."""
     if device == CPU:
         return np.zeros(shape, dtype)
-    if _cupy is None:
-        raise RuntimeError(f"cannot make an array on {device}: cupy is not installed "
-                           "(pip install 'hpcgrad[cuda12]')")
+    _require_gpu(device, "make an array on")
     with _cupy.cuda.Device(device_index(device)):
         return _cupy.zeros(shape, dtype)

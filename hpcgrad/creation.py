@@ -2,8 +2,10 @@
 
 import numpy as np
 
+from . import backend
+from . import devices as _device
 from .backend import get_array_module
-from .tensor import DEFAULT_FLOAT, Tensor
+from .tensor import DEFAULT_FLOAT, Tensor, _as_array
 
 _rng = np.random.default_rng()
 
@@ -19,13 +21,36 @@ def default_generator():
     return _rng
 
 
-def tensor(data, dtype=None, requires_grad=False):
+def _place(array, device):
+    """``array`` on ``device`` (None: where it is); made on the host first, then copied."""
+    if device is None:
+        return array
+    return backend.to_device(array, str(_device.device(device)))
+
+
+def _float(dtype):
+    return DEFAULT_FLOAT if dtype is None else np.dtype(dtype)
+
+
+def _leaf(array, device, requires_grad):
+    return Tensor(_place(array, device), requires_grad=requires_grad)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False, pin_memory=False):
     """A new leaf tensor holding a copy of ``data``."""
     source = data.array if isinstance(data, Tensor) else data
-    t = Tensor(source, dtype=dtype)
+    t = Tensor(source, dtype=None if dtype is None else np.dtype(dtype))
     if t.array is source:
         t.array = t.array.copy()
+    t.array = _place(t.array, device)
     return t.requires_grad_(requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """``data`` as a tensor, sharing its memory where dtype and device allow."""
+    if isinstance(data, Tensor):
+        return data.to(*(x for x in (device, dtype) if x is not None))
+    return Tensor(_place(_as_array(data, None if dtype is None else np.dtype(dtype)), device))
 
 
 def from_numpy(array):
@@ -33,62 +58,126 @@ def from_numpy(array):
     return Tensor(array)
 
 
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+def numel(t):
+    return t.numel()
+
+
 def _shape(size):
     return tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else tuple(size)
 
 
-def zeros(*size, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(np.zeros(_shape(size), dtype), requires_grad=requires_grad)
+# PyTorch's factories: ``dtype`` (a numpy dtype or PyTorch's name: hpcgrad.float32, .long ...;
+# None: float32), ``device`` ("cpu", "cuda:0", hpcgrad.device, None), ``requires_grad``;
+# ``layout``/``pin_memory`` are accepted and change nothing (one layout; host memory is not
+# pinned here).
+def zeros(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+    return _leaf(np.zeros(_shape(size), _float(dtype)), device, requires_grad)
 
 
-def ones(*size, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(np.ones(_shape(size), dtype), requires_grad=requires_grad)
+def ones(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+    return _leaf(np.ones(_shape(size), _float(dtype)), device, requires_grad)
 
 
-def full(size, fill_value, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(np.full(_shape((size,)), fill_value, dtype), requires_grad=requires_grad)
+def full(size, fill_value, dtype=None, device=None, requires_grad=False, layout=None,
+         pin_memory=False):
+    if dtype is None:  # PyTorch infers it from the fill value
+        dtype = (np.bool_ if isinstance(fill_value, bool) else
+                 np.int64 if isinstance(fill_value, (int, np.integer)) else None)
+    return _leaf(np.full(_shape((size,)), fill_value, _float(dtype)), device, requires_grad)
 
 
-def empty(*size, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(np.empty(_shape(size), dtype), requires_grad=requires_grad)
+def empty(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+    return _leaf(np.empty(_shape(size), _float(dtype)), device, requires_grad)
 
 
-def randn(*size, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(_rng.standard_normal(_shape(size)).astype(dtype), requires_grad=requires_grad)
+def randn(*size, dtype=None, device=None, requires_grad=False, generator=None, layout=None,
+          pin_memory=False):
+    rng = _rng if generator is None else generator
+    return _leaf(rng.standard_normal(_shape(size)).astype(_float(dtype)), device, requires_grad)
 
 
-def rand(*size, dtype=DEFAULT_FLOAT, requires_grad=False):
-    return Tensor(_rng.random(_shape(size)).astype(dtype), requires_grad=requires_grad)
+def rand(*size, dtype=None, device=None, requires_grad=False, generator=None, layout=None,
+         pin_memory=False):
+    rng = _rng if generator is None else generator
+    return _leaf(rng.random(_shape(size)).astype(_float(dtype)), device, requires_grad)
 
 
-def randint(low, high, size, dtype=np.int64):
-    return Tensor(_rng.integers(low, high, size=_shape((size,))).astype(dtype))
+def randint(*args, size=None, dtype=None, device=None, requires_grad=False, generator=None):
+    """``randint(high, size)`` or ``randint(low, high, size)``: integers in [low, high)."""
+    if size is None:
+        *args, size = args
+    if len(args) == 1:
+        low, high = 0, args[0]
+    elif len(args) == 2:
+        low, high = args
+    else:
+        raise TypeError("randint() takes (high, size) or (low, high, size), got "
+                        f"{len(args) + 1} positional arguments")
+    rng = _rng if generator is None else generator
+    values = rng.integers(low, high, size=_shape((size,)))
+    return _leaf(values.astype(np.int64 if dtype is None else np.dtype(dtype)), device,
+                 requires_grad)
 
 
-def arange(start, end=None, step=1, dtype=None):
+def randperm(n, dtype=None, device=None, requires_grad=False, generator=None):
+    rng = _rng if generator is None else generator
+    return _leaf(rng.permutation(n).astype(np.int64 if dtype is None else np.dtype(dtype)),
+                 device, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
     if end is None:
         start, end = 0, start
-    return Tensor(np.arange(start, end, step, dtype=dtype))
+    if dtype is None and any(isinstance(x, float) for x in (start, end, step)):
+        dtype = DEFAULT_FLOAT  # PyTorch: a float bound gives the default float dtype
+    return _leaf(np.arange(start, end, step, dtype=dtype if dtype is None else np.dtype(dtype)),
+                 device, requires_grad)
 
 
-def eye(n, m=None, dtype=DEFAULT_FLOAT):
-    return Tensor(np.eye(n, m, dtype=dtype))
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    return _leaf(np.linspace(start, end, steps).astype(_float(dtype)), device, requires_grad)
 
 
-def zeros_like(t, dtype=None, requires_grad=False):
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    return _leaf(np.eye(n, m, dtype=_float(dtype)), device, requires_grad)
+
+
+def _like(t, make, dtype, device, requires_grad):
     data = t.array if isinstance(t, Tensor) else np.asarray(t)
     xp = get_array_module(data)
-    return Tensor(xp.zeros_like(data, dtype=dtype), requires_grad=requires_grad)
+    out = make(xp, data, None if dtype is None else np.dtype(dtype))
+    return _leaf(out, device, requires_grad)
 
 
-def ones_like(t, dtype=None, requires_grad=False):
-    data = t.array if isinstance(t, Tensor) else np.asarray(t)
-    xp = get_array_module(data)
-    return Tensor(xp.ones_like(data, dtype=dtype), requires_grad=requires_grad)
+def zeros_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return _like(t, lambda xp, a, d: xp.zeros_like(a, dtype=d), dtype, device, requires_grad)
 
 
-def randn_like(t, requires_grad=False):
-    return randn(*t.shape, dtype=t.dtype, requires_grad=requires_grad)
+def ones_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return _like(t, lambda xp, a, d: xp.ones_like(a, dtype=d), dtype, device, requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return _like(t, lambda xp, a, d: xp.full_like(a, fill_value, dtype=d), dtype, device,
+                 requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return _like(t, lambda xp, a, d: xp.empty_like(a, dtype=d), dtype, device, requires_grad)
+
+
+def randn_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return randn(*t.shape, dtype=t.dtype if dtype is None else dtype,
+                 device=t.device if device is None else device, requires_grad=requires_grad)
+
+
+def rand_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    return rand(*t.shape, dtype=t.dtype if dtype is None else dtype,
+                device=t.device if device is None else device, requires_grad=requires_grad)
 
 
 def _legacy_constructor(name, dtype):

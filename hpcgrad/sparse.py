@@ -88,6 +88,12 @@ class SparseCOOTensor:
 
     __rmul__ = __mul__
 
+    def __truediv__(self, scalar):
+        """``grad / world_size``, as PyTorch's sparse comm hook divides its all-reduced bucket."""
+        if not isinstance(scalar, (int, float)):
+            raise TypeError("a SparseCOOTensor can only be divided by a Python number")
+        return SparseCOOTensor(self.indices, self.values / scalar, self.shape)
+
     def __add__(self, other):
         """sparse + sparse stays sparse (rows concatenated); sparse + dense is dense."""
         if isinstance(other, SparseCOOTensor):

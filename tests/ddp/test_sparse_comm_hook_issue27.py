@@ -40,7 +40,7 @@ class SparseGradientModule(nn.Module):
 def allreduce_hook(state, bucket):
     """PyTorch's allreduce_hook_gloo through dist.all_reduce (state: the world size)."""
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return fut.then(lambda fut: fut.wait()[0] * (1.0 / state))
+    return fut.then(lambda fut: fut.wait()[0] / state)
 
 
 def _dense(grad):
