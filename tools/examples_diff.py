@@ -26,6 +26,7 @@ UPSTREAM = EXAMPLES / "_upstream"
 # and ``lines changed for a CPU run`` is reported beside the port's own count.
 CPU_EDITS = (
     (r"torch\.cuda\.set_device\(.*\)$", "pass  # CPU run: no GPU to select"),
+    (r"torch\.accelerator\.set_device_index\(.*\)$", "pass  # CPU run: no GPU to select"),
     (r"\.to\((?:self\.)?(?:gpu_id|local_rank)\)", '.to("cpu")'),
     (r"device_ids=\[[^\]]*\]", "device_ids=None"),
     (r"device = 0  # shorthand for cuda:0", 'device = "cpu"'),

@@ -37,6 +37,8 @@ TINY = {
         ("image_h = 64", "image_h = 32"), ("batch_update_size = 5", "batch_update_size = 1"),
         ("num_batches = 6", "num_batches = 1")],
     "distributed/rpc/batch/reinforce.py": [("NUM_STEPS = 500", "NUM_STEPS = 50")],
+    "distributed/rpc/rl/main.py": [
+        ("if agent.running_reward > agent.reward_threshold:", "if i_episode >= 2:")],
     "distributed/rpc/pipeline/main.py": [
         ("num_batches = 3", "num_batches = 1"), ("batch_size = 120", "batch_size = 4"),
         ("image_w = 128", "image_w = 32"), ("image_h = 128", "image_h = 32"),
@@ -140,6 +142,19 @@ def test_rpc_batch_parameter_server_updates(tmp_path):
 def test_rpc_batch_reinforce_runs_batched_and_not(tmp_path):
     out = _run("distributed/rpc/batch/reinforce.py", tmp_path, ("--num-episode", "1"), nprocs=2)
     assert len(re.findall(r"Episode 0\tLast reward: [\d.]+\tAverage reward", out)) == 2
+
+
+def test_rpc_rl_runs_episodes(tmp_path):
+    out = _run("distributed/rpc/rl/main.py", tmp_path, ("--log-interval", "1"), nprocs=2)
+    assert re.search(r"Episode 2\tLast reward: [\d.]+\tAverage reward", out)
+
+
+def test_ddp_example_trains(tmp_path):
+    # torchrun also sets MASTER_ADDR/MASTER_PORT, which this script reads (and prints); the
+    # launcher line gives them.
+    out = _run("distributed/ddp/example.py", tmp_path, nprocs=2,
+               env={"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"})
+    assert "training completed in rank 0!" in out and "training completed in rank 1!" in out
 
 
 def test_rpc_rnn_trains(tmp_path):

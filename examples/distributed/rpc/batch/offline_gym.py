@@ -17,6 +17,9 @@ class CartPole:
     x_threshold = 2.4
     max_episode_steps = 500
 
+    spec = type("EnvSpec", (), {"id": "CartPole-v1", "reward_threshold": 475.0,
+                                 "max_episode_steps": 500})()
+
     def __init__(self):
         self.np_random = np.random.default_rng()
         self.state, self.steps = None, 0

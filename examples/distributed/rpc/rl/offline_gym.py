@@ -1,0 +1,1 @@
+../batch/offline_gym.py
