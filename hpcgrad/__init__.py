@@ -56,3 +56,4 @@ from .devices import device  # noqa: E402,F401
 from . import accelerator, checkpoint, cuda, data, nn, optim, utils  # noqa: E402,F401  (distributed: import it yourself; it starts MPI)
 from .serialization import load, save  # noqa: E402,F401  (torch.save / torch.load)
 from . import distributions  # noqa: E402,F401  (torch.distributions)
+from .compiler import compile  # noqa: E402,F401  (torch.compile: runs eagerly)

@@ -122,3 +122,19 @@ def test_default_dtype():
     hg.set_default_dtype(hg.float32)
     with pytest.raises(NotImplementedError, match="fixed at float32"):
         hg.set_default_dtype(hg.float64)
+
+
+def test_compile_returns_the_model_which_computes_the_same():
+    net = hg.nn.Linear(3, 2)
+    x = hg.randn(4, 3)
+    assert hg.compile(net) is net
+    np.testing.assert_array_equal(hg.compile(net, mode="max-autotune")(x).detach().numpy(),
+                                  net(x).detach().numpy())
+
+    @hg.compile(fullgraph=True)
+    def double(t):
+        return t * 2
+
+    np.testing.assert_array_equal(double(x).numpy(), (x * 2).numpy())
+    with pytest.raises(RuntimeError, match="expected a Module or a function"):
+        hg.compile(3)
