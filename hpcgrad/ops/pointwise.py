@@ -194,7 +194,7 @@ def _arith(name, operator):
 
 
 for _name, _op in (("pow", "__pow__"), ("mul", "__mul__"), ("multiply", "__mul__"),
-                   ("true_divide", "__truediv__"), ("divide", "__truediv__")):
+                   ("true_divide", "__truediv__")):
     _arith(_name, _op)
 del _name, _op
 
@@ -207,6 +207,11 @@ def add(self, other, *, alpha=1):
 @method
 def sub(self, other, *, alpha=1):
     return self - (other if alpha == 1 else other * alpha)
+
+
+@method
+def subtract(self, other, *, alpha=1):
+    return sub(self, other, alpha=alpha)
 
 
 
@@ -230,3 +235,7 @@ def div(self, other, *, rounding_mode=None):
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but "
                      f"found '{rounding_mode}'")
 
+
+@method
+def divide(self, other, *, rounding_mode=None):
+    return div(self, other, rounding_mode=rounding_mode)

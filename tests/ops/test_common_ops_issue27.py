@@ -143,6 +143,8 @@ METHODS = [  # (torch's method call, inputs)
     (lambda x: x.clamp_min(0.1).clip(max=0.5), [A]),
     (lambda x: x.sort(descending=True).values, [A]), (lambda x: x.movedim(1, 0), [A]),
     (lambda x: x.trace(), [A]),
+    (lambda x, y: x.subtract(y, alpha=3).divide(y, rounding_mode="floor"), [A, P]),
+    (lambda x, y: x.divide(y).true_divide(y).multiply(y).negative(), [A, P]),
 ]
 
 
@@ -240,6 +242,8 @@ NONDIFF = {
     "prod_int": (lambda m, x: m.prod(x.int()), [INTS + 5]),
     "trace_int": (lambda m, x: m.trace(x[:, :3]), [INTS]),
     "square_int": (lambda m, x: x.int().square(), [INTS]),
+    "div_int_floor": (lambda m, x, y: x.div(y, rounding_mode="floor"), [INTS, INTS[::-1] + 9]),
+    "div_int_trunc": (lambda m, x, y: x.div(y, rounding_mode="trunc"), [-INTS, INTS[::-1] + 9]),
 }
 
 
