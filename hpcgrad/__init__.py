@@ -57,3 +57,4 @@ from . import accelerator, checkpoint, cuda, data, nn, optim, utils  # noqa: E40
 from .serialization import load, save  # noqa: E402,F401  (torch.save / torch.load)
 from . import distributions  # noqa: E402,F401  (torch.distributions)
 from .compiler import compile  # noqa: E402,F401  (torch.compile: runs eagerly)
+from . import multiprocessing  # noqa: E402,F401  (torch.multiprocessing: spawn over MPI ranks)

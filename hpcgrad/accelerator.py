@@ -3,6 +3,8 @@
 from . import backend, cuda
 from .devices import device
 
+hpcgrad_device = device  # (set_device_index's argument is also named device)
+
 
 def is_available():
     """True when a CUDA GPU answers (cupy installed and a device present)."""
@@ -38,3 +40,15 @@ class device_index:
         if self.device is not None and self.previous is not None:
             cuda.set_device(self.previous)
         return False
+
+
+def set_device_index(device, /):
+    """Make GPU ``device`` (an index, "cuda:N" or a device) current for this thread, as
+    torch.accelerator.set_device_index; where no GPU exists it raises ``cuda.set_device``'s error."""
+    cuda.set_device(device.index if isinstance(device, hpcgrad_device) and device.index is not None
+                    else device)
+
+
+def current_device_index():
+    """The current GPU's index, -1 where there is none."""
+    return cuda.current_device()

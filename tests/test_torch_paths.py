@@ -83,3 +83,12 @@ def test_accelerator_device_index_changes_nothing_without_with():
     hpcgrad.accelerator.device_index(None)  # PyTorch's ddp_rpc example calls it bare
     with hpcgrad.accelerator.device_index(None):
         pass
+
+
+def test_accelerator_set_device_index_without_a_gpu_says_so():
+    if hpcgrad.backend.device_count() > 0:
+        pytest.skip("checks the error where no GPU exists")
+    for device in (0, "cuda:0", hpcgrad.device("cuda", 0)):
+        with pytest.raises(RuntimeError, match="no such GPU"):
+            hpcgrad.accelerator.set_device_index(device)
+    assert hpcgrad.accelerator.current_device_index() == -1

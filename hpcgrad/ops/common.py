@@ -142,6 +142,21 @@ def install():
     for name, fn in METHODS.items():
         if name not in Tensor.__dict__:
             setattr(Tensor, name, fn)
+    remainder, div = pointwise.remainder, pointwise.div
+    Tensor.__mod__ = lambda self, other: remainder(self, other)
+    Tensor.__rmod__ = lambda self, other: remainder(creation.tensor(other, dtype=_number_dtype(
+        other, self)), self)
+    Tensor.__floordiv__ = lambda self, other: div(self, other, rounding_mode="floor")
+    Tensor.__rfloordiv__ = lambda self, other: div(creation.tensor(other, dtype=_number_dtype(
+        other, self)), self, rounding_mode="floor")
+
+
+def _number_dtype(number, like):
+    """A Python number on the left of ``%``/``//`` takes the tensor's dtype, as a wrapped number."""
+    if isinstance(number, Tensor):
+        return None
+    return like.array.dtype if not (isinstance(number, float) and like.array.dtype.kind in "iub") \
+        else None
 
 
 install()

@@ -1,0 +1,37 @@
+"""``%`` and ``//`` on tensors, both sides, as PyTorch's (values, dtypes, gradient)."""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("left, right", [
+    ("x", "3"), ("x", "-2"), ("x", "2.5"), ("10", "x"), ("3.5", "x"), ("x", "y"),
+])
+@pytest.mark.parametrize("values", [[-7, 5, 9], [-7.5, 5.25, 9.0]])
+@pytest.mark.parametrize("op", ["%", "//"])
+def test_operators_as_torch(left, right, values, op):
+    if op == "//" and "0" in (left, right):
+        pytest.skip("no zero divisors")
+    env_h = {"x": hg.tensor(values), "y": hg.tensor(values[::-1])}
+    env_t = {"x": torch.tensor(values), "y": torch.tensor(values[::-1])}
+    ours = eval(f"{left} {op} {right}", {}, env_h)
+    theirs = eval(f"{left} {op} {right}", {}, env_t)
+    assert str(ours.dtype) == str(theirs.numpy().dtype)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)
+
+
+def test_remainder_gradient_as_torch():
+    x = hg.tensor([-7.5, 5.25, 9.0], requires_grad=True)
+    t = torch.tensor([-7.5, 5.25, 9.0], requires_grad=True)
+    (x % 2.0).sum().backward()
+    (t % 2.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), t.grad.numpy())
+
+
+def test_the_pipeline_examples_random_labels():
+    labels = hg.LongTensor(64).random_() % 10
+    assert labels.dtype == hg.long and 0 <= labels.array.min() and labels.array.max() < 10
