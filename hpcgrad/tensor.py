@@ -418,7 +418,19 @@ class Tensor:
         return _ops.Relu.apply(self)
 
     def clamp(self, min=None, max=None):
+        if isinstance(min, Tensor) or isinstance(max, Tensor):
+            # Tensor bounds, as PyTorch's: min(max(self, min), max), broadcast; where self
+            # equals a bound the gradient is shared (maximum/minimum's rule), PyTorch's goes
+            # to self.
+            maximum, minimum = _ops.elementwise.maximum, _ops.elementwise.minimum
+            out = self if min is None else maximum(self, min if isinstance(min, Tensor)
+                                                   else self._scalar_like(min))
+            return out if max is None else minimum(out, max if isinstance(max, Tensor)
+                                                   else self._scalar_like(max))
         return _ops.Clamp.apply(self, min, max)
+
+    def _scalar_like(self, number):
+        return Tensor._make(np.asarray(number, self.array.dtype), False, None, 0)
 
     def sum(self, dim=None, keepdim=False):
         return _ops.Sum.apply(self, _ops.normalize_dims(dim, self.array.ndim), keepdim)

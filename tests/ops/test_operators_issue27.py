@@ -35,3 +35,18 @@ def test_remainder_gradient_as_torch():
 def test_the_pipeline_examples_random_labels():
     labels = hg.LongTensor(64).random_() % 10
     assert labels.dtype == hg.long and 0 <= labels.array.min() and labels.array.max() < 10
+
+
+def test_clamp_with_tensor_bounds_as_torch():
+    values, bounds = [-2.0, 0.3, 1.7, 5.0], ([0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 2.0, 2.0])
+    x, lo, hi = (hg.tensor(v, requires_grad=True) for v in (values, *bounds))
+    tx, tlo, thi = (torch.tensor(v, requires_grad=True) for v in (values, *bounds))
+    weights = [1.0, 2.0, 3.0, 4.0]
+    (x.clamp(min=lo, max=hi) * hg.tensor(weights)).sum().backward()
+    (tx.clamp(min=tlo, max=thi) * torch.tensor(weights)).sum().backward()
+    for ours, theirs in ((x, tx), (lo, tlo), (hi, thi)):
+        np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())
+    np.testing.assert_array_equal(hg.clip(x, min=lo).detach().numpy(),
+                                  torch.clip(tx, min=tlo).detach().numpy())
+    np.testing.assert_array_equal(x.clamp(max=hi[:1]).detach().numpy(),  # broadcast
+                                  tx.clamp(max=thi[:1]).detach().numpy())
