@@ -567,11 +567,20 @@ class Where(Function):
                 Where.apply(mask, _zero(g), g) if ctx.needs_input_grad[2] else None)
 
 
-def where(condition, a, b):
-    """Elements of ``a`` where ``condition`` holds, else of ``b`` (differentiable in a and b)."""
-    like = a if isinstance(a, Tensor) else b
+def where(condition, a=None, b=None):
+    """Elements of ``a`` where ``condition`` holds, else of ``b`` (differentiable in a and b);
+    ``where(condition)`` alone is ``condition.nonzero(as_tuple=True)``, as PyTorch's."""
     if not isinstance(condition, Tensor):
         condition = Tensor._make(np.asarray(condition), False, None, 0)
+    if a is None and b is None:
+        return condition.nonzero(as_tuple=True)
+    if a is None or b is None:
+        raise TypeError("where() takes a condition alone, or a condition, input and other")
+    like = a if isinstance(a, Tensor) else b
+    if not isinstance(like, Tensor):  # two numbers: PyTorch's dtypes for wrapped numbers
+        like = Tensor._make(np.asarray(a, np.float32 if isinstance(a, float) or
+                                       isinstance(b, float) else np.int64), False, None, 0)
+        a = like
     a = a if isinstance(a, Tensor) else like._other(a)
     b = b if isinstance(b, Tensor) else like._other(b)
     return Where.apply(condition, a, b)

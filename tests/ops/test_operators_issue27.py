@@ -50,3 +50,15 @@ def test_clamp_with_tensor_bounds_as_torch():
                                   torch.clip(tx, min=tlo).detach().numpy())
     np.testing.assert_array_equal(x.clamp(max=hi[:1]).detach().numpy(),  # broadcast
                                   tx.clamp(max=thi[:1]).detach().numpy())
+
+
+def test_where_forms_as_torch():
+    rows = [[True, False], [False, True]]
+    c, tc = hg.tensor(rows), torch.tensor(rows)
+    assert [t.tolist() for t in hg.where(c)] == [t.tolist() for t in torch.where(tc)]
+    for a, b in ((1.0, 0.0), (1, 0)):
+        ours, theirs = hg.where(c, a, b), torch.where(tc, a, b)
+        assert str(ours.dtype) == str(theirs.numpy().dtype)
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    with pytest.raises(TypeError, match="condition alone"):
+        hg.where(c, 1.0)
