@@ -209,21 +209,12 @@ def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    hg.manual_seed(args.seed)
-    model = DistributedDataParallel(build_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    train, test = load_digits("train"), load_digits("test")
-    sampler = DistributedSampler(train, seed=args.seed)
-    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
     path = os.path.join(args.checkpoint_dir, "last.npz")
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
-    stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
-    lines = header(args, world, train, test)
-    if rank == 0:
-        print(lines, flush=True)
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
+        # A checkpoint that cannot continue this run is refused before the model and the data
+        # are made (load_digits imports scikit-learn: seconds per rank).
         meta = resume_extra(path)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         saved_world = int(meta.get("world_size", world))
@@ -232,6 +223,18 @@ def main(argv=None):
                     f"shards differ, so it cannot continue exactly. Resume with {saved_world} "
                     f"ranks, or start a new run (another --checkpoint-dir)"
                     if saved_world != world and skip else None, PROG, "checking the checkpoint")
+    hg.manual_seed(args.seed)
+    model = DistributedDataParallel(build_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
+    optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    train, test = load_digits("train"), load_digits("test")
+    sampler = DistributedSampler(train, seed=args.seed)
+    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
+    stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
+    lines = header(args, world, train, test)
+    if rank == 0:
+        print(lines, flush=True)
+    if args.resume:
         problem = None
         try:
             checkpoint.load(path, model, optimizer)

@@ -263,10 +263,10 @@ def resume_problem(args, world, commit):
     return None
 
 
-def resume(args, world, rank, stage, optimizer):
-    """Every rank restores its stage from the newest complete commit; returns its ``extra``
-    values, or exits every rank together with one line on rank 0 (status 2 where there is
-    nothing to resume at this size, 1 where the checkpoints are damaged)."""
+def resumable_commit(args, world):
+    """Every rank: the newest complete commit, which can continue this run, or every rank
+    exits together with one line on rank 0 (status 2 where there is nothing to resume at this
+    size, 1 where the checkpoints are damaged)."""
     commit, problem = None, None
     try:
         commit = checkpoint.find_commit(args.checkpoint_dir)
@@ -274,7 +274,13 @@ def resume(args, world, rank, stage, optimizer):
         problem = str(exc)
     stop_if_any(problem, PROG, "reading the checkpoint", status=1)
     stop_if_any(resume_problem(args, world, commit), PROG, "checking the checkpoint")
-    meta = None
+    return commit
+
+
+def resume(args, commit, rank, stage, optimizer):
+    """Every rank restores its stage from ``commit`` (resumable_commit's); returns its
+    ``extra`` values, or exits every rank together with one line on rank 0 (status 1)."""
+    meta, problem = None, None
     try:
         meta = checkpoint.load_commit(commit, stage, optimizer)
     except checkpoint.CheckpointError as exc:
@@ -305,6 +311,13 @@ def main(argv=None):
     # below) talks on a communicator of its own.
     dist.init_process_group(timeout=args.timeout)
     last = world - 1
+    commit = None
+    if args.resume:
+        # A checkpoint that cannot continue this run is refused before the data are loaded
+        # (load_digits imports scikit-learn: seconds per rank); a directory it cannot use
+        # (unreadable too) as before.
+        stop_if_any(unwritable(args.checkpoint_dir), PROG, "checking the set-up")
+        commit = resumable_commit(args, world)
     train, test = load_digits("train", flatten=True), load_digits("test", flatten=True)
     train_x, train_y = (t.array for t in train.tensors)
     test_x, test_y = (t.array for t in test.tensors)
@@ -319,7 +332,7 @@ def main(argv=None):
     step, start_epoch, skip = 0, 0, 0
     sums = np.zeros(3)  # the last rank's loss sum, correct and samples of the epoch so far
     if args.resume:
-        meta = resume(args, world, rank, stage, optimizer)
+        meta = resume(args, commit, rank, stage, optimizer)
         step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
         sums[:] = meta.get("epoch_sums", sums)
         if start_epoch >= args.epochs:

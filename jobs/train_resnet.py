@@ -187,6 +187,12 @@ def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
+    path = os.path.join(args.checkpoint_dir, "last.npz")
+    if args.resume:
+        # Found before the model and the data are made (load_digits imports scikit-learn:
+        # seconds per rank), and before the model is loaded: another --width would not fit it.
+        stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args), PROG,
+                    "checking the checkpoint")
     hg.manual_seed(args.seed)
     module = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(args.width))
     model = DistributedDataParallel(module)
@@ -206,7 +212,6 @@ def main(argv=None):
                                total_steps=args.epochs * len(train_loader))
     else:
         scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
-    path = os.path.join(args.checkpoint_dir, "last.npz")
     marker = os.path.join(args.checkpoint_dir, PREEMPTED)
     stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
     lines = header(args, world, train, test, module)
@@ -214,9 +219,6 @@ def main(argv=None):
         print(lines, flush=True)
     step, start_epoch, skip = 0, 0, 0
     if args.resume:
-        # Found before the model is loaded: another --width would not fit it.
-        stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args), PROG,
-                    "checking the checkpoint")
         meta, problem = None, None
         try:
             meta = checkpoint.load(path, model, optimizer)  # every rank keeps its ZeRO shard

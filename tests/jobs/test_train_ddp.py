@@ -1,16 +1,26 @@
-"""jobs/train_ddp.py end to end: it learns, and stop + --resume equals an uninterrupted run bitwise."""
+"""jobs/train_ddp.py end to end: it learns, and stop + --resume equals an uninterrupted run bitwise.
+
+Two launched runs are shared (module fixtures, each launched once): an uninterrupted 6-epoch run
+with a timeline (learning, reporting, the reference of stop + resume, resume at another world
+size) and one stopped at step 30, in the middle of epoch 2 (resume; refusal at 3 ranks). A test
+that resumes or changes one works on a copy.
+"""
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+import launching
 import numpy as np
 import pytest
 from job_processes import rank_pid
+
+from hpcgrad.comm.mpi import comm_world
 
 pytest.importorskip("sklearn")
 JOB = str(Path(__file__).resolve().parents[2] / "jobs" / "train_ddp.py")
@@ -23,26 +33,56 @@ def train(launch, checkpoint_dir, *args, env=None):
     return result
 
 
+EPOCHS = 6  # the shared runs' --epochs: the learning test's (a seeded run reaches ~0.95-0.98)
+
+
+def copy_of(run, tmp_path):
+    """A copy of a shared run's directory, for a test that resumes from it."""
+    return Path(shutil.copytree(run[0], tmp_path / run[0].name))
+
+
+def epoch_lines(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("epoch ")]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """An uninterrupted run of EPOCHS epochs at 2 ranks, with a timeline: (directory, result)."""
+    if comm_world().Get_size() > 1:
+        pytest.skip("launches its own processes; runs in the serial suite")
+    directory = tmp_path_factory.mktemp("whole")
+    return directory, train(launching.run_job, directory, "--epochs", str(EPOCHS),
+                            env={"HPCGRAD_TIMELINE": str(directory / "timeline.json")})
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """The same run stopped by --max-steps 30, in the middle of epoch 2: (directory, result)."""
+    if comm_world().Get_size() > 1:
+        pytest.skip("launches its own processes; runs in the serial suite")
+    directory = tmp_path_factory.mktemp("stopped")
+    return directory, train(launching.run_job, directory, "--epochs", str(EPOCHS),
+                            "--max-steps", "30")
+
+
 def model_arrays(path):
     with np.load(path) as f:
         return {k: f[k] for k in f.files if k.startswith("model/")}
 
 
-def test_ddp_job_learns_digits(launch, tmp_path):
-    result = train(launch, tmp_path, "--epochs", "6")
-    accuracy = float(result.stdout.strip().splitlines()[-1].split("test accuracy")[1].split()[0])
+def test_ddp_job_learns_digits(whole):
+    _, result = whole
+    accuracy = float(epoch_lines(result.stdout)[-1].split("test accuracy")[1].split()[0])
     assert accuracy > 0.9, result.stdout  # seeded run: ~0.95-0.98
 
 
-def test_stop_and_resume_matches_uninterrupted_run(launch, tmp_path):
-    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
-    train(launch, whole, "--epochs", "2")
-    stopped = train(launch, pieces, "--epochs", "2", "--max-steps", "30")
-    assert "stopped at step 30" in stopped.stdout
-    resumed = train(launch, pieces, "--epochs", "2", "--resume")
+def test_stop_and_resume_matches_uninterrupted_run(launch, tmp_path, whole, stopped):
+    assert "stopped at step 30" in stopped[1].stdout
+    pieces = copy_of(stopped, tmp_path)
+    resumed = train(launch, pieces, "--epochs", str(EPOCHS), "--resume")
     assert "resumed from" in resumed.stdout and "epoch 1, step 30" in resumed.stdout
     assert "loss" in resumed.stdout and "(steps 31-23 only" not in resumed.stdout
-    a, b = model_arrays(whole / "last.npz"), model_arrays(pieces / "last.npz")
+    a, b = model_arrays(whole[0] / "last.npz"), model_arrays(pieces / "last.npz")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
@@ -52,27 +92,26 @@ def test_resume_without_checkpoint_says_how_to_fix(launch, tmp_path):
     assert result.failed and "no checkpoint at" in result.output
 
 
-def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path):
-    timeline = tmp_path / "timeline.json"
-    result = train(launch, tmp_path, "--epochs", "2", env={"HPCGRAD_TIMELINE": str(timeline)})
+def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path, whole):
+    directory, result = whole
     assert "2 ranks on 1 node(s)" in result.stdout and "global batch 64" in result.stdout
-    assert result.stdout.count("epoch 2/2") == 1  # rank 0 reports, once
+    assert result.stdout.count(f"epoch {EPOCHS}/{EPOCHS}") == 1  # rank 0 reports, once
     assert "DDP: 1 bucket(s) of" in result.stdout and "rebuilt in gradient order" in result.stdout
-    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    epochs = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()
               if '"epoch", "step"' in line or line.startswith('{"kind": "epoch"')]
-    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert [e["epoch"] for e in epochs] == list(range(1, EPOCHS + 1))
     for e in epochs:
         assert e["samples_per_s"] > 0 and e["test_loss"] > 0
         # digits' test split has 359 samples: an accuracy over each exactly once is k / 359
         # (DistributedSampler's padding counted one twice: k / 360)
         assert abs(e["test_accuracy"] * 359 - round(e["test_accuracy"] * 359)) < 1e-9
-    events = json.loads(timeline.read_text())["traceEvents"]
+    events = json.loads((directory / "timeline.json").read_text())["traceEvents"]
     for rank in (0, 1):
         names = {e["name"] for e in events if e.get("pid") == rank and e["ph"] == "B"}
         assert {"forward", "backward", "optimizer step", "checkpoint"} <= names
-    again = train(launch, tmp_path, "--epochs", "2", "--resume")
-    assert "is complete (2 of 2 epochs); nothing to train" in again.stdout
-    assert "epoch 1/2" not in again.stdout
+    again = train(launch, copy_of(whole, tmp_path), "--epochs", str(EPOCHS), "--resume")
+    assert f"is complete ({EPOCHS} of {EPOCHS} epochs); nothing to train" in again.stdout
+    assert f"epoch 1/{EPOCHS}" not in again.stdout
 
 
 def test_arguments_are_checked_before_training(launch, tmp_path):
@@ -88,18 +127,18 @@ def test_arguments_are_checked_before_training(launch, tmp_path):
     assert "epoch 1/" not in unwritable.stdout
 
 
-def test_resume_at_another_world_size(launch, tmp_path):
+def test_resume_at_another_world_size(launch, tmp_path, whole, stopped):
     """At an epoch boundary the run goes on at any world size; mid-epoch it refuses, saying how."""
-    train(launch, tmp_path / "a", "--epochs", "1")
-    wider = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path / "a"), "--no-progress",
-                    "--epochs", "2", "--resume"], nprocs=3, timeout=120)
+    a = copy_of(whole, tmp_path)
+    more = str(EPOCHS + 1)
+    wider = launch([sys.executable, JOB, "--checkpoint-dir", str(a), "--no-progress",
+                    "--epochs", more, "--resume"], nprocs=3, timeout=120)
     assert not wider.failed, wider.output
-    assert "saved by 2 ranks; continuing at 3 from the start of epoch 2" in wider.stdout
-    assert "epoch 2/2" in wider.stdout
-    train(launch, tmp_path / "b", "--epochs", "2", "--max-steps", "5")
-    refused = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path / "b"), "--resume"],
-                     nprocs=3, timeout=120)
-    assert refused.failed and "saved by 2 ranks in the middle of epoch 1" in refused.stderr
+    assert f"saved by 2 ranks; continuing at 3 from the start of epoch {more}" in wider.stdout
+    assert f"epoch {more}/{more}" in wider.stdout
+    refused = launch([sys.executable, JOB, "--checkpoint-dir", str(copy_of(stopped, tmp_path)),
+                      "--resume"], nprocs=3, timeout=120)
+    assert refused.failed and "saved by 2 ranks in the middle of epoch 2" in refused.stderr
     assert "Resume with 2 ranks" in refused.stderr
 
 
