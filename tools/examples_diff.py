@@ -40,6 +40,15 @@ CPU_EDITS = (
 )
 
 
+# The ports that need a GPU as written (the others run on the CPU unchanged).
+GPU_ONLY = (
+    "distributed/ddp-tutorial-series/single_gpu.py", "distributed/ddp-tutorial-series/multigpu.py",
+    "distributed/ddp-tutorial-series/multigpu_torchrun.py", "distributed/ddp-tutorial-series/multinode.py",
+    "distributed/ddp/example.py", "distributed/rpc/ddp_rpc/main.py", "distributed/rpc/pipeline/main.py",
+    "distributed/rpc/batch/parameter_server.py", "distributed/rpc/batch/reinforce.py",
+)
+
+
 def cpu_variant(text):
     """(text, lines edited): the port with Note [CPU runs of GPU examples]'s device edits."""
     lines, edited = text.splitlines(keepends=True), 0
