@@ -27,6 +27,7 @@ UPSTREAM = EXAMPLES / "_upstream"
 CPU_EDITS = (
     (r"torch\.cuda\.set_device\(.*\)$", "pass  # CPU run: no GPU to select"),
     (r"torch\.accelerator\.set_device_index\(.*\)$", "pass  # CPU run: no GPU to select"),
+    (r"world_size = torch\.cuda\.device_count\(\)$", "world_size = 2  # CPU run: 2 processes"),
     (r"\.to\((?:self\.)?(?:gpu_id|local_rank)\)", '.to("cpu")'),
     (r"device_ids=\[[^\]]*\]", "device_ids=None"),
     (r"device = 0  # shorthand for cuda:0", 'device = "cpu"'),

@@ -1,13 +1,13 @@
 # hpcgrad port of pytorch/examples distributed/ddp-tutorial-series/multigpu.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped) and the launcher: mpiexec
-# starts the processes, so mp.spawn(main, ...) becomes main(RANK, WORLD_SIZE, ...) read from the
-# environment (hpcgrad sets torchrun's RANK/WORLD_SIZE under mpiexec). backend="nccl" runs over MPI.
-# Run (one GPU per rank, as upstream):  mpiexec -n 2 python examples/distributed/ddp-tutorial-series/multigpu.py 2 1
+# Changed: the imports only (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI],
+# so mp.spawn starts mpiexec -n world_size on this script). backend="nccl" runs over MPI.
+# Run (one GPU per rank, as upstream):  python examples/distributed/ddp-tutorial-series/multigpu.py 2 1
 import hpcgrad as torch
 import hpcgrad.nn.functional as F
 from hpcgrad.utils.data import Dataset, DataLoader
 from datautils import MyTrainDataset
 
+import hpcgrad.multiprocessing as mp
 from hpcgrad.utils.data.distributed import DistributedSampler
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 from hpcgrad.distributed import init_process_group, destroy_process_group
@@ -104,4 +104,5 @@ if __name__ == "__main__":
     parser.add_argument('--batch_size', default=32, type=int, help='Input batch size on each device (default: 32)')
     args = parser.parse_args()
 
-    main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.save_every, args.total_epochs, args.batch_size)
+    world_size = torch.cuda.device_count()
+    mp.spawn(main, args=(world_size, args.save_every, args.total_epochs, args.batch_size), nprocs=world_size)

@@ -1,12 +1,13 @@
 # hpcgrad port of pytorch/examples distributed/ddp-tutorial-series/multinode.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; the unused torch.multiprocessing dropped); the launcher:
-# mpiexec (or srun) for torchrun on each node (hpcgrad sets torchrun's LOCAL_RANK/RANK/WORLD_SIZE).
+# Changed: the imports (torch -> hpcgrad); the launcher: mpiexec (or srun) for torchrun on each node
+# (hpcgrad sets torchrun's LOCAL_RANK/RANK/WORLD_SIZE under mpiexec). backend="nccl" runs over MPI.
 # Run (one GPU per rank, as upstream):  mpiexec -n 4 -ppn 2 -hosts a,b python examples/distributed/ddp-tutorial-series/multinode.py 2 1
 import hpcgrad as torch
 import hpcgrad.nn.functional as F
 from hpcgrad.utils.data import Dataset, DataLoader
 from datautils import MyTrainDataset
 
+import hpcgrad.multiprocessing as mp
 from hpcgrad.utils.data.distributed import DistributedSampler
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 from hpcgrad.distributed import init_process_group, destroy_process_group

@@ -1,9 +1,8 @@
 # hpcgrad port of pytorch/examples distributed/rpc/batch/parameter_server.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped; torchvision's resnet50 from
-# torchvision_resnet.py, torchvision's code, as torchvision is not installed) and the launcher:
-# mpiexec starts the 6 processes, so mp.spawn(run, ...) becomes run(RANK, ...).
+# Changed: the imports only (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI];
+# torchvision's resnet50 from torchvision_resnet.py, torchvision's code, as torchvision is not installed).
 # Like upstream it needs a GPU (.cuda()).
-# Run:  mpiexec -n 6 python examples/distributed/rpc/batch/parameter_server.py
+# Run:  python examples/distributed/rpc/batch/parameter_server.py      (or: mpiexec -n 6 python ...)
 import os
 import threading
 from datetime import datetime
@@ -12,6 +11,7 @@ import warnings
 import hpcgrad as torch
 import hpcgrad.distributed as dist
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.nn as nn
 from hpcgrad import optim
 
@@ -160,4 +160,4 @@ def run(rank, world_size):
 
 if __name__=="__main__":
     world_size = batch_update_size + 1
-    run(int(os.environ["RANK"]), world_size)
+    mp.spawn(run, args=(world_size, ), nprocs=world_size, join=True)

@@ -1,9 +1,8 @@
 # hpcgrad port of pytorch/examples distributed/rpc/batch/reinforce.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped), the environment
-# (gymnasium's CartPole-v1 from offline_gym.py, its physics in numpy, as gymnasium is not installed)
-# and the launcher: mpiexec starts the processes, so mp.spawn(run_worker, ...) becomes
-# run_worker(RANK, ...), for batch=True then batch=False as upstream. Like upstream it needs a GPU (.cuda()).
-# Run:  mpiexec -n 2 python examples/distributed/rpc/batch/reinforce.py   (-n W with --max-world-size W+1)
+# Changed: the imports (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI])
+# and the environment: gymnasium's CartPole-v1 from offline_gym.py (its physics in numpy), as gymnasium
+# is not installed. Like upstream it needs a GPU (.cuda()); each (world size, batch) is a job, as upstream.
+# Run:  python examples/distributed/rpc/batch/reinforce.py
 import argparse
 import offline_gym as gym  # offline: gymnasium's CartPole-v1 physics
 import os
@@ -16,6 +15,7 @@ warnings.filterwarnings("ignore", message="You are using a Backend.*ProcessGroup
 
 import hpcgrad as torch
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 import hpcgrad.optim as optim
@@ -251,7 +251,12 @@ def main():
         delays = []
         for batch in [True, False]:
             tik = time.time()
-            run_worker(int(os.environ["RANK"]), world_size, args.num_episode, batch)
+            mp.spawn(
+                run_worker,
+                args=(world_size, args.num_episode, batch),
+                nprocs=world_size,
+                join=True
+            )
             tok = time.time()
             delays.append(tok - tik)
 

@@ -1,15 +1,14 @@
 # hpcgrad port of pytorch/examples distributed/rpc/ddp_rpc/main.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped, os added) and the launcher:
-# mpiexec starts the 4 processes, so mp.spawn(run_worker, ...) becomes run_worker(RANK, ...).
+# Changed: the imports only (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI]).
 # Like upstream it needs 2 GPUs (it exits with a message otherwise).
-# Run:  mpiexec -n 4 python examples/distributed/rpc/ddp_rpc/main.py
-import os
+# Run:  python examples/distributed/rpc/ddp_rpc/main.py      (or: mpiexec -n 4 python ...)
 import random
 
 import hpcgrad as torch
 import hpcgrad.distributed as dist
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.optim as optim
 from hpcgrad.distributed.nn import RemoteModule
 from hpcgrad.distributed.optim import DistributedOptimizer
@@ -199,5 +198,5 @@ if __name__ == "__main__":
     if not verify_min_gpu_count(min_gpus=_min_gpu_count):
         print(f"Unable to locate sufficient {_min_gpu_count} gpus to run this example. Exiting.")
         exit()
-    run_worker(int(os.environ["RANK"]), world_size)
+    mp.spawn(run_worker, args=(world_size,), nprocs=world_size, join=True)
     print("Distributed RPC example completed successfully.")

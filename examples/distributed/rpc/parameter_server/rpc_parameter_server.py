@@ -12,6 +12,7 @@ from threading import Lock
 import hpcgrad as torch
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
@@ -282,6 +283,7 @@ if __name__ == '__main__':
 
     # Note that Linux uses "fork" by default, which may cause deadlock.
     # Besides, cuda doesn't support "fork" and Windows only supports "spawn"
+    mp.set_start_method("spawn")
 
     if args.rank == 0:
         run_parameter_server(0, world_size)

@@ -1,9 +1,8 @@
 # hpcgrad port of pytorch/examples distributed/rpc/pipeline/main.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped; torchvision's Bottleneck
-# from torchvision_resnet.py, torchvision's code, as torchvision is not installed) and the launcher:
-# mpiexec starts the 3 processes once per split count, so the mp.spawn loop runs run_worker(RANK, ...).
-# Like upstream it needs 2 GPUs ("cuda:0", "cuda:1").
-# Run:  mpiexec -n 3 python examples/distributed/rpc/pipeline/main.py
+# Changed: the imports only (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI];
+# torchvision's Bottleneck from torchvision_resnet.py, torchvision's code, as torchvision is not installed).
+# Like upstream it needs 2 GPUs ("cuda:0", "cuda:1"); each split count is a job of 3 ranks, as upstream.
+# Run:  python examples/distributed/rpc/pipeline/main.py
 import os
 import threading
 import time
@@ -14,6 +13,7 @@ import hpcgrad as torch
 import hpcgrad.nn as nn
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.optim as optim
 from hpcgrad.distributed.rpc import RRef
 
@@ -288,6 +288,6 @@ if __name__=="__main__":
     world_size = 3
     for num_split in [1, 2, 4, 8]:
         tik = time.time()
-        run_worker(int(os.environ["RANK"]), world_size, num_split)
+        mp.spawn(run_worker, args=(world_size, num_split), nprocs=world_size, join=True)
         tok = time.time()
         print(f"number of splits = {num_split}, execution time = {tok - tik}")

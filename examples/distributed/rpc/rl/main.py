@@ -1,8 +1,7 @@
 # hpcgrad port of pytorch/examples distributed/rpc/rl/main.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped), the environment
-# (gymnasium's CartPole-v1 from offline_gym.py, a link to ../batch/offline_gym.py) and the launcher:
-# mpiexec starts the processes, so mp.spawn(run_worker, ...) becomes run_worker(RANK, ...).
-# Run:  mpiexec -n 2 python examples/distributed/rpc/rl/main.py   (-n W with --world-size W)
+# Changed: the imports (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI])
+# and the environment: gymnasium's CartPole-v1 from offline_gym.py (a link to ../batch/offline_gym.py).
+# Run:  python examples/distributed/rpc/rl/main.py      (or: mpiexec -n 2 python ...; --world-size W)
 import argparse
 import offline_gym as gym  # offline: gymnasium's CartPole-v1 physics
 import numpy as np
@@ -11,6 +10,7 @@ from itertools import count
 
 import hpcgrad as torch
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 import hpcgrad.optim as optim
@@ -243,7 +243,12 @@ def run_worker(rank, world_size):
 
 
 def main():
-    run_worker(int(os.environ["RANK"]), args.world_size)
+    mp.spawn(
+        run_worker,
+        args=(args.world_size, ),
+        nprocs=args.world_size,
+        join=True
+    )
 
 if __name__ == '__main__':
     main()

@@ -1,12 +1,12 @@
 # hpcgrad port of pytorch/examples distributed/rpc/rnn/main.py (commit 77f55b9).
-# Changed: the imports (torch -> hpcgrad; torch.multiprocessing dropped) and the launcher: mpiexec
-# starts the 2 processes, so mp.spawn(run_worker, ...) becomes run_worker(RANK, ...) (hpcgrad sets RANK).
-# Run:  mpiexec -n 2 python examples/distributed/rpc/rnn/main.py
+# Changed: the imports only (torch -> hpcgrad; hpcgrad.multiprocessing's spawn runs the ranks as MPI processes: Note [spawn over MPI]).
+# Run:  python examples/distributed/rpc/rnn/main.py      (or: mpiexec -n 2 python ...)
 import os
 
 import hpcgrad as torch
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.distributed.rpc as rpc
+import hpcgrad.multiprocessing as mp
 import hpcgrad.optim as optim
 from hpcgrad.distributed.optim import DistributedOptimizer
 
@@ -86,4 +86,4 @@ def run_worker(rank, world_size):
 
 if __name__ == "__main__":
     world_size = 2
-    run_worker(int(os.environ["RANK"]), world_size)
+    mp.spawn(run_worker, args=(world_size, ), nprocs=world_size, join=True)
