@@ -1,8 +1,8 @@
 """torchvision's ResNet-50 pieces (``Bottleneck``, ``resnet50``) for the rpc examples, offline.
 
 pytorch/examples' rpc/pipeline and rpc/batch import them from torchvision, which is not installed
-here; this is torchvision's code (torchvision/models/resnet.py, BSD-3-Clause, the license of
-examples/_upstream/LICENSE's authors' sibling project) cut to what those scripts use. It builds on
+here; this is torchvision's code (torchvision/models/resnet.py; BSD 3-Clause License, Copyright
+(c) Soumith Chintala 2016) cut to what those scripts use. It builds on
 hpcgrad when hpcgrad is imported, else on PyTorch (the tests' PyTorch twins).
 """
 
