@@ -1,0 +1,111 @@
+"""scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v, composed from Tensor ops."""
+
+import math
+
+import numpy as np
+
+from .. import backend
+from ..tensor import Tensor
+
+
+def _const(array):
+    return Tensor._make(array, False, None, 0)
+
+
+def _check(query, key, value, dropout_p, enable_gqa):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a Tensor, got "
+                            f"{type(t).__name__}")
+        if t.ndim < 2:
+            raise RuntimeError(f"scaled_dot_product_attention: {name} must have at least 2 "
+                               f"dimensions (..., L, E), got shape {list(t.shape)}")
+    if not query.dtype == key.dtype == value.dtype:
+        def name(t):
+            return {"float32": "float", "float64": "double", "float16": "half"}.get(
+                t.dtype.name, t.dtype.name)
+        raise RuntimeError(f"Expected query, key, and value to have the same dtype, but got "
+                           f"query.dtype: {name(query)} key.dtype: {name(key)} and value.dtype: "
+                           f"{name(value)} instead.")
+    if query.shape[-1] != key.shape[-1]:
+        raise RuntimeError(f"scaled_dot_product_attention: query and key must have the same "
+                           f"embedding size (last axis), got query {list(query.shape)} and key "
+                           f"{list(key.shape)}")
+    if key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"scaled_dot_product_attention: key and value must have the same "
+                           f"sequence length (axis -2), got key {list(key.shape)} and value "
+                           f"{list(value.shape)}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+    if enable_gqa and query.ndim >= 3:
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hk == 0 or hv == 0 or hq % hk or hq % hv:
+            raise RuntimeError(f"Number of heads in key and value must divide the number of "
+                               f"heads in query (query has {hq}, key {hk}, value {hv})")
+
+
+def _safe_softmax(scores):
+    """softmax over the last axis, but 0 (not NaN) on a row whose every score is -inf, as
+    PyTorch's math backend (``_safe_softmax``): a query that may attend to nothing gets a
+    zero output and zero gradients."""
+    dead = backend.get_array_module(scores.array).isneginf(scores.array).all(-1, keepdims=True)
+    if not bool(dead.any()):
+        return scores.softmax(-1)
+    # put 0 into the dead rows first, so their softmax is finite and its backward is too
+    safe = scores.masked_fill(_const(dead), 0.0)
+    return safe.softmax(-1).masked_fill(_const(dead), 0.0)
+
+
+def attention_bias(attn_mask, is_causal, target, source, like):
+    """The additive (..., L, S) bias of a boolean mask (True = attend), a float mask (added)
+    and/or the causal top-left lower triangle; None when there is nothing to add."""
+    xp = backend.get_array_module(like.array)
+    bias = None
+    if is_causal:
+        allowed = xp.tril(xp.ones((target, source), dtype=bool))
+        bias = _const(xp.where(allowed, 0.0, -math.inf).astype(like.dtype))
+    if attn_mask is None:
+        return bias
+    mask = attn_mask if isinstance(attn_mask, Tensor) else _const(xp.asarray(attn_mask))
+    if mask.dtype == np.bool_:
+        mask = _const(xp.where(mask.array, 0.0, -math.inf).astype(like.dtype))
+    elif mask.dtype != like.dtype:
+        raise RuntimeError(f"Expected attn_mask dtype to be bool or float or to match query "
+                           f"dtype, but got attn_mask.dtype: {mask.dtype} and  query.dtype: "
+                           f"{like.dtype} instead.")
+    return mask if bias is None else mask + bias
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """``softmax(query @ key.T * scale + bias) @ value`` over (..., L, E) queries and (..., S, E)
+    keys, as PyTorch's math backend.
+
+    ``attn_mask``: boolean (True = may attend) or float (added to the scores), broadcast to
+    (..., L, S); ``is_causal`` masks out keys after each query (top-left aligned; not together
+    with ``attn_mask``); ``scale`` defaults to ``1 / sqrt(E)``; ``enable_gqa`` repeats
+    the key/value heads (axis -3) to the query's. A query that may attend to no key gets zeros.
+    ``dropout_p`` drops attention weights with hpcgrad's generator (always, as PyTorch's: pass
+    0 in evaluation).
+    """
+    _check(query, key, value, dropout_p, enable_gqa)
+    if is_causal and attn_mask is not None:  # PyTorch's documented rule (its math backend's)
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                           "when is_causal=True (fold the causal mask into attn_mask instead)")
+    if enable_gqa and query.ndim >= 3:
+        hq = query.shape[-3]
+        if key.shape[-3] != hq:
+            key = key.repeat_interleave(hq // key.shape[-3], -3)
+        if value.shape[-3] != hq:
+            value = value.repeat_interleave(hq // value.shape[-3], -3)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale
+    bias = attention_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2], query)
+    if bias is not None:
+        scores = scores + bias
+    weights = _safe_softmax(scores)
+    if dropout_p > 0.0:
+        from .functional import dropout
+        weights = dropout(weights, dropout_p, True)
+    return weights @ value
+
