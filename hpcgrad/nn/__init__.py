@@ -1,17 +1,23 @@
 """hpcgrad.nn: Module, Parameter, layers, losses, ``functional`` and ``init``, as in PyTorch."""
 
 from . import functional, init, utils  # noqa: F401
-from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
+from .activation import (CELU, ELU, GELU, GLU, Hardsigmoid, Hardswish,  # noqa: F401
+                         Hardtanh, LeakyReLU, LogSigmoid, LogSoftmax, Mish, PReLU, ReLU, ReLU6,
+                         SELU, SiLU, Sigmoid, Softmax, Softplus, Softsign, Tanh, Tanhshrink,
+                         Threshold)
 from .batchnorm import BatchNorm1d, BatchNorm2d  # noqa: F401
-from .container import ModuleList, Sequential  # noqa: F401
+from .container import (ModuleDict, ModuleList, ParameterDict, ParameterList,  # noqa: F401
+                        Sequential)
 from .conv import Conv1d, Conv2d  # noqa: F401
+from .distance import CosineSimilarity, PairwiseDistance  # noqa: F401
 from .dropout import Dropout  # noqa: F401
 from ._dropout2d import Dropout2d  # noqa: F401
 from .embedding import Embedding  # noqa: F401
 from ._embedding_bag import EmbeddingBag  # noqa: F401
-from .flatten import Flatten  # noqa: F401
+from .flatten import Flatten, Unflatten  # noqa: F401
 from .linear import Identity, Linear  # noqa: F401
-from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
+from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss,  # noqa: F401
+                   L1Loss, MarginRankingLoss, MSELoss, NLLLoss, SmoothL1Loss)
 from .module import Module  # noqa: F401
 from .normalization import LayerNorm  # noqa: F401
 from .parameter import Parameter  # noqa: F401

@@ -1,4 +1,4 @@
-"""Flatten: merge the axes start_dim..end_dim (by default all but the batch axis)."""
+"""Flatten (merge the axes start_dim..end_dim, by default all but the batch axis) and Unflatten."""
 
 from .module import Module
 
@@ -13,3 +13,25 @@ class Flatten(Module):
 
     def extra_repr(self):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+
+class Unflatten(Module):
+    """Split axis ``dim`` into ``unflattened_size`` (a tuple or list of ints, one may be -1)."""
+
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        if not isinstance(unflattened_size, (tuple, list)):
+            raise TypeError(f"unflattened_size must be a tuple of ints, but found type "
+                            f"{type(unflattened_size).__name__}")
+        for i, size in enumerate(unflattened_size):
+            if not isinstance(size, int):
+                raise TypeError(f"unflattened_size must be tuple of ints, but found element of "
+                                f"type {type(size).__name__} at pos {i}")
+        self.dim, self.unflattened_size = dim, unflattened_size
+
+    def forward(self, input):
+        return input.unflatten(self.dim, self.unflattened_size)
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"

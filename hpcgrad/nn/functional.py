@@ -1,18 +1,27 @@
 """nn.functional: layers and losses as functions (``import hpcgrad.nn.functional as F``)."""
 
 import math
+import warnings
 
 import numpy as np
 
 from .. import backend, creation, ops
-from ..autograd import version_counter
+from ..autograd import grad_mode, version_counter
+from ..autograd.function import Function
+from ..ops.shape import wrap_dim
 from ..tensor import Tensor
 from . import _avgpool, _functions, _maxpool
 from ._window import Im2Col, out_size
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "conv1d", "conv2d", "cross_entropy",
-           "dropout", "dropout2d", "embedding", "embedding_bag", "gelu", "layer_norm", "linear", "log_softmax", "max_pool2d",
-           "mse_loss", "nll_loss", "pad", "relu", "sigmoid", "softmax", "tanh"]
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "cosine_similarity",
+           "cross_entropy", "dropout", "dropout2d", "elu", "embedding", "embedding_bag", "gelu",
+           "glu", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "kl_div", "l1_loss",
+           "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid",
+           "margin_ranking_loss", "max_pool2d", "mish", "mse_loss", "nll_loss", "normalize",
+           "one_hot", "pad", "pairwise_distance", "prelu", "relu", "relu6", "selu", "sigmoid",
+           "silu", "smooth_l1_loss", "softmax", "softplus", "softsign", "tanh", "tanhshrink",
+           "threshold"]
 
 
 def _pair(value, name):
@@ -411,6 +420,446 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
 def mse_loss(input, target, reduction="mean"):
     diff = input - target
     return _reduce(diff * diff, reduction)
+
+
+
+# --- more activations (issue 27) --------------------------------------------------------------
+# Each is composed from Tensor ops, with the masks taken from the raw arrays as PyTorch's kernels
+# take them, so the gradient at a kink (x == 0, x == max_val ...) is PyTorch's, and a branch
+# that is not chosen is evaluated on clamped input (a where() passes its zero gradient through
+# the other branch too: exp(1000) there would make 0 * inf = NaN).
+def _where(mask, a, b):
+    """``a`` where the boolean array ``mask`` holds, else ``b`` (a Tensor or a number)."""
+    return a.where(_const(mask), b)
+
+
+def _activation(fn, input, inplace):
+    """``fn(input)``, or with ``inplace`` written into ``input`` and ``input`` returned.
+
+    In place, ``fn`` runs on a copy, so the values its backward saved are not the overwritten
+    ones: values, gradients and the leaf error are PyTorch's, its memory saving is not.
+    """
+    if not inplace:
+        return fn(input)
+    return input.copy_(fn(input.clone()))
+
+
+def silu(input, inplace=False):
+    """``x * sigmoid(x)``."""
+    return _activation(lambda x: x * x.sigmoid(), input, inplace)
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    """``x`` where ``x > 0``, else ``negative_slope * x``."""
+    return _activation(lambda x: _where(x.array > 0, x, x * negative_slope), input, inplace)
+
+
+def leaky_relu_(input, negative_slope=0.01):
+    return leaky_relu(input, negative_slope, True)
+
+
+def _elu(x, alpha, scale, input_scale):
+    """``scale * x`` where ``x > 0``, else ``scale * alpha * (exp(input_scale * x) - 1)``."""
+    negative = (x.clamp(max=0) * input_scale).expm1() * (alpha * scale)
+    return _where(x.array > 0, x * scale if scale != 1 else x, negative)
+
+
+def elu(input, alpha=1.0, inplace=False):
+    return _activation(lambda x: _elu(x, alpha, 1.0, 1.0), input, inplace)
+
+
+def elu_(input, alpha=1.0):
+    return elu(input, alpha, True)
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
+    if alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+    return _activation(lambda x: _elu(x, alpha, 1.0, 1.0 / alpha), input, inplace)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def selu(input, inplace=False):
+    """``scale * elu(x, alpha)`` with the self-normalising constants of Klambauer et al."""
+    return _activation(lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE, 1.0), input, inplace)
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` itself where ``beta * x > threshold``."""
+    scaled = input * beta if beta != 1 else input
+    soft = scaled.clamp(max=threshold).exp().log1p()
+    return _where(scaled.array > threshold, input, soft / beta if beta != 1 else soft)
+
+
+def mish(input, inplace=False):
+    """``x * tanh(softplus(x))``."""
+    return _activation(lambda x: x * softplus(x).tanh(), input, inplace)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """``clamp(x, min_val, max_val)``; the gradient is zero at the bounds too, as PyTorch's."""
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+
+    def fn(x):
+        a = x.array
+        return _where((a > min_val) & (a < max_val), x, x.detach().clamp(min_val, max_val))
+    return _activation(fn, input, inplace)
+
+
+def hardtanh_(input, min_val=-1.0, max_val=1.0):
+    return hardtanh(input, min_val, max_val, True)
+
+
+def relu6(input, inplace=False):
+    """``min(max(0, x), 6)``."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardsigmoid(input, inplace=False):
+    """``relu6(x + 3) / 6``."""
+    def fn(x):
+        a = x.array
+        return _where((a > -3) & (a < 3), (x + 3) / 6, (x.detach() + 3).clamp(0, 6) / 6)
+    return _activation(fn, input, inplace)
+
+
+def hardswish(input, inplace=False):
+    """``x * relu6(x + 3) / 6``; the gradient is ``x / 3 + 0.5`` inside (-3, 3), 0 at -3 and
+    1 at 3, as PyTorch's."""
+    def fn(x):
+        a = x.array
+        return _where(~(a <= -3), _where(a < 3, x * (x + 3) / 6, x), 0.0)
+    return _activation(fn, input, inplace)
+
+
+def softsign(input):
+    """``x / (1 + |x|)``."""
+    return input / (input.abs() + 1)
+
+
+def tanhshrink(input):
+    """``x - tanh(x)``."""
+    return input - input.tanh()
+
+
+def logsigmoid(input):
+    """``log(sigmoid(x))``, as ``min(x, 0) - log(1 + exp(-|x|))`` (no overflow either side)."""
+    negative, positive = input.clamp(max=0), input.clamp(min=0)
+    return _where(input.array < 0, negative - negative.exp().log1p(), -(-positive).exp().log1p())
+
+
+def glu(input, dim=-1):
+    """``a * sigmoid(b)`` with ``a, b`` the two halves of ``input`` along ``dim``."""
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    dim = wrap_dim(dim, input.ndim)
+    if input.shape[dim] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {dim} is size "
+                           f"{input.shape[dim]}")
+    a, b = input.chunk(2, dim)
+    return a * b.sigmoid()
+
+
+def _threshold(input, threshold, value, inplace):
+    # ~(x <= threshold), not x > threshold: NaN stays NaN, as in PyTorch's kernel
+    return _activation(lambda x: _where(~(x.array <= threshold), x, value), input, inplace)
+
+
+def threshold(input, threshold, value, inplace=False):
+    """``value`` where ``x <= threshold``, else ``x``."""
+    return _threshold(input, threshold, value, inplace)
+
+
+def threshold_(input, threshold, value):
+    return _threshold(input, threshold, value, True)
+
+
+def prelu(input, weight):
+    """``x`` where ``x > 0``, else ``weight * x``; a weight of several elements is per channel
+    (axis 1, or the only axis of a 1-D input)."""
+    if weight.ndim not in (0, 1):
+        raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: "
+                           f"ndim = {weight.ndim}")
+    count = weight.numel()
+    if count == 1:
+        weight = weight.reshape(())
+    else:
+        if input.ndim == 0:
+            raise RuntimeError("Not allow zero-dim input tensor.")
+        channels = input.shape[1] if input.ndim > 1 else 1
+        if channels != count:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found "
+                               f"parameter numbers = {count} and channel size = {channels}.")
+        weight = weight.reshape((count,) + (1,) * (input.ndim - 2))
+    return _where(input.array > 0, input, weight * input)
+
+
+# --- more losses (issue 27) -------------------------------------------------------------------
+def _legacy_reduction(size_average, reduce, reduction):
+    """PyTorch's deprecated ``size_average``/``reduce`` pair as a ``reduction`` string."""
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    reduction = "none" if not reduce else "mean" if size_average else "sum"
+    warnings.warn(f"size_average and reduce args will be deprecated, please use "
+                  f"reduction='{reduction}' instead.", stacklevel=3)
+    return reduction
+
+
+def _size(shape):
+    return f"torch.Size({list(shape)})"
+
+
+def _broadcast_shape(*shapes):
+    """The broadcast shape, or PyTorch's error naming the first axis (from the right) that
+    does not fit."""
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for shape in shapes:
+        padded = (1,) * (ndim - len(shape)) + tuple(shape)
+        for i in range(ndim - 1, -1, -1):
+            if padded[i] != 1 and out[i] != 1 and padded[i] != out[i]:
+                raise RuntimeError(f"The size of tensor a ({out[i]}) must match the size of "
+                                   f"tensor b ({padded[i]}) at non-singleton dimension {i}")
+            if padded[i] != 1:
+                out[i] = padded[i]
+    return tuple(out)
+
+
+def _warn_target_size(input, target):
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(f"Using a target size ({_size(target.shape)}) that is different to the "
+                      f"input size ({_size(input.shape)}). This will likely lead to incorrect "
+                      "results due to broadcasting. Please ensure they have the same size.",
+                      stacklevel=3)
+    _broadcast_shape(input.shape, target.shape)
+
+
+def _check_reduction(reduction):
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _weighted(loss, weight, input, reduction, mean):
+    """l1_loss's and huber_loss's ``weight``: the loss times it, then "mean" as ``mean``."""
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError("Weights and input must have the same size.")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', "
+                         "'sum'.")
+    loss = loss * weight
+    return mean(loss) if reduction == "mean" else _reduce(loss, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """``|input - target|``; with ``weight``, "mean" is ``sum(w * loss) / sum(w)``."""
+    _warn_target_size(input, target)
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    loss = (input - target).abs()
+    if weight is not None:
+        return _weighted(loss, weight, input, reduction, lambda l: l.sum() / weight.sum())
+    _check_reduction(reduction)
+    return _reduce(loss, reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """``0.5 * d**2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 * beta`` (d = input -
+    target); ``beta=0`` is l1_loss."""
+    _warn_target_size(input, target)
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    if beta == 0:
+        return l1_loss(input, target, reduction=reduction)
+    z = (input - target).abs()
+    return _reduce(_where(z.array < beta, 0.5 * z * z / beta, z - 0.5 * beta), reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    """``0.5 * d**2`` where ``|d| < delta``, else ``delta * (|d| - 0.5 * delta)``; with
+    ``weight``, the loss times it ("mean" a plain mean, as PyTorch's)."""
+    _warn_target_size(input, target)
+    if delta <= 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    z = (input - target).abs()
+    loss = _where(z.array < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
+    if weight is not None:
+        return _weighted(loss, weight, input, reduction, lambda l: l.mean())
+    _check_reduction(reduction)
+    return _reduce(loss, reduction)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """Pointwise ``target * (log(target) - input)`` (0 where target is 0), ``input`` holding
+    log-probabilities (``log_target``: ``exp(target) * (target - input)``). "batchmean" sums
+    and divides by the batch size (the KL divergence); "mean" divides by every element."""
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce, reduction)
+    elif reduction == "mean":
+        warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the "
+                      "support size.'batchmean' divides only by the batch size, and aligns with "
+                      "the KL div math definition.'mean' will be changed to behave the same as "
+                      "'batchmean' in the next major release.", stacklevel=2)
+    if reduction != "batchmean":
+        _check_reduction(reduction)
+    _broadcast_shape(target.shape, input.shape)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:  # xlogy(target, target): 0 where target is 0, NaN stays NaN
+        t = target.array
+        safe = _where(t != 0, target, 1.0)
+        loss = _where(t != 0, target * safe.log(), 0.0) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+    return _reduce(loss, reduction)
+
+
+def margin_ranking_loss(input1, input2, target, margin=0, size_average=None, reduce=None,
+                        reduction="mean"):
+    """``max(0, -target * (input1 - input2) + margin)``."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if not input1.ndim == input2.ndim == target.ndim:
+        raise RuntimeError(f"margin_ranking_loss : All input tensors should have same dimension "
+                           f"but got sizes: input1: {_size(input1.shape)}, input2: "
+                           f"{_size(input2.shape)}, target: {_size(target.shape)} ")
+    _broadcast_shape(input1.shape, input2.shape, target.shape)
+    return _reduce((-target * (input1 - input2) + margin).clamp(min=0), reduction)
+
+
+class BinaryCrossEntropy(Function):
+    """PyTorch's binary_cross_entropy kernel, per element: ``-w * (t * log(x) + (1 - t) *
+    log(1 - x))`` with each log clamped at -100, and its gradient ``w * (x - t) / max(x * (1 -
+    x), 1e-12)``, finite at x = 0 and 1 (the clamped logs' own derivative is not)."""
+
+    @staticmethod
+    def forward(ctx, x, t, w):
+        xp = backend.get_array_module(x.array)
+        a, b = x.array, t.array
+        with np.errstate(divide="ignore"):
+            loss = (b - 1) * xp.maximum(xp.log1p(-a), -100) - b * xp.maximum(xp.log(a), -100)
+        if w is not None:
+            loss = loss * w.array
+        ctx.save_for_backward(x, t, w)
+        return loss.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t, w = ctx.saved_tensors
+        scale = g if w is None else g * w
+        grad_x = grad_t = None
+        if ctx.needs_input_grad[0]:  # PyTorch's EPSILON is the float 1e-12, also for float64
+            grad_x = scale * (x - t) / ((1 - x) * x).clamp(min=float(np.float32(1e-12)))
+        if ctx.needs_input_grad[1]:  # unclamped, as PyTorch's: infinite at x = 0 or 1
+            with np.errstate(divide="ignore"):
+                grad_t = scale * ((-x).log1p() - x.log())
+        return grad_x, grad_t, None
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """``-w * (t * log(x) + (1 - t) * log(1 - x))`` of probabilities ``x`` in [0, 1], each log
+    clamped at -100 (so x = 0 or 1 gives a finite loss and gradient), as PyTorch's."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Using a target size ({_size(target.shape)}) that is different to the "
+                         f"input size ({_size(input.shape)}) is deprecated. Please ensure they "
+                         "have the same size.")
+    _check_reduction(reduction)
+    a, b = input.array, target.array
+    if not bool(((a >= 0) & (a <= 1)).all()):
+        raise RuntimeError("all elements of input should be between 0 and 1")
+    if not bool(((b >= 0) & (b <= 1)).all()):
+        raise RuntimeError("all elements of target should be between 0 and 1")
+    if weight is not None:
+        shape = tuple(target.shape)
+        for i in range(1, weight.ndim + 1):
+            if weight.shape[-i] not in (1, shape[-i] if i <= len(shape) else 1):
+                raise RuntimeError(f"Attempting to broadcast a dimension of length "
+                                   f"{weight.shape[-i]} at {-i}! Mismatching argument at index 1 "
+                                   f"had {_size(weight.shape)}; but expected shape should be "
+                                   f"broadcastable to {list(shape)}")
+        weight = weight.expand(*shape) if tuple(weight.shape) != shape else weight
+    return _reduce(BinaryCrossEntropy.apply(input, target, weight), reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    """binary_cross_entropy of ``sigmoid(input)``, computed stably from the logits as PyTorch:
+    ``(1 - t) * x - l * logsigmoid(x)`` with ``l = 1 + (pos_weight - 1) * t``, times ``weight``."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Target size ({_size(target.shape)}) must be the same as input size "
+                         f"({_size(input.shape)})")
+    _check_reduction(reduction)
+    log_sigmoid = logsigmoid(input)
+    if pos_weight is not None:
+        _broadcast_shape(pos_weight.shape, target.shape)
+        log_sigmoid = log_sigmoid * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input - log_sigmoid
+    if weight is not None:
+        _broadcast_shape(loss.shape, weight.shape)
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+# --- helpers (issue 27) -----------------------------------------------------------------------
+def one_hot(tensor, num_classes=-1):
+    """int64 ``(*tensor.shape, num_classes)`` with a 1 at each index; ``num_classes=-1`` takes
+    ``tensor.max() + 1``."""
+    t = tensor.array if isinstance(tensor, Tensor) else np.asarray(tensor)
+    if t.dtype != np.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    xp = backend.get_array_module(t)
+    if t.size == 0:
+        if num_classes == -1:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        return _const(xp.zeros(t.shape + (max(int(num_classes), 0),), dtype=np.int64))
+    if int(t.min()) < 0:
+        raise RuntimeError("Class values must be non-negative.")
+    if num_classes == -1:
+        num_classes = int(t.max()) + 1
+    elif int(t.max()) >= num_classes:
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    return _const((t[..., None] == xp.arange(int(num_classes))).astype(np.int64))
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """``input / max(||input||_p, eps)`` along ``dim``."""
+    denom = input.norm(p, dim, keepdim=True).clamp(min=eps).expand_as(input)
+    if out is None:
+        return input / denom
+    if grad_mode.is_grad_enabled() and (input.requires_grad or out.requires_grad):
+        raise RuntimeError("div(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad.")
+    return out.copy_(input / denom)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """``sum(x1 / max(||x1||, eps) * x2 / max(||x2||, eps))`` along ``dim`` (after
+    broadcasting), as PyTorch's: each side divided by its norm first (the result stays in
+    [-1, 1]), the clamp to eps out of the graph, so the gradient follows the unclamped norm."""
+    shape = _broadcast_shape(x1.shape, x2.shape)
+    dim = wrap_dim(dim, len(shape))
+    x1, x2 = (x if tuple(x.shape) == shape else x.expand(*shape) for x in (x1, x2))
+
+    def unit(x):
+        norm = x.norm(2, dim, keepdim=True)
+        xp = backend.get_array_module(norm.array)
+        return x / (norm + _const(xp.maximum(norm.array, eps) - norm.array))
+    return (unit(x1) * unit(x2)).sum(dim)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """``||x1 - x2 + eps||_p`` along the last axis."""
+    _broadcast_shape(x1.shape, x2.shape)
+    return (x1 - x2 + eps).norm(p, max(x1.ndim, x2.ndim) - 1, keepdim=keepdim)
 
 
 # Built on this module's functions, so imported last (they import it).
