@@ -9,7 +9,6 @@ import hpcgrad.nn.functional as F
 import hpcgrad.optim as optim
 from offline_mnist import datasets, transforms  # offline: digits at 28x28 for MNIST
 from hpcgrad.optim.lr_scheduler import StepLR
-import hpcgrad.utils.data  # until `import hpcgrad` loads it, as `import torch` loads torch.utils.data
 
 
 class Net(nn.Module):

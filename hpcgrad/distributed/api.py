@@ -56,6 +56,10 @@ def _export_torchrun_env(rank, size, local=None):
     env[_SETTER] = me
     env.setdefault("RANK", str(rank))
     env.setdefault("WORLD_SIZE", str(size))
+    # torchrun's rendezvous address: scripts read it (os.environ["MASTER_ADDR"]) to pass it on;
+    # MPI's launcher did the rendezvous here, so these are placeholders that nothing uses.
+    env.setdefault("MASTER_ADDR", "localhost")
+    env.setdefault("MASTER_PORT", "29500")
     if local is None and size == 1:
         local = (0, 1)
     if local is None:

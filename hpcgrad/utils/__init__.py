@@ -1,1 +1,3 @@
 """Training utilities (activation checkpointing)."""
+
+from . import data  # noqa: E402,F401  (torch.utils.data after import hpcgrad)

@@ -160,13 +160,23 @@ def test_load_digits():
 
 
 def test_load_digits_without_sklearn(monkeypatch):
-    real_import = builtins.__import__
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
 
     def no_sklearn(name, *args, **kwargs):
-        if name.startswith("sklearn"):
-            raise ImportError("No module named 'sklearn'")
-        return real_import(name, *args, **kwargs)
+        return None if name.startswith("sklearn") else real_find_spec(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_sklearn)
+    monkeypatch.setattr(importlib.util, "find_spec", no_sklearn)
     with pytest.raises(ImportError, match=r"pip install 'hpcgrad\[datasets\]'"):
         load_digits()
+
+
+def test_load_digits_reads_sklearns_own_values():
+    """The file is read without importing scikit-learn (start-up time); the values are its."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    digits = datasets.load_digits()
+    order = np.random.default_rng(0).permutation(1797)
+    rows = np.sort(order[359:])
+    train = load_digits("train")
+    np.testing.assert_array_equal(train.tensors[0].array[:, 0] * 16, digits.images[rows])
+    np.testing.assert_array_equal(train.tensors[1].array, digits.target[rows])

@@ -17,7 +17,6 @@ import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
 from hpcgrad.distributed.optim import DistributedOptimizer
-import hpcgrad.utils.data  # until `import hpcgrad` loads it, as `import torch` loads torch.utils.data
 from offline_mnist import datasets, transforms  # offline: digits at 28x28 for MNIST
 
 # --------- MNIST Network to train, from pytorch/examples -----
