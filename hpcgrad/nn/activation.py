@@ -1,5 +1,7 @@
 """Activations as modules: the element-wise ones (ReLU, GELU, SiLU ...), PReLU, GLU, Softmax."""
 
+import warnings
+
 from . import functional as F
 from . import init
 from ._factory import parameter
@@ -139,11 +141,14 @@ class Softplus(Module):
 class Hardtanh(Module):
     def __init__(self, min_val=-1.0, max_val=1.0, inplace=False, min_value=None, max_value=None):
         super().__init__()
-        # min_value/max_value: PyTorch's deprecated spellings, still taken
+        for old, new in ((min_value, "min"), (max_value, "max")):
+            if old is not None:  # PyTorch's deprecated spellings, still taken
+                warnings.warn(f"keyword argument `{new}_value` is deprecated and renamed to "
+                              f"`{new}_val`", FutureWarning, stacklevel=2)
         self.min_val = min_val if min_value is None else min_value
         self.max_val = max_val if max_value is None else max_value
         self.inplace = inplace
-        if not self.max_val > self.min_val:
+        if self.max_val <= self.min_val:
             raise AssertionError(f"max_val ({self.max_val}) must be greater than min_val "
                                  f"({self.min_val})")
 

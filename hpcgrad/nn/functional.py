@@ -479,12 +479,20 @@ def celu(input, alpha=1.0, inplace=False):
     return _activation(lambda x: _elu(x, alpha, 1.0, 1.0 / alpha), input, inplace)
 
 
+def celu_(input, alpha=1.0):
+    return celu(input, alpha, True)
+
+
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 
 
 def selu(input, inplace=False):
     """``scale * elu(x, alpha)`` with the self-normalising constants of Klambauer et al."""
     return _activation(lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE, 1.0), input, inplace)
+
+
+def selu_(input):
+    return selu(input, True)
 
 
 def softplus(input, beta=1.0, threshold=20.0):

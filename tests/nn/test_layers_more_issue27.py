@@ -99,6 +99,10 @@ def test_inplace_activation_writes_input_and_keeps_gradients(name):
         return out * 1.0
     _compare(lambda t: run(getattr(HF, name), t), lambda t: run(getattr(TF, name), t), [POINTS],
              rtol=1e-7 if name == "hardsigmoid" else 1e-10)
+    if hasattr(TF, name + "_"):  # the F.elu_ spelling
+        x, y = hg.tensor(POINTS.copy()), torch.from_numpy(POINTS.copy())
+        getattr(HF, name + "_")(x, **kwargs), getattr(TF, name + "_")(y, **kwargs)
+        np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-12)
     leaf = hg.tensor([1.0, -1.0], requires_grad=True)
     with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
         getattr(HF, name)(leaf, inplace=True, **kwargs)
@@ -254,6 +258,16 @@ def test_bce_with_logits_is_stable_in_float32():
                  [x, t], rtol=1e-6, atol=1e-6)
     loss = HF.binary_cross_entropy_with_logits(hg.tensor(x), hg.tensor(t), reduction="none")
     assert np.isfinite(_np(loss)).all() and _np(loss)[0] == 1000.0
+
+
+def test_hardtanh_deprecated_keywords():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = hnn.Hardtanh(min_value=-2.0, max_value=3.0)
+    assert [str(w.message) for w in caught] == [
+        f"keyword argument `{k}_value` is deprecated and renamed to `{k}_val`" for k in ("min", "max")]
+    assert {w.category for w in caught} == {FutureWarning}
+    assert (ours.min_val, ours.max_val) == (-2.0, 3.0)
 
 
 def test_legacy_size_average_and_reduce():
