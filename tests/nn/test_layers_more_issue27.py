@@ -264,8 +264,8 @@ def test_hardtanh_deprecated_keywords():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ours = hnn.Hardtanh(min_value=-2.0, max_value=3.0)
-    assert [str(w.message) for w in caught] == [
-        f"keyword argument `{k}_value` is deprecated and renamed to `{k}_val`" for k in ("min", "max")]
+    assert [str(w.message) for w in caught] == [f"keyword argument `{k}_value` is deprecated and "
+                                                f"renamed to `{k}_val`" for k in ("min", "max")]
     assert {w.category for w in caught} == {FutureWarning}
     assert (ours.min_val, ours.max_val) == (-2.0, 3.0)
 
