@@ -78,7 +78,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     as PyTorch's: "nearest" (its floor rule), "nearest-exact", and separable "linear" (3-D),
     "bilinear" (4-D), "trilinear" (5-D) with or without ``align_corners``."""
     linear_modes = "linear | bilinear | bicubic | trilinear"
-    if mode in ("nearest", "nearest-exact", "area", "nearest-exact"):
+    if mode in ("nearest", "nearest-exact", "area"):
         if align_corners is not None:
             raise ValueError(f"align_corners option can only be set with the interpolating "
                              f"modes: {linear_modes}")
