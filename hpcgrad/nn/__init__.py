@@ -22,6 +22,14 @@ from .module import Module  # noqa: F401
 from .normalization import LayerNorm  # noqa: F401
 from .parameter import Parameter  # noqa: F401
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
+from ._multihead import MultiheadAttention  # noqa: F401
+from ._transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,  # noqa: F401
+                           TransformerEncoder, TransformerEncoderLayer)
+from ._groupnorm import GroupNorm  # noqa: F401
+from ._conv_transpose import ConvTranspose2d  # noqa: F401
+from ._upsample import (PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d,  # noqa: F401
+                        UpsamplingNearest2d)
+from ._pool_more import AdaptiveMaxPool2d, MaxPool1d  # noqa: F401
 from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNBase, RNNCell, RNNCellBase  # noqa: F401
 
 

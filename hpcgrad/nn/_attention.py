@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import backend
 from ..tensor import Tensor
+from . import functional as F  # (functional imports this module last, when it is complete)
 
 
 def _const(array):
@@ -105,7 +106,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scores = scores + bias
     weights = _safe_softmax(scores)
     if dropout_p > 0.0:
-        from .functional import dropout
-        weights = dropout(weights, dropout_p, True)
+        weights = F.dropout(weights, dropout_p, True)
     return weights @ value
 

@@ -13,7 +13,9 @@ from ..tensor import Tensor
 from . import _avgpool, _functions, _maxpool
 from ._window import Im2Col, out_size
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
+__all__ = ["scaled_dot_product_attention", "group_norm", "conv_transpose2d", "interpolate",
+           "pixel_shuffle", "pixel_unshuffle", "adaptive_max_pool2d", "max_pool1d",
+           "adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "cosine_similarity",
            "cross_entropy", "dropout", "dropout2d", "elu", "embedding", "embedding_bag", "gelu",
            "glu", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "kl_div", "l1_loss",
@@ -873,3 +875,8 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
 # Built on this module's functions, so imported last (they import it).
 from ._dropout2d import dropout2d  # noqa: E402
 from ._embedding_bag import embedding_bag  # noqa: E402
+from ._attention import scaled_dot_product_attention  # noqa: E402
+from ._groupnorm import group_norm  # noqa: E402
+from ._conv_transpose import conv_transpose2d  # noqa: E402
+from ._upsample import interpolate, pixel_shuffle, pixel_unshuffle  # noqa: E402
+from ._pool_more import adaptive_max_pool2d, max_pool1d  # noqa: E402
