@@ -4,6 +4,7 @@ import collections
 import collections.abc
 import concurrent.futures
 import itertools
+import multiprocessing
 import numbers
 import threading
 
@@ -12,6 +13,7 @@ import numpy as np
 from .. import backend
 from ..tensor import Tensor
 from .dataset import TensorDataset
+from . import workers as _workers
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 
 
@@ -67,12 +69,13 @@ class DataLoader:
     ``num_workers=N`` loads batches on N threads, ``prefetch_factor`` (2) batches ahead each,
     yielded in sampler order; PyTorch forks processes, but forking a rank that has started MPI
     is unsafe (the child shares its communicators and network state), and the common work of
-    a loader here (numpy indexing, copies, decoding) releases the GIL. ``worker_init_fn(id)``
+    a loader here (numpy indexing, copies, decoding) releases the GIL. Worker processes, for
+    Python-heavy datasets: ``multiprocessing_context="spawn"`` or ``"forkserver"`` (Note
+    [Loader worker processes] in hpcgrad/data/workers.py). ``worker_init_fn(id)``
     runs on each worker thread as it starts; ``persistent_workers`` keeps the threads across
     epochs; ``timeout`` bounds the wait for one batch (RuntimeError past it), a worker's
     exception is raised where the batch is consumed. ``pin_memory`` is accepted: there is
-    nothing to pin for host arrays (cupy copies are made by the caller's ``.to``), and
-    ``multiprocessing_context`` is refused unless None.
+    nothing to pin for host arrays (cupy copies are made by the caller's ``.to``).
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
@@ -91,9 +94,8 @@ class DataLoader:
                              "otherwise set prefetch_factor to None.")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        if multiprocessing_context is not None:
-            raise ValueError("multiprocessing_context: hpcgrad's loader workers are threads "
-                             "(Note [Loader workers are threads]); leave it None")
+        self._context = (None if multiprocessing_context is None or num_workers == 0
+                         else _workers.context(multiprocessing_context))
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None:
@@ -137,14 +139,16 @@ class DataLoader:
         yield from self._threaded()
 
     def _threaded(self):
-        """Note [Loader workers are threads]."""
+        """Note [Loader workers are threads] (and [Loader worker processes])."""
         pool = self._pool or self._start_pool()
+        submit = (pool.submit if self._context is None else
+                  lambda fn, item: _AsyncResult(pool.apply_async(_workers.fetch, (item,))))
         window = collections.deque()
         items = self._items()
         ahead = self.num_workers * self.prefetch_factor
         try:
             for item in items:
-                window.append(pool.submit(self._fetch, item))
+                window.append(submit(self._fetch, item))
                 if len(window) >= ahead:
                     yield self._next(window)
             while window:
@@ -153,8 +157,7 @@ class DataLoader:
             for future in window:
                 future.cancel()
             if not self.persistent_workers:
-                pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+                self._stop_pool()
 
     def _next(self, window):
         try:
@@ -163,12 +166,20 @@ class DataLoader:
             raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
 
     def _start_pool(self):
+        base_seed = int(np.random.default_rng().integers(2 ** 62))
+        if self._context is not None:
+            fetch_state = (self.collate_fn, self.batch_sampler is not None, self._fast)
+            self._pool = _workers.start_pool(self._context, self.num_workers, self.dataset,
+                                             fetch_state, self.worker_init_fn, base_seed)
+            return self._pool
         ids = itertools.count()
         lock = threading.Lock()
 
         def start():
             with lock:
                 worker_id = next(ids)
+            _workers.set_thread_info(_workers.WorkerInfo(worker_id, self.num_workers,
+                                                         base_seed + worker_id, self.dataset))
             if self.worker_init_fn is not None:
                 self.worker_init_fn(worker_id)
 
@@ -176,5 +187,33 @@ class DataLoader:
             self.num_workers, thread_name_prefix="hpcgrad-loader", initializer=start)
         return self._pool
 
+    def _stop_pool(self):
+        if self._context is None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            self._pool.terminate()
+            self._pool.join()
+        self._pool = None
+
+    def __del__(self):
+        if getattr(self, "_pool", None) is not None and getattr(self, "_context", None) is not None:
+            self._pool.terminate()
+
     def __len__(self):
         return len(self.sampler) if self.batch_sampler is None else len(self.batch_sampler)
+
+
+class _AsyncResult:
+    """A Pool's AsyncResult with the Future methods the loader's window uses."""
+
+    def __init__(self, result):
+        self._result = result
+
+    def result(self, timeout=None):
+        try:
+            return self._result.get(timeout)
+        except multiprocessing.TimeoutError:
+            raise concurrent.futures.TimeoutError from None
+
+    def cancel(self):
+        return False
