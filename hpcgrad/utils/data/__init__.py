@@ -1,5 +1,5 @@
 """PyTorch's ``torch.utils.data`` path for hpcgrad.data (a script's imports change only in name)."""
 
-from ...data import (BatchSampler, DataLoader, Dataset, DistributedSampler,  # noqa: F401
+from ...data import (BatchSampler, ConcatDataset, DataLoader, Dataset, DistributedSampler,  # noqa: F401
                      RandomSampler, Sampler, SequentialSampler, TensorDataset, WorkerInfo,
-                     default_collate, get_worker_info)
+                     default_collate, get_worker_info, random_split, Subset)
