@@ -35,7 +35,7 @@ from .creation import (arange, empty, eye, from_numpy, full, manual_seed, ones, 
                        rand, randint, randn, randn_like, tensor, zeros, zeros_like)
 from .creation import (as_tensor, empty_like, full_like, is_tensor, linspace, numel,  # noqa: E402,F401
                        rand_like, randperm)
-from .dtypes import get_default_dtype, is_floating_point, set_default_dtype  # noqa: E402,F401
+from .dtypes import Size, get_default_dtype, is_floating_point, set_default_dtype  # noqa: E402,F401
 from .dtypes import DTYPES as _DTYPES  # noqa: E402
 globals().update(_DTYPES)  # hpcgrad.float32, .long, .bool ...: PyTorch's dtype names
 from .creation import (BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor,  # noqa: E402,F401

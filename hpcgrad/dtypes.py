@@ -1,4 +1,4 @@
-"""PyTorch's dtype names (``hpcgrad.float32``, ``hpcgrad.long`` ...) as numpy dtypes.
+"""PyTorch's dtype names (``hpcgrad.float32``, ``hpcgrad.long`` ...) as numpy dtypes, and ``Size``.
 
 A tensor's ``dtype`` is a numpy dtype, so ``t.dtype == hpcgrad.float32`` and
 ``t.to(hpcgrad.long)`` read as in PyTorch, and numpy's own names work wherever a dtype is taken.
@@ -29,6 +29,20 @@ else:
 globals().update(DTYPES)
 
 _default_float = np.dtype(np.float32)
+
+
+class Size(tuple):
+    """torch.Size: a tuple of dimensions with ``numel()``. ``Tensor.shape`` stays a plain tuple
+    (it is read on every op, and the two compare equal)."""
+
+    def numel(self):
+        count = 1
+        for dim in self:
+            count *= dim
+        return count
+
+    def __repr__(self):
+        return f"torch.Size({list(self)!r})"
 
 
 def get_default_dtype():

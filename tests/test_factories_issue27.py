@@ -138,3 +138,10 @@ def test_compile_returns_the_model_which_computes_the_same():
     np.testing.assert_array_equal(double(x).numpy(), (x * 2).numpy())
     with pytest.raises(RuntimeError, match="expected a Module or a function"):
         hg.compile(3)
+
+
+def test_size_as_torch():
+    ours, theirs = hg.Size([2, 3, 4]), torch.Size([2, 3, 4])
+    assert ours == theirs == (2, 3, 4) and ours.numel() == theirs.numel() == 24
+    assert repr(ours) == repr(theirs) and hg.zeros(ours).shape == ours
+    assert hg.Size([]).numel() == torch.Size([]).numel() == 1
