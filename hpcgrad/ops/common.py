@@ -138,11 +138,19 @@ from . import (arrangement, inference, logical, pointwise, products, reductions,
                rounding, sampling, selection, sorting)
 
 
+def _index(self):
+    """``t`` where Python needs an int (slice bounds, ``range``): a one-element integer tensor."""
+    if self.array.size != 1 or self.array.dtype.kind not in "iub":
+        raise TypeError("only integer tensors of a single element can be converted to an index")
+    return int(self.array.reshape(()))
+
+
 def install():
     for name, fn in METHODS.items():
         if name not in Tensor.__dict__:
             setattr(Tensor, name, fn)
     remainder, div = pointwise.remainder, pointwise.div
+    Tensor.__index__ = _index
     Tensor.__mod__ = lambda self, other: remainder(self, other)
     Tensor.__rmod__ = lambda self, other: remainder(creation.tensor(other, dtype=_number_dtype(
         other, self)), self)

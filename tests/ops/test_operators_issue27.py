@@ -62,3 +62,15 @@ def test_where_forms_as_torch():
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     with pytest.raises(TypeError, match="condition alone"):
         hg.where(c, 1.0)
+
+
+def test_one_element_integer_tensors_are_indices_as_torch():
+    data, tdata = hg.arange(10), torch.arange(10)
+    starts, tstarts = hg.tensor([2, 5]), torch.tensor([2, 5])
+    for i, ti in zip(starts, tstarts):  # iterating gives 0-d tensors, used as slice bounds
+        np.testing.assert_array_equal(data[i:i + 3].numpy(), tdata[ti:ti + 3].numpy())
+    assert list(range(hg.tensor(3))) == list(range(torch.tensor(3)))
+    np.testing.assert_array_equal(np.arange(5)[hg.tensor([1, 3])], [1, 3])  # numpy takes it too
+    for bad in (hg.tensor(2.0), hg.tensor([1, 2])):
+        with pytest.raises(TypeError, match="only integer tensors of a single element"):
+            range(bad)
