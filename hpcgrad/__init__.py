@@ -58,3 +58,4 @@ from .serialization import load, save  # noqa: E402,F401  (torch.save / torch.lo
 from . import distributions  # noqa: E402,F401  (torch.distributions)
 from .compiler import compile  # noqa: E402,F401  (torch.compile: runs eagerly)
 from . import multiprocessing  # noqa: E402,F401  (torch.multiprocessing: spawn over MPI ranks)
+from . import backends, testing  # noqa: E402,F401  (torch.backends flags, torch.testing.assert_close)

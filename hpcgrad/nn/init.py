@@ -115,3 +115,22 @@ def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", gener
         return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
     return normal_(tensor, 0.0, std, generator)
+
+
+def orthogonal_(tensor, gain=1.0, generator=None):
+    """An (semi-)orthogonal matrix, as PyTorch's: the Q of a QR of a normal draw, signs fixed
+    by R's diagonal, the trailing dimensions flattened; scaled by ``gain``."""
+    if tensor.ndim < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    if tensor.numel() == 0:
+        return tensor
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    flat = _rng(generator).standard_normal((rows, cols))
+    if rows < cols:
+        flat = flat.T
+    q, r = np.linalg.qr(flat)
+    q *= np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return _fill(tensor, gain * q.reshape(tensor.shape))

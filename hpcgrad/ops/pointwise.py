@@ -52,6 +52,7 @@ Expm1 = _unary("expm1", lambda xp, x: xp.expm1(x), lambda g, out: g * (out + 1),
 Log2 = _unary("log2", lambda xp, x: xp.log2(x), lambda g, a: g / (a * math.log(2.0)), "input")
 Log10 = _unary("log10", lambda xp, x: xp.log10(x), lambda g, a: g / (a * math.log(10.0)),
                "input")
+Tan = _unary("tan", lambda xp, x: xp.tan(x), lambda g, out: g * (1 + out * out), "output")
 Reciprocal = _unary("reciprocal", lambda xp, x: 1 / x, lambda g, out: -g * (out * out), "output")
 
 

@@ -3,3 +3,4 @@
 from ...data import (BatchSampler, ConcatDataset, DataLoader, Dataset, DistributedSampler,  # noqa: F401
                      RandomSampler, Sampler, SequentialSampler, TensorDataset, WorkerInfo,
                      default_collate, get_worker_info, random_split, Subset)
+from . import sampler  # noqa: E402,F401  (torch.utils.data.sampler)
