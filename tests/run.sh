@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4, and
-# the engine's tests with replayed backward plans off. Extra args go to each pytest.
+# the engine's tests with replayed backward plans off; the launched example and GPU-script tests
+# run beside the plan-off and 1-rank runs (two cores). Extra args go to each pytest (all serial).
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
@@ -41,11 +42,35 @@ runs=0
 # run NAME CMD...: run CMD with output teed to a log, then record one summary line.
 run() {
     local name=$1; shift
-    local log="$logs/run$runs.log" start=$SECONDS rc note verdict
+    local log="$logs/run$runs.log" start=$SECONDS
     runs=$((runs + 1))
     echo "=== $name: $*"
     "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    record "$name" "$log" "${PIPESTATUS[0]}" "$start"
+}
+
+# start_beside NAME CMD...: run CMD in the background, its output kept in a log (printed when
+# it is collected); collect_beside waits for it and records its line. CI has two cores: a
+# run of launched jobs (mostly waiting on their ranks' start-up) beside one single-process run.
+start_beside() {
+    beside_name=$1; shift
+    beside_log="$logs/run$runs.log"; beside_start=$SECONDS
+    runs=$((runs + 1))
+    echo "=== $beside_name (beside the next runs): $*"
+    ( "$@" > "$beside_log" 2>&1; echo $? > "$beside_log.rc" ) &
+    beside_pid=$!
+}
+
+collect_beside() {
+    wait "$beside_pid"
+    echo "=== $beside_name: its output"
+    cat "$beside_log"
+    record "$beside_name" "$beside_log" "$(cat "$beside_log.rc")" "$beside_start"
+}
+
+# record NAME LOG STATUS START: one summary line for a finished run.
+record() {
+    local name=$1 log=$2 rc=$3 start=$4 note verdict
     note=""
     if [ "$rc" -eq 5 ]; then rc=0; note=" (no tests collected)"; fi
     # mpiexec reports the largest rank status, and MPICH may exit 0 after MPIEXEC_TIMEOUT kills a
@@ -64,10 +89,18 @@ run() {
     [ -z "$reference" ] || summary+=("    $reference")
 }
 
-run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
+# The launched example and GPU-script tests run beside the plan-off and 1-rank runs (below).
+beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py)
+if [ $# -eq 0 ]; then
+    run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "${beside[@]/#/--ignore=}"
+else
+    run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
+fi
 # backward() runs from replayed plans by default (Note [Replayed backward plans]); the engine's
 # tests, and the 1-rank run, also run on the queue engine alone.
 if [ $# -eq 0 ]; then
+    start_beside "examples, GPU scripts" timeout -k 10 "$serial_limit" "$python" -m pytest -q \
+        "${beside[@]}"
     # (the fuzzer runs every mode itself, and type promotion does not depend on the engine)
     run "serial, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$serial_limit" \
         "$python" -m pytest -q tests/autograd tests/conformance tests/utils \
@@ -75,6 +108,7 @@ if [ $# -eq 0 ]; then
 fi
 run "mpi, 1 rank, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$mpi_limit" \
     "$python" -m pytest --with-mpi -m mpi "$@"
+[ $# -ne 0 ] || collect_beside
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
         "$mpiexec" "${mpiexec_args[@]}" -n "$n" "$python" -m pytest --with-mpi -m mpi \
