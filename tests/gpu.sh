@@ -8,7 +8,8 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux_2_28_x86_64 --dest wheels pytest-mpi pytest-timeout mpich \
 #       impi-rt==2021.18.1 ml_dtypes setuptools
-# Only what the machine lacks is installed from it, each wheel with --no-deps: pytest-mpi and
+# Only what the machine lacks is installed from it, each wheel with --no-deps (and
+# --ignore-installed: the venv's own copy, whatever the base has): pytest-mpi and
 # pytest-timeout if missing; mpich if mpi4py finds no MPI library or no mpiexec is at hand;
 # ml_dtypes (bfloat16 tests) if there. With an impi_rt wheel in it, a second pass runs under
 # Intel MPI with its CUDA offload (I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda): the probe, the GPU
@@ -16,7 +17,8 @@
 # (HPCGRAD_GPU_IMPI=0: skip).
 #
 # The venv (HPCGRAD_GPU_VENV, default .venv-gpu) is made with --system-site-packages from $PYTHON
-# (default python3), so the machine's own cupy, numba-cuda, mpi4py and torch serve; it is reused
+# (default python3), so the machine's own cupy, numba-cuda, mpi4py and torch serve (where $PYTHON
+# is itself a venv's, a .pth file adds that venv's site-packages too); it is reused
 # when it exists. hpcgrad goes in editable (pip -e, no build isolation), or, where pip cannot
 # build it (no setuptools >= 64), as a .pth file naming this checkout, which is what an editable
 # install amounts to. HPCGRAD_GPU_VENV=none uses $PYTHON as it is, installing nothing.
@@ -56,6 +58,17 @@ make_venv() {
         || { rm -rf "$1"; "$base_python" -m venv --system-site-packages --without-pip "$1" \
                  >>"$logs/venv.log" 2>&1; } \
         || { cat "$logs/venv.log" >&2; die "cannot make a venv at $1 with $base_python"; }
+    # A venv made from a venv's python sees the base interpreter's site-packages, not that venv's
+    # (where a GPU image keeps its cupy and torch): a .pth file adds them after the new venv's own.
+    "$base_python" -c 'import sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))' \
+        >"$logs/parent.pth" || die "cannot read the site-packages of $base_python"
+    if [ -s "$logs/parent.pth" ]; then
+        cp "$logs/parent.pth" "$("$1/bin/python" -c \
+            'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hpcgrad-parent-venv.pth" \
+            || die "cannot write the parent venv's .pth file into $1"
+    fi
     "$1/bin/python" -m pip --version >/dev/null 2>&1 \
         || die "$1/bin/python has no pip (neither its own nor $base_python's); install python3-pip"
 }
@@ -82,7 +95,7 @@ from_wheels() {
     for name in "$@"; do
         file=$(wheel "$name")
         [ -n "$file" ] || continue
-        if timeout -k 10 300 "$python" -m pip install -q --no-index --no-deps \
+        if timeout -k 10 300 "$python" -m pip install -q --no-index --no-deps --ignore-installed \
                 "$wheels/$file" >>"$logs/pip-wheels.log" 2>&1; then
             done+=("$file")
         else
