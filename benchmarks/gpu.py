@@ -300,10 +300,12 @@ def main(argv=None):
     import hpcgrad.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group("mpi")
+    # Open MPI's version string ends in a NUL byte
+    mpi_library = MPI.Get_library_version().strip("\0 \n").splitlines()[0].strip()
     if args.cpu:
         device = Device()
         say(f"CPU dry run (--cpu), {COMM.Get_size()} rank(s); "
-            f"MPI {MPI.Get_library_version().splitlines()[0].strip()}")
+            f"MPI {mpi_library}")
     else:
         import cupy
 
@@ -314,7 +316,7 @@ def main(argv=None):
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         say(f"GPU {name}, {COMM.Get_size()} rank(s), {gpus} GPU(s) per node seen; "
-            f"MPI {MPI.Get_library_version().splitlines()[0].strip()}")
+            f"MPI {mpi_library}")
     kernel_figures(device, repeats, args.megabytes or 64)
     allreduce_figures(device, dist, repeats, args.megabytes or 16)
     ddp_figures(device, args.batch, repeats, with_torch=not args.no_torch)

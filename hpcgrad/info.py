@@ -3,6 +3,7 @@
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import signal
@@ -113,15 +114,16 @@ def probe_command(nprocs=2, timeout=60):
     if mpiexec is None or nprocs <= 1:
         return child, env
     args = []
+    seconds = str(max(1, math.ceil(timeout)))  # whole seconds: Open MPI's --timeout refuses "60.0"
     try:
         version = subprocess.run([mpiexec, "--version"], check=False, capture_output=True, text=True,
                                  timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
     if any(word in version.lower() for word in ("open mpi", "open-mpi", "openrte", "prte")):
-        args = ["--oversubscribe", "--timeout", str(timeout)]
+        args = ["--oversubscribe", "--timeout", seconds]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["MPIEXEC_TIMEOUT"] = str(timeout)
+    env["MPIEXEC_TIMEOUT"] = seconds
     return [mpiexec, *args, "-n", str(nprocs), *child], env
 
 
@@ -207,7 +209,7 @@ def collect_info(comm=None):
         "numba": numba_version,
         "cupy": cupy_desc,
         "gpu_count": gpus,
-        "mpi_library": MPI.Get_library_version().strip(),
+        "mpi_library": MPI.Get_library_version().strip("\0 \n\t"),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": thread_level(),
         "nodes": nodes,

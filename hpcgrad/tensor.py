@@ -310,9 +310,14 @@ class Tensor:
         if isinstance(other, Tensor):
             return other
         if isinstance(other, (int, float, bool)):  # a Python number: the lowest promotion rank
-            if self.array.dtype.kind in "fc":
-                return _WrappedNumber._make(self.array.dtype.type(other), False, None, 0)
-            return _WrappedNumber._make(_as_array(other), False, None, 0)
+            array = self.array
+            value = (array.dtype.type(other) if array.dtype.kind in "fc"
+                     else _as_array(other)[()])
+            if type(array) is not np.ndarray and backend.is_gpu_array(array):
+                # cupy takes a numpy scalar as a kernel argument (as PyTorch passes a wrapped
+                # number to a CUDA kernel) but refuses a numpy array, even a 0-d one.
+                return _WrappedNumber._scalar(value)
+            return _WrappedNumber._make(value, False, None, 0)
         return Tensor._make(_as_array(other), False, None, 0)
 
     def __add__(self, other):
@@ -681,6 +686,13 @@ class _WrappedNumber(Tensor):
 
     __slots__ = ()
     _wrapped_number = True
+
+    @classmethod
+    def _scalar(cls, value):
+        """A number for a GPU tensor's op, kept a numpy scalar (``_make`` makes a 0-d array)."""
+        number = cls._make(value, False, None, 0)
+        number._data = value
+        return number
 
 
 def _rebuild_tensor(cls, data, requires_grad):

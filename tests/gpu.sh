@@ -192,8 +192,8 @@ run() {
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 5 ] && rc=0  # no tests collected
     # MPICH may exit 0 after MPIEXEC_TIMEOUT kills a hung job; any rank's failures fail the run.
-    if grep -q 'APPLICATION TIMED OUT' "$log"; then rc=124; fi
-    if [ "$rc" -eq 0 ] && grep -qE '\b[0-9]+ (failed|errors?)\b.* in [0-9.]+s' "$log"; then rc=1; fi
+    if grep -aq 'APPLICATION TIMED OUT' "$log"; then rc=124; fi
+    if [ "$rc" -eq 0 ] && grep -aqE '\b[0-9]+ (failed|errors?)\b.* in [0-9.]+s' "$log"; then rc=1; fi
     case $rc in
         0) verdict="passed" ;;
         124|137) verdict="FAILED (timed out)" ;;
@@ -201,7 +201,7 @@ run() {
     esac
     [ "$rc" -eq 0 ] || failures=$((failures + 1))
     # pytest's last line per rank ("12 passed, 3 skipped in 4.1s"), ranks that agree counted once.
-    counts=$(grep -E '(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s' "$log" \
+    counts=$(grep -aE '(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s' "$log" \
              | sed -E 's/=//g; s/ in [0-9.]+s.*//; s/^ +//' | sort | uniq -c \
              | awk '{n = $1; sub(/^ *[0-9]+ /, ""); print (n > 1 ? $0 " (on " n " ranks)" : $0)}' \
              | paste -sd';' -)
@@ -223,9 +223,9 @@ probe() {
     timeout -k 10 200 "$1" -m hpcgrad.info --probe --probe-timeout 60 >"$logs/probe.log" 2>&1
     local rc=$?
     cat "$logs/probe.log"
-    aware=$(grep -m1 '^CUDA-aware:' "$logs/probe.log" \
+    aware=$(grep -a -m1 '^CUDA-aware:' "$logs/probe.log" \
             || echo "CUDA-aware: unknown (hpcgrad-info --probe status $rc)")
-    static=$(grep -m1 'static decision:' "$logs/probe.log" | sed -E 's/^ +//')
+    static=$(grep -a -m1 'static decision:' "$logs/probe.log" | sed -E 's/^ +//')
     road=$(timeout -k 5 120 "$1" -c '
 from mpi4py import MPI
 from hpcgrad.comm import buffers, device_path
@@ -242,7 +242,7 @@ names = [x.decode() if isinstance(x, bytes) else x for x in names]
 print(f"{n} x {names[0]}" if len(set(names)) == 1 else ", ".join(names))' 2>&1 | tail -1)
 [ "${gpus%% *}" != 0 ] || gpu_name="none (dry run: cupy ${gpus#* })"
 mpi_library=$(timeout -k 5 60 "$python" -c \
-    'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1 | tail -1)
+    'from mpi4py import MPI; print(MPI.Get_library_version().strip("\0 \n").splitlines()[0].strip())' 2>&1 | tail -1)
 mpiexec=$(mpiexec_for "$python")
 [ -n "$mpiexec" ] || die "no mpiexec beside $python or on PATH; pass a wheel folder with mpich"
 read -r -a test_launch <<<"$(launcher_args "$mpiexec" "$test_limit")"
@@ -278,7 +278,7 @@ if [ -n "$impi" ] && [ "${HPCGRAD_GPU_IMPI:-1}" != 0 ] && [ "$venv" != none ]; t
     "$ipython" -c 'import ml_dtypes' 2>/dev/null || want+=(ml_dtypes)
     from_wheels "$ipython" "${want[@]}" >/dev/null
     ilibrary=$(timeout -k 5 60 "$ipython" -c \
-        'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1 | tail -1)
+        'from mpi4py import MPI; print(MPI.Get_library_version().strip("\0 \n").splitlines()[0].strip())' 2>&1 | tail -1)
     impiexec=$ivenv/bin/mpiexec
     if [[ "$ilibrary" != *Intel* ]] || [ ! -x "$impiexec" ]; then
         impi_lines+=("Intel MPI: not used: mpi4py in $ivenv loads '$ilibrary' (mpiexec: $impiexec)")
@@ -318,7 +318,7 @@ printf '  installed:  %s\n' "${installed[@]}"
 [ ${#impi_lines[@]} -eq 0 ] || printf '  %s\n' "${impi_lines[@]}"
 printf '  %s\n' "${summary[@]}"
 for ((i = 0; i < runs; i++)); do  # the benchmark runs' figures, under their run's name
-    if grep -qE '^(kernel|all-reduce|DDP)' "$logs/run$i.log"; then
+    if grep -aqE '^(kernel|all-reduce|DDP)' "$logs/run$i.log"; then
         echo "  -- ${run_names[$i]}"
         sed -n -E 's/^(kernel|all-reduce|DDP)/    \1/p' "$logs/run$i.log"
     fi

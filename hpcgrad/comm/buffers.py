@@ -47,7 +47,25 @@ _MPI_TYPES = {
     np.dtype(np.bool_): MPI.C_BOOL,
     np.dtype(np.complex64): MPI.C_FLOAT_COMPLEX, np.dtype(np.complex128): MPI.C_DOUBLE_COMPLEX,
 }
-_FLOAT16 = _mpi_type("FLOAT16_T")  # MPI 4.1+; MPICH 5 has it
+def _usable_float16():
+    """MPI's float16 type where the library can send and sum with it, else None.
+
+    MPI 4.1 names it and MPICH 5 has it. mpi4py also hands out a handle on an MPI that only
+    half-supports it (Open MPI 4.1 as Debian builds it: every call with it fails with
+    MPI_ERR_TYPE, seen on a GPU machine), so one small sum and one max on COMM_SELF decide."""
+    datatype = _mpi_type("FLOAT16_T")
+    if datatype is None:
+        return None
+    try:
+        ones, out = np.ones(2, np.float16), np.zeros(2, np.float16)
+        for op in (MPI.SUM, MPI.MAX):
+            MPI.COMM_SELF.Allreduce([ones, datatype], [out, datatype], op=op)
+    except Exception:  # noqa: BLE001  (MPI's error, or mpi4py's refusal of a null handle)
+        return None
+    return datatype if np.array_equal(out, ones) else None
+
+
+_FLOAT16 = _usable_float16()
 if _FLOAT16 is not None:
     _MPI_TYPES[np.dtype(np.float16)] = _FLOAT16
 # Types without an MPI equivalent here (bfloat16 from ml_dtypes; float16 on older MPIs) travel

@@ -337,9 +337,16 @@ def _reduce(loss, reduction, denominator=None):
     raise ValueError(f"{reduction} is not a valid value for reduction")
 
 
+def _target_array(target):
+    """A target's array, where it is: a Tensor's, a device array as it is, else numpy's."""
+    if isinstance(target, Tensor):
+        return target.array
+    return target if backend.is_gpu_array(target) else np.asarray(target)
+
+
 def _class_targets(input, target, ignore_index):
     """Target indices as an array, checked against the input's batch and class axes."""
-    t = target.array if isinstance(target, Tensor) else np.asarray(target)
+    t = _target_array(target)
     if t.dtype.kind not in "iu":
         raise TypeError(f"expected class-index targets of an integer dtype, got {t.dtype}")
     batch = input.shape[:1] + input.shape[2:] if input.ndim >= 2 else ()
@@ -397,7 +404,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     axis = 1 if input.ndim >= 2 else 0
-    t = target.array if isinstance(target, Tensor) else np.asarray(target)
+    t = _target_array(target)
     if (input.ndim == 2 and weight is None and not label_smoothing and reduction == "mean"
             and t.dtype.kind in "iu" and input.shape[0] and input.dtype.kind == "f"):
         # the common case as one Node (Note [Where the training step goes])

@@ -27,6 +27,8 @@ def without_float16(monkeypatch):
 
 @pytest.mark.parametrize("name", NATIVE)
 def test_native_types_go_to_mpi_as_they_are(name):
+    if name == "float16" and buffers._FLOAT16 is None:
+        pytest.skip("this MPI cannot send or sum with its float16 type: float16 travels as float32")
     a = np.zeros(3, name)
     buf = MessageBuffer(a, writable=True)
     assert buf.spec[0] is a and buf.spec[1] == NATIVE[name] and not buf.is_staged
@@ -156,3 +158,14 @@ def test_average_does_not_overflow(world, request, staged):
     x = np.full(4, 40000, np.float16)
     dist.all_reduce(x, ReduceOp.AVG)
     assert np.all(x == 40000)
+
+
+def test_float16_type_that_mpi_cannot_use_is_not_used(monkeypatch):
+    """An MPI that hands out a float16 handle its calls refuse (Open MPI 4.1 as Debian builds it
+    fails every call with MPI_ERR_TYPE, seen on a GPU machine) gets float16 sent as float32."""
+    from mpi4py import MPI
+    monkeypatch.setattr(buffers, "_mpi_type", lambda name: MPI.Datatype())  # a null handle
+    assert buffers._usable_float16() is None
+    monkeypatch.undo()
+    working = buffers._usable_float16()
+    assert working is None or working.Get_size() == 2
