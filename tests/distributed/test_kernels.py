@@ -307,6 +307,7 @@ def check_cuda_streams(cuda):
 
     class FakeCupyArray(np.ndarray):
         device = type("Device", (), {"id": 0})()
+        data = property(lambda self: type("Memory", (), {"ptr": self.ctypes.data})())
 
     fake_stream = type("Stream", (), {"ptr": 0xBEEF})()
     fake_cupy = type("cupy", (), {"cuda": type("cuda", (), {
@@ -318,14 +319,25 @@ def check_cuda_streams(cuda):
     cuda.backend.is_gpu_array = lambda a: isinstance(a, FakeCupyArray)
     cuda.backend.cupy_module = lambda: fake_cupy
     cuda.cuda.external_stream = lambda ptr: calls.append(("stream", ptr)) or numba_cuda.stream()
-    cuda.cuda.as_cuda_array = lambda a, sync=True: calls.append(("import", sync)) or \
-        numba_cuda.to_device(np.asarray(a))
+    def as_cuda_array(interface, sync=True):  # a view of the address: no reference to the array
+        described = interface.__cuda_array_interface__
+        assert isinstance(described["data"][0], int) and not hasattr(interface, "base")
+        calls.append(("import", sync))
+        return numba_cuda.device_array(described["shape"], described["typestr"])
+
+    cuda.cuda.as_cuda_array = as_cuda_array
     cuda._STREAMS.clear()
+    cuda._VIEWS.clear()
     try:
         dst = np.zeros(6).view(FakeCupyArray)
-        cuda.scaled_copy(dst, np.ones(6).view(FakeCupyArray), 2.0)
+        src = np.ones(6).view(FakeCupyArray)
+        for _ in range(2):  # the second time, the views are found by address: no new import
+            cuda.scaled_copy(dst, src, 2.0)
+        assert calls.count(("import", False)) == 2
         cuda.scaled_copy_multi(dst, [np.ones(2).view(FakeCupyArray)], [0], 2.0)
+        assert calls.count(("import", False)) == 3
     finally:
+        cuda._VIEWS.clear()
         for name, value in real.items():
             setattr(cuda.backend, name, value)
         for name, value in numba_real.items():

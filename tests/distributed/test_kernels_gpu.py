@@ -104,3 +104,23 @@ def test_reducer_copy_on_the_device_of_the_arrays():
     strided = cupy.zeros((4, 5), cupy.float32)
     kernels.scaled_copy_strided(strided.T, cupy.ones((5, 4), cupy.float32), 3.0)
     assert bool((strided == 3).all())
+
+
+def test_views_by_address_follow_the_array_there_now_and_keep_no_memory():
+    """cupy's pool hands a freed source's address to the next array of its size (every DDP step
+    does this): the copy reads the new array, and the cached view kept none of the old one's
+    memory alive (Note [Device views by address])."""
+    from hpcgrad.kernels import cuda
+    n = 1 << 16
+    pool = cupy.get_default_memory_pool()
+    dst = cupy.empty(n, np.float32)
+    first = cupy.asarray(_random((n,), np.float32, 1))
+    cuda.scaled_copy(dst, first, 0.5)
+    cupy.cuda.get_current_stream().synchronize()
+    held = pool.used_bytes()
+    del first
+    assert pool.used_bytes() == held - n * 4  # no view holds the freed array
+    second = cupy.asarray(_random((n,), np.float32, 2))
+    cuda.scaled_copy(dst, second, 0.5)
+    np.testing.assert_array_equal(cupy.asnumpy(dst),
+                                  _expected(_random((n,), np.float32, 2), 0.5, np.float32))
