@@ -144,8 +144,14 @@ def probe_cuda_aware(nprocs=2, timeout=60, gpus=None):
     where = f"{nprocs} rank(s)" if argv[0] != sys.executable else "1 rank (no mpiexec)"
     if job.returncode == 0 and "PROBE OK" in job.stdout:
         return "yes", f"probe passed: device all-reduce of {PROBE_VALUES} float32 at {where} correct"
-    if job.returncode < 0:
-        how = f"crashed with {signal.Signals(-job.returncode).name}"
+    crash = -job.returncode if job.returncode < 0 else job.returncode - 128
+    if job.returncode < 0 or (crash in (signal.SIGSEGV, signal.SIGBUS)
+                              and ("signal" in job.stderr or "Segmentation" in job.stderr)):
+        # mpiexec reports a rank's signal as 128 + its number (Open MPI 4.1 on an H100 machine:
+        # 139): an MPI that is not CUDA-aware reads a device pointer as host memory
+        how = f"crashed with {signal.Signals(crash).name}"
+        if crash in (signal.SIGSEGV, signal.SIGBUS):
+            how += " (as an MPI that is not CUDA-aware does when handed a device pointer)"
     elif "PROBE WRONG" in job.stdout:
         how = "gave wrong values"
     else:

@@ -153,6 +153,28 @@ def test_probe_command_runs_two_ranks_beside_this_python_without_the_launchers_v
     assert argv[argv.index("-n") + 1] == "2" and env["MPIEXEC_TIMEOUT"] == "30"
 
 
+def test_probe_timeout_is_whole_seconds_for_open_mpi(monkeypatch):
+    """Open MPI's --timeout refuses "60.0" ('omitting to provide the parameter'), seen on a GPU
+    machine whose probe then failed for that reason alone."""
+    argv, env = probe_command(nprocs=2, timeout=59.2)
+    assert env["MPIEXEC_TIMEOUT"] == "60"
+    if "--timeout" in argv:
+        assert argv[argv.index("--timeout") + 1] == "60"
+
+
+@pytest.mark.parametrize("status, stderr", [
+    (139, "mpiexec noticed that process rank 0 with PID 0 on node vm exited on signal 11 "
+          "(Segmentation fault)."),
+    (-11, ""),
+])
+def test_probe_segfault_says_the_mpi_is_not_cuda_aware(monkeypatch, status, stderr):
+    """A non-CUDA-aware MPI handed a device pointer crashes; mpiexec reports it as 128 + 11."""
+    done = subprocess.CompletedProcess([], status, stdout="", stderr=stderr)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: done)
+    verdict, reason = probe_cuda_aware(gpus=1)
+    assert verdict == "no" and "crashed with SIGSEGV" in reason and "not CUDA-aware" in reason
+
+
 @pytest.mark.gpu
 def test_probe_on_a_gpu_agrees_with_the_static_decision():
     verdict, reason = probe_cuda_aware(timeout=60)
