@@ -1,0 +1,230 @@
+"""Real model sizes beside PyTorch CPU: a CIFAR-shaped ResNet-18 and a small GPT, one thread.
+
+    python benchmarks/models.py                      # step time (interleaved rounds) and memory
+    python benchmarks/models.py --model resnet18 --width 16 --batch 32 --rounds 5
+    python benchmarks/models.py --memory-only        # peak memory added by 3 steps, per library
+
+The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
+is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
+AdamW for the GPT). Times: hpcgrad and torch alternate, one step each per round, after two
+warm-up steps; the ratio is the median of the rounds' ratios. Memory: each library in a fresh
+process, the peak resident set (``ru_maxrss``) after 3 steps minus before them (model and data
+already built): what training adds. Nothing here is used by a test assertion.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402  (after the thread settings)
+
+
+def resnet18(lib, width, classes=10):
+    """ResNet-18 for 32x32 images (3x3 stem, no max pool), as torchvision's CIFAR variants."""
+    nn = lib.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.shortcut = nn.Sequential()
+            if stride != 1 or cin != cout:
+                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                              nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            out = self.bn1(self.conv1(x)).relu()
+            out = self.bn2(self.conv2(out))
+            return (out + self.shortcut(x)).relu()
+
+    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    cin = width
+    for i, blocks in enumerate((2, 2, 2, 2)):
+        cout = width * 2 ** i
+        for j in range(blocks):
+            layers.append(Block(cin, cout, 2 if (i and not j) else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def gpt(lib, vocab=256, d=256, heads=4, layers=4, block=128):
+    """A GPT-2-style decoder: pre-LayerNorm blocks, causal attention, GELU MLP, tied head."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, idx):
+            t = idx.shape[1]
+            x = self.tok(idx) + self.pos(lib.arange(t))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.ln(x) @ self.tok.weight.T
+
+    return GPT()
+
+
+def library(name):
+    if name == "torch":
+        import torch
+        torch.set_num_threads(1)
+        return torch
+    import hpcgrad
+    return hpcgrad
+
+
+def make_step(lib, args):
+    """(step function, parameter count) of args.model on lib, data and model built here."""
+    lib.manual_seed(0)
+    rng = np.random.default_rng(0)
+    F = lib.nn.functional
+    if args.model == "resnet18":
+        model = resnet18(lib, args.width)
+        x = lib.tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
+        y = lib.tensor(rng.integers(0, 10, args.batch))
+        opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def loss():
+            return F.cross_entropy(model(x), y)
+    else:
+        model = gpt(lib, block=args.block)
+        data = rng.integers(0, 256, (args.batch, args.block + 1))
+        x, y = lib.tensor(data[:, :-1]), lib.tensor(data[:, 1:])
+        opt = lib.optim.AdamW(model.parameters(), lr=3e-4)
+
+        def loss():
+            logits = model(x)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    def step():
+        value = loss()
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        return value
+
+    return step, sum(p.numel() for p in model.parameters())
+
+
+def status_mb(field):
+    """VmRSS (resident now) or VmHWM (its peak) of this process, in MB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_child(args):
+    """Run in a fresh process: the peak memory 3 steps add to a built model, as JSON.
+
+    The peak is reset first (writing 5 to /proc/self/clear_refs), so the imports' and the
+    model's build's own peaks (numba compiling, torch loading) do not hide the steps'."""
+    step, params = make_step(library(args.library), args)
+    with open("/proc/self/clear_refs", "w") as reset:
+        reset.write("5")
+    before = status_mb("VmRSS")
+    for _ in range(3):
+        step()
+    print(json.dumps({"added_mb": status_mb("VmHWM") - before, "params": params}))
+
+
+def memory(args, name):
+    argv = [sys.executable, __file__, "--memory-child", "--library", name, "--model", args.model,
+            "--width", str(args.width), "--batch", str(args.batch), "--block", str(args.block)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def times(args):
+    """Interleaved step times (s): {library: [per round]}."""
+    libs = ["hpcgrad"] + ([] if args.no_torch else ["torch"])
+    steps = {name: make_step(library(name), args)[0] for name in libs}
+    for step in steps.values():
+        step(), step()
+    found = {name: [] for name in libs}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            found[name].append(time.perf_counter() - t0)
+    return found
+
+
+def describe(args):
+    if args.model == "resnet18":
+        return f"ResNet-18 width {args.width}, batch {args.batch}, 3x32x32, SGD momentum"
+    return f"GPT 4 layers d 256 4 heads, T {args.block}, batch {args.batch}, AdamW"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("resnet18", "gpt", "all"), default="all")
+    parser.add_argument("--width", type=int, default=64, help="ResNet-18's first stage width")
+    parser.add_argument("--batch", type=int, default=None, help="16 (ResNet) or 8 (GPT)")
+    parser.add_argument("--block", type=int, default=128, help="the GPT's sequence length")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        return memory_child(args)
+    for model in (("resnet18", "gpt") if args.model == "all" else (args.model,)):
+        one = argparse.Namespace(**{**vars(args), "model": model})
+        if one.batch is None:
+            one.batch = 16 if model == "resnet18" else 8
+        print(describe(one), flush=True)
+        if not one.memory_only:
+            found = times(one)
+            ours = statistics.median(found["hpcgrad"])
+            line = f"  step: hpcgrad {1e3 * ours:.1f} ms (min {1e3 * min(found['hpcgrad']):.1f})"
+            if "torch" in found:
+                ratio = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["torch"]))
+                line += (f"; torch {1e3 * statistics.median(found['torch']):.1f} ms; "
+                         f"ratio {ratio:.2f}x (target <= 1.0x)")
+            print(line, flush=True)
+        if not one.no_memory:
+            ours = memory(one, "hpcgrad")
+            line = f"  memory added by 3 steps: hpcgrad {ours['added_mb']:.0f} MB"
+            if not one.no_torch:
+                theirs = memory(one, "torch")
+                line += (f"; torch {theirs['added_mb']:.0f} MB; ratio "
+                         f"{ours['added_mb'] / max(theirs['added_mb'], 1e-9):.2f}x (target <= 1.0x)")
+            print(line + f" ({ours['params'] / 1e6:.2f} M parameters)", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
