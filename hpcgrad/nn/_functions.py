@@ -42,11 +42,10 @@ differentiable ops (so ``create_graph=True`` works), except the sparse embedding
 # was 2-3x torch's. Its parts (per-Function timer, CPU ms in the step): col2im of the second
 # conv's input gradient 1.2-1.7 (kh*kw strided adds of 14-element rows), weight^T @ g 0.6-1.8,
 # im2col 0.3-1.3 (the same copies take 0.1-0.3 ms alone: in the step they run out of cache,
-# on a machine shared with other jobs), relu's np.where 0.8 + 2.1 (fixed as above). Now a
-# stride-1 conv2d is one Node (Conv2d) whose input gradient is the flipped-kernel
-# convolution of g (im2col of g and one batched product, a few samples at a time), which
-# never materialises weight^T @ g: 2.12 -> 1.68 ms for the second conv (median, caches
-# flushed between runs). Tried and dropped: numba im2col/col2im kernels (slower than numpy's
+# on a machine shared with other jobs), relu's np.where 0.8 + 2.1 (fixed as above). Then a
+# stride-1 conv2d became one Node whose input gradient was the flipped-kernel convolution of
+# g: 2.12 -> 1.68 ms for the second conv (median, caches flushed between runs). Issue 28
+# replaced it with one Node for every convolution (nn/_conv.py, Note [Convolution columns]). Tried and dropped: numba im2col/col2im kernels (slower than numpy's
 # strided copies: 0.94 vs 0.40 and 0.92 vs 1.19 ms, short rows), a col2im that adds long
 # flat runs (bit-identical and 1.17 -> 0.84 ms alone, but 1.7 -> 3.5 ms in the step: its 4 MB
 # buffer), chunking weight^T @ g + col2im over samples (1.79 vs 1.71 ms).
@@ -84,7 +83,6 @@ from ..autograd.function import Function
 from ..ops import GetItem, IndexAdd
 from ..sparse import SparseCOOTensor
 from ..tensor import Tensor
-from ._window import Im2Col, windows
 
 
 def _const(array):
@@ -152,95 +150,6 @@ class ConvMatMul(Function):
         return (weight2d.mT @ g if need_cols else None,
                 (g @ cols.mT).sum(0) if need_w else None,
                 g.sum((0, 2)) if need_b else None)
-
-
-class Conv2d(Function):
-    """A stride-1, dilation-1 convolution as one Node: zero padding, im2col, product and bias.
-
-    x (N, C, H, W), weight (O, C, kh, kw), bias (O,) or None, padding (top, bottom, left,
-    right), each in [0, k - 1]. The input's gradient is the full correlation of g with the
-    flipped kernel: this same Node on g with weight.flip((2, 3)) swapped to (C, O, kh, kw)
-    and padding k - 1 - p: one im2col of g and one batched product, where the general path
-    runs weight^T @ g and then col2im's kh*kw strided adds over the padded input
-    (Note [Where the training step goes]). Differentiable any number of times.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, padding):
-        a, w = x.array, weight.array
-        out_ch, in_ch, kh, kw = w.shape
-        top, bottom, left, right = padding
-        if top or bottom or left or right:
-            n, _, height, width = a.shape
-            padded = backend.get_array_module(a).zeros(
-                (n, in_ch, height + top + bottom, width + left + right), dtype=a.dtype)
-            padded[:, :, top:top + height, left:left + width] = a
-        else:
-            padded = a
-        win = windows(padded, (kh, kw), (1, 1))  # (N, C, Ho, Wo, kh, kw), a view
-        n, _, ho, wo = win.shape[:4]
-        w2 = w.reshape(out_ch, -1)
-        needs = ctx.needs_input_grad
-        if not needs:  # nothing saved (e.g. the input gradient): columns a few samples at a time
-            out = _conv_in_chunks(win, w2, (n, out_ch, ho * wo))
-            if bias is not None:
-                out += bias.array[:, None]
-            return out.reshape(n, out_ch, ho, wo)
-        cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, in_ch * kh * kw, ho * wo)
-        out = w2 @ cols
-        if bias is not None:
-            out += bias.array[:, None]
-        if needs:
-            # cols saved like a tensor, so that it is freed when backward releases this Node
-            # (an attribute would live until the graph dies: ~2,800 page faults a step more)
-            ctx.save_for_backward(x if needs[1] else None, weight if needs[0] else None,
-                                  _const(cols) if needs[1] else None)
-            ctx.geometry = (w.shape, padding)
-        return out.reshape(n, out_ch, ho, wo)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, weight, saved_cols = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        (out_ch, in_ch, kh, kw), (top, bottom, left, right) = ctx.geometry
-        g3 = g.reshape(g.shape[0], out_ch, g.shape[2] * g.shape[3])  # not -1: N may be 0
-        grad_x = grad_w = None
-        if need_x:
-            flipped = weight.flip((2, 3)).transpose(0, 1)  # (C, O, kh, kw)
-            grad_x = Conv2d.apply(g, flipped, None, (kh - 1 - top, kh - 1 - bottom,
-                                                     kw - 1 - left, kw - 1 - right))
-        if need_w:
-            if grad_mode.is_grad_enabled():  # create_graph: the columns as a function of x
-                cols = x
-                if top or bottom or left or right:
-                    cols = ConstantPad.apply(x, ((0, 0), (0, 0), (top, bottom), (left, right)), 0)
-                cols = Im2Col.apply(cols, (kh, kw), (1, 1), (1, 1))
-            else:
-                cols = saved_cols
-            grad_w = (g3 @ cols.mT).sum(0).reshape(out_ch, in_ch, kh, kw)
-        return grad_x, grad_w, g3.sum((0, 2)) if need_b else None, None
-
-
-# Columns of at most this many elements at once when none are saved: a block this size is
-# reused from chunk to chunk, where the whole (N, C*kh*kw, L) array (7 MB for the CNN's input
-# gradient) is fresh memory each step, page faults included (Note [Where the training step goes]).
-_CHUNK_ELEMENTS = 1 << 18
-
-
-def _conv_in_chunks(win, w2, shape):
-    """``w2 @ im2col`` for windows ``win`` (N, C, Ho, Wo, kh, kw), a few samples at a time."""
-    n, c, ho, wo, kh, kw = win.shape
-    per_sample = c * kh * kw * ho * wo
-    step = max(1, _CHUNK_ELEMENTS // max(1, per_sample))
-    if step >= n:
-        return w2 @ win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, ho * wo)
-    xp = backend.get_array_module(w2)
-    out = xp.empty(shape, dtype=xp.result_type(w2, win))
-    for start in range(0, n, step):
-        part = win[start:start + step]
-        cols = part.transpose(0, 1, 4, 5, 2, 3).reshape(len(part), c * kh * kw, ho * wo)
-        xp.matmul(w2, cols, out=out[start:start + step])
-    return out
 
 
 class CrossEntropy(Function):

@@ -13,15 +13,19 @@ class _ConvNd(Module):
     """What Conv1d and Conv2d share: checks, parameters, PyTorch's default init, the repr.
 
     A subclass says how its arguments become tuples (``_tuples``) and how it runs (``forward``).
-    Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
+    Only ``padding_mode="zeros"`` is implemented.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
                  groups, bias, padding_mode, device, dtype):
         super().__init__()
         name = type(self).__name__
-        if groups != 1:
-            raise NotImplementedError(f"{name}: groups != 1 is not implemented")
+        if groups <= 0:
+            raise ValueError("groups must be a positive integer")
+        if in_channels % groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
         if padding_mode != "zeros":
             raise NotImplementedError(f"{name}: padding_mode {padding_mode!r} is not "
                                       "implemented; only 'zeros'")
@@ -29,7 +33,8 @@ class _ConvNd(Module):
         self.kernel_size, self.stride, self.padding, self.dilation = self._tuples(
             kernel_size, stride, padding, dilation)
         self.groups, self.padding_mode = groups, padding_mode
-        self.weight = parameter((out_channels, in_channels) + self.kernel_size, dtype, device)
+        self.weight = parameter((out_channels, in_channels // groups) + self.kernel_size, dtype,
+                                device)
         if bias:
             self.bias = parameter((out_channels,), dtype, device)
         else:
@@ -50,15 +55,18 @@ class _ConvNd(Module):
             s += f", padding={self.padding}"
         if self.dilation != (1,) * len(self.kernel_size):
             s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         return s
 
 
 class Conv2d(_ConvNd):
-    """weight (out_channels, in_channels, kh, kw), bias (out_channels,), PyTorch's default init.
+    """weight (out_channels, in_channels // groups, kh, kw), bias (out_channels,), PyTorch's
+    default init.
 
-    Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
+    Only ``padding_mode="zeros"`` is implemented.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -75,13 +83,15 @@ class Conv2d(_ConvNd):
         return kernel_size, stride, padding, dilation
 
     def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation)
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                        self.groups)
 
 
 class Conv1d(_ConvNd):
-    """weight (out_channels, in_channels, k), bias (out_channels,), PyTorch's default init.
+    """weight (out_channels, in_channels // groups, k), bias (out_channels,), PyTorch's
+    default init.
 
-    Only ``groups=1`` and ``padding_mode="zeros"`` are implemented.
+    Only ``padding_mode="zeros"`` is implemented.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -99,4 +109,5 @@ class Conv1d(_ConvNd):
         return kernel_size, stride, padding, dilation
 
     def forward(self, input):
-        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation)
+        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                        self.groups)

@@ -10,7 +10,7 @@ from ..autograd import grad_mode, version_counter
 from ..autograd.function import Function
 from ..ops.shape import wrap_dim
 from ..tensor import Tensor
-from . import _avgpool, _functions, _maxpool
+from . import _avgpool, _conv, _functions, _maxpool
 from ._window import Im2Col, out_size
 
 __all__ = ["scaled_dot_product_attention", "group_norm", "conv_transpose2d", "interpolate",
@@ -85,35 +85,64 @@ def _conv_padding(padding, kernel, stride, dilation):
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """2-D cross-correlation: im2col (a strided view, one copy), then a batched matrix product.
+    """2-D cross-correlation as one Node (``_conv.Convolution``, Note [Convolution columns]).
 
-    input (N, C, H, W) or (C, H, W); weight (O, C, kh, kw); padding an int, a pair, 'valid'
-    or 'same'.
+    input (N, C, H, W) or (C, H, W); weight (O, C/groups, kh, kw); padding an int, a pair,
+    'valid' or 'same'.
     """
-    if groups != 1:
-        raise NotImplementedError("conv2d: groups != 1 is not implemented")
     if input.ndim == 3:
-        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation).squeeze(0)
+        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
+                      groups).squeeze(0)
+    weight_shape, stride, dilation, pads = _conv_arguments(input, weight, stride, padding,
+                                                           dilation, groups)
+    return _conv.Convolution.apply(input, weight, bias, stride, pads, dilation, int(groups))
+
+
+def _conv_arguments(input, weight, stride, padding, dilation, groups):
+    """PyTorch's checks of a conv2d call: (weight shape, stride, (top, bottom, left, right)
+    padding, dilation)."""
     if input.ndim != 4 or weight.ndim != 4:
         raise RuntimeError(f"conv2d: expected a 3-D or 4-D input and a 4-D weight, got input "
                            f"of shape {list(input.shape)} and weight of shape "
                            f"{list(weight.shape)}")
-    out_channels, in_channels, kh, kw = weight.shape
-    if input.shape[1] != in_channels:
-        raise RuntimeError(f"Given groups=1, weight of size {list(weight.shape)}, expected "
-                           f"input{list(input.shape)} to have {in_channels} channels, but got "
-                           f"{input.shape[1]} channels instead")
+    if int(groups) <= 0:
+        raise RuntimeError("non-positive groups is not supported")
+    out_channels, in_per_group, kh, kw = weight.shape
+    if out_channels % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} "
+                           f"at dimension 0, but got weight of size {list(weight.shape)} "
+                           f"instead")
+    if input.shape[1] != in_per_group * groups:
+        raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, "
+                           f"expected input{list(input.shape)} to have "
+                           f"{in_per_group * groups} channels, but got {input.shape[1]} "
+                           f"channels instead")
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
-    top, bottom, left, right = _conv_padding(padding, (kh, kw), stride, dilation)
-    if (stride == (1, 1) and dilation == (1, 1) and max(top, bottom) < kh
-            and max(left, right) < kw):  # one Node (Note [Where the training step goes])
-        return _functions.Conv2d.apply(input, weight, bias, (top, bottom, left, right))
+    pads = _conv_padding(padding, (kh, kw), stride, dilation)
+    return weight.shape, stride, dilation, pads
+
+
+def _reference_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """The plain composite conv2d that the one-Node convolution is tested against: zero
+    padding, Im2Col, and one product per group (ConvMatMul)."""
+    if input.ndim == 3:
+        return _reference_conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
+                                 groups).squeeze(0)
+    (out_channels, in_per_group, kh, kw), stride, dilation, pads = _conv_arguments(
+        input, weight, stride, padding, dilation, groups)
+    top, bottom, left, right = pads
     if top or bottom or left or right:
         input = _functions.ConstantPad.apply(input, ((0, 0), (0, 0), (top, bottom),
                                                      (left, right)), 0)
     cols = Im2Col.apply(input, (kh, kw), stride, dilation)  # (N, C*kh*kw, Ho*Wo)
-    # a batch of (O, C*kh*kw) @ (C*kh*kw, Ho*Wo), plus the bias, as one Node
-    out = _functions.ConvMatMul.apply(cols, weight.reshape(out_channels, -1), bias)
+    rows, per_group = in_per_group * kh * kw, out_channels // groups
+    outs = []
+    for group in range(groups):
+        outs.append(_functions.ConvMatMul.apply(
+            cols[:, group * rows:(group + 1) * rows],
+            weight[group * per_group:(group + 1) * per_group].reshape(per_group, -1),
+            None if bias is None else bias[group * per_group:(group + 1) * per_group]))
+    out = outs[0] if groups == 1 else ops.cat(outs, 1)
     return out.reshape(input.shape[0], out_channels,
                        out_size(input.shape[2], kh, stride[0], dilation[0]),
                        out_size(input.shape[3], kw, stride[1], dilation[1]))
@@ -147,17 +176,15 @@ def _single(value, name):
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """1-D cross-correlation of (N, C, L) or (C, L) with weight (O, C, k): conv2d over a height
-    of 1. ``padding`` an int, 'valid' or 'same'."""
-    if groups != 1:
-        raise NotImplementedError("conv1d: groups != 1 is not implemented")
+    """1-D cross-correlation of (N, C, L) or (C, L) with weight (O, C/groups, k): conv2d over a
+    height of 1. ``padding`` an int, 'valid' or 'same'."""
     if input.ndim not in (2, 3) or weight.ndim != 3:
         raise RuntimeError(f"conv1d: expected a 2-D or 3-D input and a 3-D weight, got input "
                            f"of shape {list(input.shape)} and weight of shape "
                            f"{list(weight.shape)}")
     pad = padding if isinstance(padding, str) else (0, _single(padding, "padding"))
     out = conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _single(stride, "stride")),
-                 pad, (1, _single(dilation, "dilation")))
+                 pad, (1, _single(dilation, "dilation")), groups)
     return out.squeeze(-2)
 
 

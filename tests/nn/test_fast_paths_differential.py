@@ -1,4 +1,4 @@
-"""Each nn fast path beside its plain formula: the fused cross-entropy, the stride-1 Conv2d
+"""Each nn fast path beside its plain formula: the fused cross-entropy, the convolution
 Node, Linear's two GEMM orientations, the numba ReLU backward (Note [Where the training step
 goes] in hpcgrad/nn/_functions.py says why each exists).
 
@@ -22,7 +22,7 @@ import pytest
 import hpcgrad as hg
 import hpcgrad.nn.functional as F
 from hpcgrad.autograd import grad as autograd_grad
-from hpcgrad.nn import _functions
+from hpcgrad.nn import _conv, _functions
 
 SEEDS = range(12)
 
@@ -112,15 +112,16 @@ def test_linear_orientations_match_the_plain_formula(orientation, seed):
                                torch.nn.functional.linear(*ts).numpy(), rtol=1e-10, atol=1e-10)
 
 
-# --- the stride-1 convolution Node ------------------------------------------------------------
-def _plain_conv(padding):
-    """Stride-1 correlation with (top, bottom, left, right) zero padding from slices, products
-    and sums only: out[n, o] = sum_{c,i,j} x[n, c, i + ., j + .] * w[o, c, i, j]."""
+# --- the convolution Node (any stride, dilation, groups) --------------------------------------
+def _plain_conv(padding, stride=(1, 1), dilation=(1, 1), groups=1):
+    """Correlation with (top, bottom, left, right) zero padding from slices, products and sums
+    only: out[n, o] = sum_{c in o's group, i, j} x[n, c, s*. + d*i, s*. + d*j] * w[o, c, i, j]."""
     top, bottom, left, right = padding
+    (sh, sw), (dh, dw) = stride, dilation
 
     def conv(x, w, b=None):
         n, c, h, wd = x.shape
-        out_ch, _, kh, kw = w.shape
+        out_ch, cg, kh, kw = w.shape
         if top or bottom or left or right:
             zeros = hg.zeros(n, c, top, wd, dtype=x.dtype), hg.zeros(n, c, bottom, wd,
                                                                      dtype=x.dtype)
@@ -128,58 +129,98 @@ def _plain_conv(padding):
             side = (hg.zeros(n, c, x.shape[2], left, dtype=x.dtype),
                     hg.zeros(n, c, x.shape[2], right, dtype=x.dtype))
             x = hg.cat([side[0], x, side[1]], 3)
-        ho, wo = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+        ho = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
+        wo = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+        og = out_ch // groups
         out = None
         for i in range(kh):
             for j in range(kw):
-                patch = x[:, :, i:i + ho, j:j + wo].unsqueeze(1)  # (N, 1, C, Ho, Wo)
-                term = (patch * w[:, :, i, j].reshape(1, out_ch, c, 1, 1)).sum(2)
+                patch = x[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
+                          j * dw:j * dw + sw * (wo - 1) + 1:sw]  # (N, C, Ho, Wo)
+                patch = patch.reshape(n, groups, 1, cg, ho, wo)
+                term = (patch * w[:, :, i, j].reshape(1, groups, og, cg, 1, 1)).sum(3)
+                term = term.reshape(n, out_ch, ho, wo)
                 out = term if out is None else out + term
         return out if b is None else out + b.reshape(1, out_ch, 1, 1)
     return conv
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_conv2d_stride1_node_matches_the_plain_formula(seed):
+@pytest.mark.parametrize("seed", range(24))
+def test_conv2d_node_matches_the_plain_formula(seed):
+    """The one-Node convolution (F.conv2d) against slices and sums, float32 and float64, first
+    and (every other seed) second derivatives: stride, dilation, groups, asymmetric padding and
+    the empty batch drawn from the seed."""
     rng, dtype = _rng_dtype(seed)
-    n, c, out_ch = int(rng.integers(0, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    groups = int(rng.choice([1, 1, 2, 3]))
+    n, out_ch = int(rng.integers(0, 4)), groups * int(rng.integers(1, 4))
+    c = groups * int(rng.integers(1, 3))
     kh, kw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    h, w = int(rng.integers(kh, kh + 5)), int(rng.integers(kw, kw + 5))
+    stride = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+    dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+    h = int(rng.integers(dilation[0] * (kh - 1) + 1, dilation[0] * (kh - 1) + 6))
+    w = int(rng.integers(dilation[1] * (kw - 1) + 1, dilation[1] * (kw - 1) + 6))
     padding = tuple(int(rng.integers(0, k)) for k in (kh, kh, kw, kw))  # asymmetric too
-    arrays = [rng.standard_normal((n, c, h, w)), rng.standard_normal((out_ch, c, kh, kw))]
+    arrays = [rng.standard_normal((n, c, h, w)), rng.standard_normal((out_ch, c // groups, kh, kw))]
     if seed % 3:
         arrays.append(rng.standard_normal(out_ch))
     bias = len(arrays) == 3
 
     def fast(x, weight, b=None):
-        out = _functions.Conv2d.apply(x, weight, b if bias else None, padding)
-        assert isinstance(out.grad_fn, _functions.Conv2d._backward_cls)  # the fast Node
+        out = _conv.Convolution.apply(x, weight, b if bias else None, stride, padding, dilation,
+                                      groups)
+        assert type(out.grad_fn).__name__ == "ConvolutionBackward0"  # the Node, as PyTorch's
         return out
 
-    ho, wo = h + padding[0] + padding[1] - kh + 1, w + padding[2] + padding[3] - kw + 1
-    terms = max(c * kh * kw + 1, out_ch * kh * kw, max(n, 1) * ho * wo)
-    _check_bilinear(fast, _plain_conv(padding), arrays, terms, dtype, rng,
-                    second_order=seed % 2 == 0)
+    ho = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    terms = max((c // groups) * kh * kw + 1, out_ch * kh * kw, max(n, 1) * ho * wo)
+    _check_bilinear(fast, _plain_conv(padding, stride, dilation, groups), arrays, terms, dtype,
+                    rng, second_order=seed % 2 == 0)
+
+
+def test_conv2d_node_in_chunks_and_on_a_strided_input_equals_in_one_go(monkeypatch):
+    """Columns a sample at a time (a small workspace) and an input that is a transposed view
+    agree with one chunk on a contiguous input (float64; the weight gradient's sums are
+    grouped by chunk, and a BLAS may block products of other widths otherwise)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 6, 7, 6))
+    w = rng.standard_normal((4, 3, 3, 3))
+
+    def run(array):
+        hx, hw = hg.tensor(array, requires_grad=True), hg.tensor(w, requires_grad=True)
+        out = F.conv2d(hx, hw, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+        (out * out).sum().backward()
+        return out.array, hx.grad.array, hw.grad.array
+
+    whole = run(x)
+    monkeypatch.setattr(_conv, "_CHUNK_ELEMENTS", 100)  # one sample a chunk
+    for got, want in zip(run(np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)),
+                         whole):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's, for even kernels
 @pytest.mark.parametrize("seed", SEEDS)
 def test_conv2d_dispatch_matches_torch(seed):
-    """F.conv2d (the Node when stride 1, else im2col) beside torch, float64."""
+    """F.conv2d beside torch, float64: stride, padding ('same' too), dilation and groups
+    (depthwise when the groups are the channels) drawn from the seed."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(2000 + seed)
     kh, kw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
     stride = int(rng.integers(1, 3))
+    dilation = int(rng.integers(1, 3))
+    groups = int(rng.choice([1, 2, 4]))
     padding = "same" if stride == 1 and seed % 4 == 0 else (int(rng.integers(0, kh)),
                                                             int(rng.integers(0, kw)))
-    x = rng.standard_normal((int(rng.integers(0, 3)), 2, kh + 3, kw + 4))
-    w, b = rng.standard_normal((3, 2, kh, kw)), rng.standard_normal(3)
+    x = rng.standard_normal((int(rng.integers(0, 3)), 4, dilation * kh + 3, dilation * kw + 4))
+    out_ch = groups * int(rng.integers(1, 3))
+    w, b = rng.standard_normal((out_ch, 4 // groups, kh, kw)), rng.standard_normal(out_ch)
     results = []
     for lib, conv, tensor in ((hg, F.conv2d, _t),
                               (torch, torch.nn.functional.conv2d,
                                lambda a: torch.tensor(a, requires_grad=True))):
         ts = [tensor(a) for a in (x, w, b)]
-        out = conv(*ts, stride=stride, padding=padding)
+        out = conv(*ts, stride=stride, padding=padding, dilation=dilation, groups=groups)
         u = np.random.default_rng(seed).standard_normal(tuple(out.shape))
         (out * (hg.tensor(u) if lib is hg else torch.tensor(u))).sum().backward()
         results.append([np.asarray(out.data if lib is hg else out.detach().numpy())]

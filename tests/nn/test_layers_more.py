@@ -242,8 +242,14 @@ def test_errors():
         F.conv1d(_x(1, 2, 5), _x(2, 3, 3))
     with pytest.raises(ValueError, match="padding='same' is not supported for strided"):
         hnn.Conv1d(2, 2, 3, stride=2, padding="same")
-    with pytest.raises(NotImplementedError, match="groups"):
-        hnn.Conv1d(2, 2, 3, groups=2)
+    with pytest.raises(ValueError, match="in_channels must be divisible by groups"):
+        hnn.Conv1d(3, 2, 3, groups=2)
+    with pytest.raises(ValueError, match="out_channels must be divisible by groups"):
+        hnn.Conv2d(2, 3, 3, groups=2)
+    with pytest.raises(RuntimeError, match="expected weight to be divisible by 2 at dimension 0"):
+        F.conv2d(_x(1, 2, 5, 5), _x(3, 1, 3, 3), groups=2)
+    with pytest.raises(RuntimeError, match="non-positive groups is not supported"):
+        F.conv2d(_x(1, 2, 5, 5), _x(2, 2, 3, 3), groups=0)
     with pytest.raises(ValueError, match="1-tuple"):
         hnn.Conv1d(2, 2, (3, 3))
     with pytest.raises(ValueError, match="Padding_idx must be within num_embeddings"):

@@ -1,0 +1,216 @@
+"""Convolution as one Node: any stride, zero padding, dilation and groups; saves the input, not its columns.
+
+Note [Convolution columns]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+A convolution is a matrix product over unfolded input ("columns"): row (c, i, j) of the kernel,
+column (sample, output position). Three choices, each measured on ResNet-18 (benchmarks/models.py):
+
+* Columns are laid out (C*kh*kw, samples*Ho*Wo), so every product is one BLAS call on contiguous
+  operands whose inner dimension spans a whole chunk of samples: the forward ``W @ cols``, the
+  weight gradient ``g @ cols.T`` (no per-sample products summed afterwards, whose (N, O, C*kh*kw)
+  temporary was 300 MB for ResNet-18's last stage at batch 32) and the input gradient
+  ``W.T @ g``. The price is a transposed copy of the output and of the incoming gradient, each
+  1/(kh*kw) of a columns copy.
+* Columns are built a chunk of samples at a time into one reused per-thread workspace
+  (``_CHUNK_ELEMENTS``), never for the whole batch: the memory is bounded and warm.
+* The input is saved, not the columns (as PyTorch's CPU convolution): backward unfolds it again,
+  one more copy per layer, where saving the columns held kh*kw times the input per layer until
+  backward reached it (most of the 3x PyTorch's memory that ResNet-18 used).
+
+The plain reference beside this Node is the composite ``ConstantPad -> Im2Col -> ConvMatMul``
+(``functional._reference_conv2d``); tests/nn/test_conv_node.py compares the two, and PyTorch, on
+generated shapes. Under ``create_graph`` backward is written with that composite's differentiable
+pieces, so the gradients differentiate again.
+"""
+
+import threading
+
+from .. import backend
+from ..autograd import grad_mode
+from ..autograd.function import Function
+from ..ops.shape import cat
+from ._functions import ConstantPad
+from ._window import Col2Im, Im2Col, offsets, out_size, windows
+
+# Columns of at most this many elements at once (float32: 8 MB), whatever the batch.
+_CHUNK_ELEMENTS = 1 << 21
+_LOCAL = threading.local()
+
+
+def _workspace(like, size):
+    """A flat scratch array of ``size`` elements of ``like``'s dtype on its device, this
+    thread's, reused from layer to layer and step to step."""
+    spaces = getattr(_LOCAL, "spaces", None)
+    if spaces is None:
+        spaces = _LOCAL.spaces = {}
+    xp, dtype = backend.get_array_module(like), like.dtype
+    key = (backend.device_of(like), dtype.str)
+    space = spaces.get(key)
+    if space is None or space.size < size:
+        space = spaces[key] = xp.empty(max(size, 1), dtype)
+    return space[:size]
+
+
+def _padded(a, padding):
+    """``a`` (N, C, H, W) with zeros around it: padding (top, bottom, left, right)."""
+    top, bottom, left, right = padding
+    if not (top or bottom or left or right):
+        return a
+    n, c, height, width = a.shape
+    out = backend.get_array_module(a).zeros(
+        (n, c, height + top + bottom, width + left + right), a.dtype)
+    out[:, :, top:top + height, left:left + width] = a
+    return out
+
+
+class _Geometry:
+    """The shapes of one convolution, and its chunks of samples."""
+
+    def __init__(self, x_shape, w_shape, stride, padding, dilation, groups):
+        self.n, self.c, height, width = x_shape
+        self.o, self.cg, self.kh, self.kw = w_shape
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        top, bottom, left, right = padding
+        self.padded_hw = (height + top + bottom, width + left + right)
+        self.ho = out_size(self.padded_hw[0], self.kh, stride[0], dilation[0])
+        self.wo = out_size(self.padded_hw[1], self.kw, stride[1], dilation[1])
+        self.og = self.o // groups
+        self.rows = self.cg * self.kh * self.kw  # columns' rows per group
+        self.positions = self.ho * self.wo
+        per_sample = max(1, self.rows * self.positions)
+        self.step = max(1, min(self.n, _CHUNK_ELEMENTS // per_sample))
+
+    def chunks(self):
+        for start in range(0, self.n, self.step):
+            yield start, min(start + self.step, self.n)
+
+    def columns(self, win, start, stop, group):
+        """Group ``group``'s columns of samples [start, stop): (rows, m*Ho*Wo), in the workspace."""
+        m = stop - start
+        space = _workspace(win, self.rows * m * self.positions)
+        channels = slice(group * self.cg, (group + 1) * self.cg)
+        # (m, Cg, Ho, Wo, kh, kw) -> (Cg, kh, kw, m, Ho, Wo): the one copy of the unfolding
+        view = space.reshape(self.cg, self.kh, self.kw, m, self.ho, self.wo)
+        view[...] = win[start:stop, channels].transpose(1, 4, 5, 0, 2, 3)
+        return space.reshape(self.rows, m * self.positions)
+
+
+class Convolution(Function):
+    """``conv2d`` of x (N, C, H, W) and weight (O, C/groups, kh, kw), bias (O,) or None, as one
+    Node (Note [Convolution columns]); padding (top, bottom, left, right) of zeros."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+        a, w = x.array, weight.array
+        xp = backend.get_array_module(a)
+        dtype = xp.result_type(a, w)
+        a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
+        geo = _Geometry(a.shape, w.shape, stride, padding, dilation, groups)
+        out = xp.empty((geo.n, geo.o, geo.positions), dtype)
+        if geo.n and geo.o:
+            win = windows(_padded(a, padding), (geo.kh, geo.kw), stride, dilation)
+            w3 = w.reshape(groups, geo.og, geo.rows)
+            for start, stop in geo.chunks():
+                m = stop - start
+                for group in range(groups):
+                    cols = geo.columns(win, start, stop, group)
+                    product = w3[group] @ cols  # (Og, m*L)
+                    out[start:stop, group * geo.og:(group + 1) * geo.og] = (
+                        product.reshape(geo.og, m, geo.positions).transpose(1, 0, 2))
+        if bias is not None:
+            out += bias.array.astype(dtype, copy=False)[:, None]
+        if ctx.needs_input_grad:
+            ctx.save_for_backward(x, weight)
+            ctx.geometry = geo
+        return out.reshape(geo.n, geo.o, geo.ho, geo.wo)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        geo = ctx.geometry
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if grad_mode.is_grad_enabled():  # create_graph: differentiable pieces
+            grad_x, grad_w = _backward_composite(x, weight, g, geo, need_x, need_w)
+        else:
+            grad_x, grad_w = _backward_arrays(x.array, weight.array, g.array, geo, need_x,
+                                              need_w)
+        grad_b = g.sum((0, 2, 3)) if need_b else None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _backward_arrays(a, w, g, geo, need_x, need_w):
+    """The input's and the weight's gradients (arrays, or None), a chunk of samples at a time."""
+    xp = backend.get_array_module(g)
+    dtype = g.dtype
+    a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
+    g3 = g.reshape(geo.n, geo.o, geo.positions)
+    w3 = w.reshape(geo.groups, geo.og, geo.rows)
+    grad_w = xp.zeros((geo.groups, geo.og, geo.rows), dtype) if need_w else None
+    grad_padded = xp.zeros((geo.n, geo.c) + geo.padded_hw, dtype) if need_x else None
+    win = windows(_padded(a, geo.padding), (geo.kh, geo.kw), geo.stride, geo.dilation) \
+        if need_w and geo.n else None
+    for start, stop in geo.chunks() if geo.n else ():
+        m = stop - start
+        for group in range(geo.groups):
+            outs = slice(group * geo.og, (group + 1) * geo.og)
+            # the incoming gradient as (Og, m*L): one small transposed copy
+            gt = xp.ascontiguousarray(g3[start:stop, outs].transpose(1, 0, 2))
+            gt = gt.reshape(geo.og, m * geo.positions)
+            if need_w:
+                cols = geo.columns(win, start, stop, group)
+                grad_w[group] += gt @ cols.T
+            if need_x:
+                _add_windows(grad_padded, w3[group].T @ gt, geo, start, stop, group)
+    grad_x = None
+    if need_x:
+        top, bottom, left, right = geo.padding
+        height, width = geo.padded_hw
+        grad_x = xp.ascontiguousarray(
+            grad_padded[:, :, top:height - bottom, left:width - right]) \
+            if (top or bottom or left or right) else grad_padded
+    if need_w:
+        grad_w = grad_w.reshape(geo.o, geo.cg, geo.kh, geo.kw)
+    return grad_x, grad_w
+
+
+def _add_windows(grad_padded, dcols, geo, start, stop, group):
+    """col2im of one chunk: each kernel offset's (Cg, m, Ho, Wo) gradient added where it read."""
+    m = stop - start
+    d6 = dcols.reshape(geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
+    target = grad_padded[start:stop, group * geo.cg:(group + 1) * geo.cg]
+    for _, i, j, rows, columns in offsets((geo.kh, geo.kw), geo.stride, geo.dilation,
+                                          (geo.ho, geo.wo)):
+        target[:, :, rows, columns] += d6[:, i, j].transpose(1, 0, 2, 3)
+
+
+def _backward_composite(x, weight, g, geo, need_x, need_w):
+    """The gradients as differentiable Tensor ops (create_graph): per group, the columns of x
+    from Im2Col, products, and Col2Im for the input, as the reference composite's backward."""
+    top, bottom, left, right = geo.padding
+    kernel = (geo.kh, geo.kw)
+    g3 = g.reshape(geo.n, geo.o, geo.positions)
+    w2 = weight.reshape(geo.o, geo.rows)
+    padded = x
+    if top or bottom or left or right:
+        padded = ConstantPad.apply(x, ((0, 0), (0, 0), (top, bottom), (left, right)), 0)
+    cols = Im2Col.apply(padded, kernel, geo.stride, geo.dilation) if need_w else None
+    grad_ws, dcols = [], []
+    for group in range(geo.groups):
+        outs = slice(group * geo.og, (group + 1) * geo.og)
+        rows = slice(group * geo.rows, (group + 1) * geo.rows)
+        g_group = g3[:, outs]
+        if need_w:
+            grad_ws.append((g_group @ cols[:, rows].mT).sum(0))
+        if need_x:
+            dcols.append(w2[outs].mT @ g_group)
+    grad_w = grad_x = None
+    if need_w:
+        grad_w = (grad_ws[0] if geo.groups == 1 else cat(grad_ws, 0)).reshape(
+            geo.o, geo.cg, geo.kh, geo.kw)
+    if need_x:
+        d = dcols[0] if geo.groups == 1 else cat(dcols, 1)
+        height, width = geo.padded_hw
+        grad_x = Col2Im.apply(d, (geo.n, geo.c, height, width), kernel, geo.stride, geo.dilation)
+        if top or bottom or left or right:
+            grad_x = grad_x[:, :, top:height - bottom, left:width - right]
+    return grad_x, grad_w
