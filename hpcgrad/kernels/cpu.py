@@ -169,3 +169,53 @@ def threshold_backward(grad, result):
     out = np.empty_like(grad)
     _threshold_backward(grad.reshape(-1), result.reshape(-1), out.reshape(-1))
     return out
+
+
+# --- convolution columns (nn/_conv.py, Note [Convolution columns]) ----------------------------
+# numpy's copy of a 6-D transposed window view and its kh*kw strided adds walk short rows with a
+# generic strided loop; these loops walk them directly. Each output element of the adds receives
+# its terms in the order numpy's version adds them (kernel offset (i, j) by offset), so the two
+# agree to the bit (tests/kernels/test_conv_columns.py).
+@njit(cache=True, nogil=True)
+def _im2col(x, start, c0, out, sh, sw, dh, dw):
+    cg, kh, kw, m, ho, wo = out.shape
+    for c in range(cg):
+        for i in range(kh):
+            for j in range(kw):
+                for n in range(m):
+                    plane = x[start + n, c0 + c]
+                    for y in range(ho):
+                        r = y * sh + i * dh
+                        for z in range(wo):
+                            out[c, i, j, n, y, z] = plane[r, j * dw + z * sw]
+
+
+@njit(cache=True, nogil=True)
+def _col2im_add(d, target, start, c0, sh, sw, dh, dw):
+    cg, kh, kw, m, ho, wo = d.shape
+    for n in range(m):
+        for c in range(cg):
+            plane = target[start + n, c0 + c]
+            for i in range(kh):
+                for j in range(kw):
+                    for y in range(ho):
+                        r = y * sh + i * dh
+                        for z in range(wo):
+                            plane[r, j * dw + z * sw] += d[c, i, j, n, y, z]
+
+
+def conv_columns_typed(*arrays):
+    """Whether the column loops take these arrays: C-contiguous numpy float32/float64."""
+    return all(type(a) is np.ndarray and a.dtype.kind == "f" and a.dtype.itemsize >= 4
+               and a.flags.c_contiguous for a in arrays)
+
+
+def im2col(x, start, c0, out, stride, dilation):
+    """out (Cg, kh, kw, m, Ho, Wo) = the windows of samples [start, start + m) and channels
+    [c0, c0 + Cg) of the padded input x (N, C, Hp, Wp)."""
+    _im2col(x, start, c0, out, stride[0], stride[1], dilation[0], dilation[1])
+
+
+def col2im_add(d, target, start, c0, stride, dilation):
+    """target (N, C, Hp, Wp) += each window's gradient d (Cg, kh, kw, m, Ho, Wo) where it read."""
+    _col2im_add(d, target, start, c0, stride[0], stride[1], dilation[0], dilation[1])
