@@ -10,7 +10,7 @@ from ..autograd import grad_mode, version_counter
 from ..autograd.function import Function
 from ..ops.shape import wrap_dim
 from ..tensor import Tensor
-from . import _avgpool, _conv, _functions, _maxpool
+from . import _avgpool, _conv, _functions, _layernorm, _maxpool
 from ._window import Im2Col, out_size
 
 __all__ = ["scaled_dot_product_attention", "group_norm", "conv_transpose2d", "interpolate",
@@ -279,12 +279,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise RuntimeError(f"Given normalized_shape={list(normalized_shape)}, expected input with "
                            f"shape [*, {', '.join(map(str, normalized_shape))}], but got input "
                            f"of size{list(input.shape)}")
-    dims = tuple(range(input.ndim - len(normalized_shape), input.ndim))
-    centred = input - input.mean(dims, keepdim=True)
-    out = centred / ((centred * centred).mean(dims, keepdim=True) + eps).sqrt()
-    if weight is not None:
-        out = out * weight
-    return out if bias is None else out + bias
+    return _layernorm.NativeLayerNorm.apply(input, weight, bias, len(normalized_shape), eps)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
