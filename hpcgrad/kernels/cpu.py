@@ -219,3 +219,45 @@ def im2col(x, start, c0, out, stride, dilation):
 def col2im_add(d, target, start, c0, stride, dilation):
     """target (N, C, Hp, Wp) += each window's gradient d (Cg, kh, kw, m, Ho, Wo) where it read."""
     _col2im_add(d, target, start, c0, stride[0], stride[1], dilation[0], dilation[1])
+
+
+# --- GELU (ops/elementwise.py Gelu, GeluBackward): one pass each, where numpy took five or six
+# passes and their temporaries. The constants come in the array's dtype, so float32 computes in
+# float32 as numpy's expressions do; erf and exp are libm's (numpy's own SIMD exp may differ from
+# them in the last place: tests/kernels/test_gelu_kernels.py allows a few ulps).
+@njit(cache=True, nogil=True)
+def _gelu(x, out, half, one, sqrt1_2):
+    for k in range(x.size):
+        v = x[k]
+        out[k] = v * half * (one + math.erf(v * sqrt1_2))
+
+
+@njit(cache=True, nogil=True)
+def _gelu_backward(g, x, out, half, one, sqrt1_2, pdf_scale, minus_half):
+    for k in range(x.size):
+        v = x[k]
+        cdf = half * (one + math.erf(v * sqrt1_2))
+        pdf = pdf_scale * math.exp(v * v * minus_half)
+        out[k] = g[k] * (cdf + v * pdf)
+
+
+def gelu_typed(*arrays):
+    """Whether the GELU loops take these arrays: C-contiguous numpy float32/float64 of one dtype."""
+    return conv_columns_typed(*arrays) and len({a.dtype for a in arrays}) == 1
+
+
+def gelu(x, sqrt1_2):
+    """x * Phi(x), PyTorch's exact GELU, in one pass."""
+    out = np.empty_like(x)
+    t = x.dtype.type
+    _gelu(x.reshape(-1), out.reshape(-1), t(0.5), t(1), t(sqrt1_2))
+    return out
+
+
+def gelu_backward(g, x, sqrt1_2, pdf_scale):
+    """g * (Phi(x) + x * phi(x)), PyTorch's gelu_backward, in one pass."""
+    out = np.empty_like(x)
+    t = x.dtype.type
+    _gelu_backward(g.reshape(-1), x.reshape(-1), out.reshape(-1), t(0.5), t(1), t(sqrt1_2),
+                   t(pdf_scale), t(-0.5))
+    return out
