@@ -1,10 +1,24 @@
-"""scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v, composed from Tensor ops."""
+"""scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v, one Node (or composed).
+
+Note [Attention as one Node]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Composed from Tensor ops, attention is five Nodes (product, scale, mask, softmax, product) that
+save the softmax twice and leave a scores-sized temporary per op for backward to find. The one
+Node (``Attention``) saves q, k, v and the probabilities P only, and runs PyTorch's math-backend
+formulas: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) * scale, dQ = dS K,
+dK = dS^T Q. Its forward is the composition's ops in the composition's order (the same bits).
+The composition stays for what the Node does not take (dropout, a float mask that needs its
+gradient, batch axes that broadcast), and as the reference tests/nn/test_attention_node.py
+compares with; under ``create_graph`` the Node's backward runs these formulas on Tensors.
+"""
 
 import math
 
 import numpy as np
 
 from .. import backend
+from ..autograd import grad_mode
+from ..autograd.function import Function
 from ..tensor import Tensor
 from . import functional as F  # (functional imports this module last, when it is complete)
 
@@ -100,8 +114,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if value.shape[-3] != hq:
             value = value.repeat_interleave(hq // value.shape[-3], -3)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = (query @ key.transpose(-2, -1)) * scale
     bias = attention_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2], query)
+    if (dropout_p == 0.0 and (bias is None or not bias.requires_grad)
+            and query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
+        return Attention.apply(query, key, value, None if bias is None else bias.array, scale)
+    return attention_reference(query, key, value, bias, dropout_p, scale)
+
+
+def attention_reference(query, key, value, bias, dropout_p, scale):
+    """The composed attention: the plain path (and the one for what the Node does not take)."""
+    scores = (query @ key.transpose(-2, -1)) * scale
     if bias is not None:
         scores = scores + bias
     weights = _safe_softmax(scores)
@@ -109,3 +131,60 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         weights = F.dropout(weights, dropout_p, True)
     return weights @ value
 
+
+class Attention(Function):
+    """softmax(q @ k^T * scale + bias) @ v with equal batch axes, as one Node (Note [Attention
+    as one Node]); ``bias`` an array broadcast to (..., L, S), or None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale):
+        xp = backend.get_array_module(q.array)
+        scores = (q.array @ xp.swapaxes(k.array, -1, -2)) * scale
+        if bias is not None:
+            scores = scores + bias
+        probs = _softmax_rows(scores, xp)
+        if ctx.needs_input_grad:
+            ctx.save_for_backward(q, k, v)
+            ctx.state = (probs, bias, scale)
+        return probs @ v.array
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        probs, bias, scale = ctx.state
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        if grad_mode.is_grad_enabled():  # create_graph: the same formulas on Tensors
+            scores = (q @ k.transpose(-2, -1)) * scale
+            p = _safe_softmax(scores if bias is None else scores + _const(bias))
+            grad_v = p.transpose(-2, -1) @ g if need_v else None
+            dp = g @ v.transpose(-2, -1)
+            ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
+            return (ds @ k if need_q else None, ds.transpose(-2, -1) @ q if need_k else None,
+                    grad_v, None, None)
+        xp = backend.get_array_module(probs)
+        ga = g.array
+        grad_v = xp.swapaxes(probs, -1, -2) @ ga if need_v else None
+        grad_q = grad_k = None
+        if need_q or need_k:
+            dp = ga @ xp.swapaxes(v.array, -1, -2)
+            ds = probs * (dp - (dp * probs).sum(-1, keepdims=True)) * scale
+            grad_q = ds @ k.array if need_q else None
+            grad_k = xp.swapaxes(ds, -1, -2) @ q.array if need_k else None
+        return grad_q, grad_k, grad_v, None, None
+
+
+def _softmax_rows(scores, xp):
+    """softmax over the last axis as ops/nn.py's Softmax computes it, 0 on rows of all -inf
+    (``_safe_softmax``)."""
+    if scores.size == 0:
+        return scores.copy()
+    top = scores.max(axis=-1, keepdims=True)
+    dead = xp.isneginf(top)
+    if bool(dead.any()):  # shift those rows by 0: exp gives 0s, not nan
+        top = xp.where(dead, 0.0, top).astype(scores.dtype, copy=False)
+    e = xp.exp(scores - top)
+    if not bool(dead.any()):
+        return e / e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 on the dead rows, zeroed next
+        probs = e / e.sum(axis=-1, keepdims=True)
+    return xp.where(dead, 0.0, probs).astype(scores.dtype, copy=False)
