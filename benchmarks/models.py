@@ -3,6 +3,7 @@
     python benchmarks/models.py                      # step time (interleaved rounds) and memory
     python benchmarks/models.py --model resnet18 --width 16 --batch 32 --rounds 5
     python benchmarks/models.py --memory-only        # peak memory added by 3 steps, per library
+    python benchmarks/models.py --memory-only --cold # ... with each library's one-time set-up
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
@@ -155,8 +156,9 @@ def memory_child(args):
     training; the peak is then reset (writing 5 to /proc/self/clear_refs), so the imports' and
     the build's own peaks do not hide the steps'. The first step's optimizer state is counted."""
     lib = library(args.library)
-    tiny = argparse.Namespace(**{**vars(args), "width": 2, "batch": 2, "block": 8, "d": 8})
-    make_step(lib, tiny)[0]()
+    if not args.cold:
+        tiny = argparse.Namespace(**{**vars(args), "width": 2, "batch": 2, "block": 8, "d": 8})
+        make_step(lib, tiny)[0]()
     step, params = make_step(lib, args)
     with open("/proc/self/clear_refs", "w") as reset:
         reset.write("5")
@@ -169,6 +171,7 @@ def memory_child(args):
 def memory(args, name):
     argv = [sys.executable, __file__, "--memory-child", "--library", name, "--model", args.model,
             "--width", str(args.width), "--batch", str(args.batch), "--block", str(args.block)]
+    argv += ["--cold"] if args.cold else []
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -204,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--cold", action="store_true",
+                        help="memory: no tiny model's step first (numba's set-up counted)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
