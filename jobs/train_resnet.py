@@ -53,7 +53,7 @@ import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
 from hpcgrad import checkpoint, nn, optim
 from hpcgrad.comm.mpi import exit_together
-from hpcgrad.data import DataLoader, DistributedSampler, load_digits
+from hpcgrad.data import DataLoader, DistributedSampler, TensorDataset, load_digits
 from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.metrics import MetricsLog
@@ -81,12 +81,42 @@ class BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-def build_model(width):
-    """1x8x8 -> width x 8 x 8 -> block -> 2 width x 4 x 4 -> pool -> 10 logits."""
-    return nn.Sequential(
-        nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-        BasicBlock(width, width), BasicBlock(width, 2 * width, stride=2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
+def build_model(width, arch="small"):
+    """small: 1x8x8 -> width x 8 x 8 -> block -> 2 width x 4 x 4 -> pool -> 10 logits.
+    resnet18: ResNet-18 for 3x32x32 images (3x3 stem, no max pool, as the CIFAR variants):
+    four stages of two blocks, width to 8 width channels, 11.2 M parameters at width 64."""
+    if arch == "small":
+        return nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            BasicBlock(width, width), BasicBlock(width, 2 * width, stride=2),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
+    layers = [nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    cin = width
+    for stage in range(4):
+        cout = width * 2 ** stage
+        layers += [BasicBlock(cin, cout, stride=2 if stage else 1), BasicBlock(cout, cout)]
+        cin = cout
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+
+
+def datasets(args):
+    """(train, test): the digits as they are (small), upscaled to 3x32x32 (resnet18: each pixel
+    a 4x4 block, in three equal channels), or random CIFAR-shaped images with random labels
+    for timing (--data synthetic: 2,048 train, 512 test; nothing to learn)."""
+    if args.data == "synthetic":
+        rng = np.random.default_rng(args.seed)
+        made = [TensorDataset(rng.standard_normal((n, 3, 32, 32)).astype(np.float32),
+                              rng.integers(0, 10, n)) for n in (2048, 512)]
+        return made[0], made[1]
+    train, test = load_digits("train"), load_digits("test")
+    if args.arch == "small":
+        return train, test
+    up = []
+    for part in (train, test):
+        images, labels = (t.array for t in part.tensors)
+        big = np.kron(images, np.ones((1, 1, 4, 4), np.float32))  # (N, 1, 32, 32)
+        up.append(TensorDataset(np.ascontiguousarray(np.repeat(big, 3, axis=1)), labels))
+    return up[0], up[1]
 
 
 def parse_args(argv=None):
@@ -95,6 +125,12 @@ def parse_args(argv=None):
                         seed_help="seed of the weights and the sampler")
     p.add_argument("--width", type=integer(1, "channels of the first block", 16), default=16,
                    help="channels of the first block (the second has twice as many)")
+    p.add_argument("--arch", choices=["small", "resnet18"], default="small",
+                   help="small: two residual blocks on 8x8 digits; resnet18: ResNet-18 on 3x32x32 "
+                        "(the digits upscaled; --width 64 is the 11.2 M-parameter model)")
+    p.add_argument("--data", choices=["digits", "synthetic"], default="digits",
+                   help="digits (scikit-learn's, no download) or random CIFAR-shaped images for "
+                        "timing (needs --arch resnet18)")
     p.add_argument("--scheduler", choices=["onecycle", "cosine"], default="onecycle",
                    help="OneCycleLR stepped per batch, or CosineAnnealingLR per epoch")
     p.add_argument("--powersgd", type=integer(0, "PowerSGD's matrix_approximation_rank, 0: off",
@@ -106,7 +142,11 @@ def parse_args(argv=None):
     add_run_arguments(p, checkpoint_dir="checkpoints-resnet",
                       checkpoint_help="checkpoints and metrics.jsonl of the run",
                       resume_help="continue from <checkpoint-dir>/last.npz")
-    return parse_together(p, argv)
+    args = parse_together(p, argv)
+    stop_if_any("--data synthetic makes 3x32x32 images: use it with --arch resnet18"
+                if args.data == "synthetic" and args.arch != "resnet18" else None,
+                "train_resnet.py", "checking the command line")
+    return args
 
 
 PROG = "train_resnet.py"
@@ -118,7 +158,8 @@ def header(args, world, train, test, model):
     params = sum(p.numel() for p in model.parameters())
     hook = (f"PowerSGD rank {args.powersgd} from step {args.powersgd_start}" if args.powersgd
             else "plain all-reduce")
-    return (f"hpcgrad ResNet job: {world} ranks on {len(hosts)} node(s); width {args.width} "
+    return (f"hpcgrad ResNet job: {world} ranks on {len(hosts)} node(s); {args.arch}, width "
+            f"{args.width} "
             f"({params:,} parameters); SyncBatchNorm; ZeRO over SGD(momentum {args.momentum}); "
             f"{args.scheduler} lr (max {args.lr}); gradients: {hook}; global batch "
             f"{args.batch_size * world} ({args.batch_size} per rank); epochs {args.epochs}\n"
@@ -176,7 +217,7 @@ def resume_problem(meta, path, world, args):
                 f"steps per epoch that {args.scheduler}'s schedule was laid out for and each "
                 f"rank's PowerSGD error differ. Resume with {saved_world} ranks, or start a new "
                 "run (another --checkpoint-dir)")
-    for flag in ("powersgd", "scheduler", "width", "batch_size", "epochs"):
+    for flag in ("powersgd", "scheduler", "arch", "data", "width", "batch_size", "epochs"):
         if flag in saved and saved[flag] != getattr(args, flag):
             return (f"{path} was saved with --{flag.replace('_', '-')} {saved[flag]}, this run "
                     f"has {getattr(args, flag)}; resume with the same value, or start a new run")
@@ -194,7 +235,7 @@ def main(argv=None):
         stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args), PROG,
                     "checking the checkpoint")
     hg.manual_seed(args.seed)
-    module = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(args.width))
+    module = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(args.width, args.arch))
     model = DistributedDataParallel(module)
     hook_state = None
     if args.powersgd:
@@ -203,7 +244,7 @@ def main(argv=None):
         model.register_comm_hook(hook_state, powerSGD_hook)
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optim.SGD, lr=args.lr,
                                         momentum=args.momentum)
-    train, test = load_digits("train"), load_digits("test")
+    train, test = datasets(args)
     sampler = DistributedSampler(train, seed=args.seed)
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
