@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import backend
-from ..comm import stall
+from ..comm import stall, threads
 from ..comm.buffers import is_array
 from ..comm.flight_recorder import RECORDER, install_signal_handler
 from ..comm.mpi import comm_world
@@ -222,6 +222,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()
+        threads.share_cores(_local[1])  # Note [Threads per rank]
         _export_torchrun_env(world.Get_rank(), world.Get_size(), _local)
         start_from_env()
         # Failure knowledge by default (Note [Flight recorder], Note [Stall inspector]):
