@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 
+from .env import whole_number
 from .mpi import before_abort, comm_world
 
 CAPACITY_ENV = "HPCGRAD_FLIGHT_RECORDER"
@@ -80,17 +81,8 @@ _MIN_RING = 64  # with the recorder off, the stall inspector still reads the lat
 
 def capacity_from_env():
     """Ring entries from HPCGRAD_FLIGHT_RECORDER (default 2000; 0: dumps hold no entries)."""
-    raw = os.environ.get(CAPACITY_ENV, "").strip()
-    if raw == "":
-        return DEFAULT_CAPACITY
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{CAPACITY_ENV} must be a whole number of entries >= 0 (0 turns the "
-                         f"flight recorder off), got {raw!r}")
-    return value
+    return whole_number(CAPACITY_ENV, 0, "a whole number of entries >= 0 (0 turns the flight "
+                        "recorder off)", DEFAULT_CAPACITY)
 
 
 def _log(message):

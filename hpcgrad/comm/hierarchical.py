@@ -6,6 +6,8 @@ import threading
 
 from mpi4py import MPI
 
+from .env import whole_number
+
 MODE_ENV = "HPCGRAD_HIERARCHICAL_ALLREDUCE"
 MIN_BYTES_ENV = "HPCGRAD_HIERARCHICAL_MIN_BYTES"
 FAKE_NODES_ENV = "HPCGRAD_FAKE_NODES"
@@ -27,29 +29,13 @@ def mode_from_env(environ=os.environ):
 
 
 def min_bytes_from_env(environ=os.environ):
-    raw = environ.get(MIN_BYTES_ENV, str(DEFAULT_MIN_BYTES))
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{MIN_BYTES_ENV} must be a number of bytes >= 0, got {raw!r}")
-    return value
+    return whole_number(MIN_BYTES_ENV, 0, "a number of bytes >= 0", DEFAULT_MIN_BYTES, environ)
 
 
 def fake_nodes(environ=os.environ):
     """HPCGRAD_FAKE_NODES as a node count, or None (the real shared-memory nodes)."""
-    raw = environ.get(FAKE_NODES_ENV)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{FAKE_NODES_ENV} must be a node count >= 1 (tests on one host "
-                         f"pretend rank r is on node r * k // size), got {raw!r}")
-    return value
+    return whole_number(FAKE_NODES_ENV, 1, "a node count >= 1 (tests on one host pretend rank r "
+                        "is on node r * k // size)", None, environ)
 
 
 def fake_placement(environ=os.environ):

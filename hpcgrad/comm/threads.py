@@ -19,6 +19,8 @@ import sys
 
 from threadpoolctl import threadpool_limits
 
+from .env import whole_number
+
 USER_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                   "NUMBA_NUM_THREADS")
 _limits = None  # the applied limit, kept for the process's life
@@ -26,16 +28,10 @@ _limits = None  # the applied limit, kept for the process's life
 
 def threads_per_rank(ranks_on_node, environ=os.environ, cpu_count=None, affinity=None):
     """This rank's thread count (Note [Threads per rank]), or None to leave the defaults."""
-    chosen = environ.get("HPCGRAD_THREADS_PER_RANK")
-    if chosen:
-        try:
-            value = int(chosen)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"HPCGRAD_THREADS_PER_RANK must be a positive integer, got "
-                             f"{chosen!r}; unset it to share the node's cores between its ranks")
-        return value
+    chosen = whole_number("HPCGRAD_THREADS_PER_RANK", 1, "a positive number of threads (unset: "
+                          "the node's cores shared between its ranks)", None, environ)
+    if chosen is not None:
+        return chosen
     if ranks_on_node <= 1 or any(environ.get(name) for name in USER_VARIABLES):
         return None
     cpu_count = cpu_count if cpu_count is not None else (os.cpu_count() or 1)

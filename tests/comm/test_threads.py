@@ -28,8 +28,8 @@ def test_a_variable_the_user_set_is_left_alone(name):
 
 def test_hpcgrad_threads_per_rank_sets_it_outright_and_a_bad_value_is_named():
     assert threads_per_rank(1, {"HPCGRAD_THREADS_PER_RANK": "3"}, 16, 16) == 3
-    with pytest.raises(ValueError, match="HPCGRAD_THREADS_PER_RANK must be a positive integer, "
-                                         "got 'many'"):
+    with pytest.raises(ValueError, match=r"HPCGRAD_THREADS_PER_RANK must be a positive number of "
+                                         r"threads \(unset: .*\), got 'many'"):
         threads_per_rank(2, {"HPCGRAD_THREADS_PER_RANK": "many"}, 16, 16)
 
 
