@@ -311,12 +311,11 @@ class Tensor:
             return other
         if isinstance(other, (int, float, bool)):  # a Python number: the lowest promotion rank
             array = self.array
-            value = (array.dtype.type(other) if array.dtype.kind in "fc"
-                     else _as_array(other)[()])
+            value = array.dtype.type(other) if array.dtype.kind in "fc" else _as_array(other)
             if type(array) is not np.ndarray and backend.is_gpu_array(array):
                 # cupy takes a numpy scalar as a kernel argument (as PyTorch passes a wrapped
                 # number to a CUDA kernel) but refuses a numpy array, even a 0-d one.
-                return _WrappedNumber._scalar(value)
+                return _WrappedNumber._scalar(value[()])
             return _WrappedNumber._make(value, False, None, 0)
         return Tensor._make(_as_array(other), False, None, 0)
 

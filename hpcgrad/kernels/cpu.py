@@ -204,8 +204,9 @@ def _col2im_add(d, target, start, c0, sh, sw, dh, dw):
                             plane[r, j * dw + z * sw] += d[c, i, j, n, y, z]
 
 
-def conv_columns_typed(*arrays):
-    """Whether the column loops take these arrays: C-contiguous numpy float32/float64."""
+def contiguous_floats(*arrays):
+    """Whether these are C-contiguous numpy float32/float64 arrays (what the column and GELU
+    loops take)."""
     return all(type(a) is np.ndarray and a.dtype.kind == "f" and a.dtype.itemsize >= 4
                and a.flags.c_contiguous for a in arrays)
 
@@ -243,7 +244,7 @@ def _gelu_backward(g, x, out, half, one, sqrt1_2, pdf_scale, minus_half):
 
 def gelu_typed(*arrays):
     """Whether the GELU loops take these arrays: C-contiguous numpy float32/float64 of one dtype."""
-    return conv_columns_typed(*arrays) and len({a.dtype for a in arrays}) == 1
+    return contiguous_floats(*arrays) and len({a.dtype for a in arrays}) == 1
 
 
 def gelu(x, sqrt1_2):

@@ -19,6 +19,7 @@ import numpy as np
 from .. import backend
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..ops.nn import softmax_array
 from ..tensor import Tensor
 from . import functional as F  # (functional imports this module last, when it is complete)
 
@@ -174,17 +175,12 @@ class Attention(Function):
 
 
 def _softmax_rows(scores, xp):
-    """softmax over the last axis as ops/nn.py's Softmax computes it, 0 on rows of all -inf
-    (``_safe_softmax``)."""
+    """``_safe_softmax`` on arrays: softmax over the last axis, 0 on rows of all -inf (those
+    rows set to 0 first, as the composition's masked_fill does)."""
     if scores.size == 0:
         return scores.copy()
-    top = scores.max(axis=-1, keepdims=True)
-    dead = xp.isneginf(top)
-    if bool(dead.any()):  # shift those rows by 0: exp gives 0s, not nan
-        top = xp.where(dead, 0.0, top).astype(scores.dtype, copy=False)
-    e = xp.exp(scores - top)
+    dead = xp.isneginf(scores).all(-1, keepdims=True)
     if not bool(dead.any()):
-        return e / e.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 on the dead rows, zeroed next
-        probs = e / e.sum(axis=-1, keepdims=True)
+        return softmax_array(scores, -1)
+    probs = softmax_array(xp.where(dead, 0.0, scores).astype(scores.dtype, copy=False), -1)
     return xp.where(dead, 0.0, probs).astype(scores.dtype, copy=False)

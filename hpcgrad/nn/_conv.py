@@ -60,7 +60,7 @@ def _column_loops(*arrays):
     if not all(type(a) is np.ndarray for a in arrays):
         return None
     from ..kernels import cpu  # numba: imported on first use
-    return cpu if cpu.conv_columns_typed(*arrays) else None
+    return cpu if cpu.contiguous_floats(*arrays) else None
 
 
 def _padded(a, padding):

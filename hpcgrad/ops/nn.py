@@ -11,20 +11,22 @@ def _axis(dim, ndim):
     return dim if ndim else None
 
 
+def softmax_array(a, axis):
+    """``exp(a - max) / sum`` along ``axis`` of an array (no graph): Softmax's forward."""
+    e = backend.get_array_module(a).exp(a - a.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 class Softmax(Function):
     @staticmethod
     def forward(ctx, a, dim):
-        xp = backend.get_array_module(a.array)
         dim = _axis(dim, a.array.ndim)
         ctx.dim = dim
         if a.array.size == 0:  # no maximum to take; PyTorch returns an empty tensor
             out = a.array.copy()
             ctx.save_for_backward(out)
             return out
-        shifted = a.array - a.array.max(axis=dim, keepdims=True)
-        e = xp.exp(shifted)
-        out = e / e.sum(axis=dim, keepdims=True)
-        ctx.dim = dim
+        out = softmax_array(a.array, dim)
         ctx.save_for_backward(out)
         return out
 

@@ -32,7 +32,7 @@ def test_im2col_equals_the_strided_copy(seed):
     win = windows(x, kernel, stride, dilation)
     want = np.ascontiguousarray(win[start:start + m, c0:c0 + cg].transpose(1, 4, 5, 0, 2, 3))
     got = np.full(want.shape, np.nan, x.dtype)
-    assert cpu.conv_columns_typed(x, got)
+    assert cpu.contiguous_floats(x, got)
     cpu.im2col(x, start, c0, got, stride, dilation)
     np.testing.assert_array_equal(got, want)
 
@@ -52,7 +52,7 @@ def test_col2im_add_equals_the_strided_adds(seed):
 
 def test_only_contiguous_float32_and_float64_numpy_arrays_take_the_loops():
     a = np.zeros((2, 3, 4, 4), np.float32)
-    assert cpu.conv_columns_typed(a, a.astype(np.float64))
-    assert not cpu.conv_columns_typed(a.astype(np.float16))
-    assert not cpu.conv_columns_typed(a.transpose(0, 1, 3, 2))
-    assert not cpu.conv_columns_typed(a.astype(np.int64))
+    assert cpu.contiguous_floats(a, a.astype(np.float64))
+    assert not cpu.contiguous_floats(a.astype(np.float16))
+    assert not cpu.contiguous_floats(a.transpose(0, 1, 3, 2))
+    assert not cpu.contiguous_floats(a.astype(np.int64))
