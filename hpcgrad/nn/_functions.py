@@ -81,6 +81,7 @@ from .. import backend
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..ops import GetItem, IndexAdd
+from ..ops.linalg import matmul_arrays
 from ..sparse import SparseCOOTensor
 from ..tensor import Tensor
 
@@ -110,7 +111,7 @@ class Linear(Function):
             else:
                 np.copyto(out, product)
             return out
-        out = a @ w.T
+        out = matmul_arrays(a, w.T)  # (..., in): one product over the merged rows
         if bias is not None:
             out += bias.array
         return out
@@ -120,7 +121,7 @@ class Linear(Function):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
         rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
-        return (g @ weight if need_x else None,
+        return ((rows @ weight).reshape(g.shape[:-1] + (weight.shape[-1],)) if need_x else None,
                 rows.T @ (x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x) if need_w else None,
                 rows.sum(0) if need_b else None)
 
