@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4, and
-# the engine's tests with replayed backward plans off; the launched example and GPU-script tests
-# run beside the plan-off and 1-rank runs (two cores). Extra args go to each pytest (all serial).
+# the engine's tests with replayed backward plans off. CI has two cores: the serial suite runs as
+# two runs side by side, and the launched example and GPU-script tests beside the plan-off and
+# 1-rank runs. Extra args go to each pytest (all serial).
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
@@ -91,8 +92,15 @@ record() {
 
 # The launched example and GPU-script tests run beside the plan-off and 1-rank runs (below).
 beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py)
+# The serial suite in two runs side by side: the tests that launch jobs under mpiexec (their
+# ranks' start-up, and waits on purpose for faults and timeouts, leave a core idle much of the
+# time) and the tests that run in this process.
+launched=(tests/jobs tests/distributed tests/comm tests/cluster tests/slurm)
 if [ $# -eq 0 ]; then
-    run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "${beside[@]/#/--ignore=}"
+    start_beside "serial, in process" timeout -k 10 "$serial_limit" "$python" -m pytest -q \
+        "${beside[@]/#/--ignore=}" "${launched[@]/#/--ignore=}"
+    run "serial, launched" timeout -k 10 "$serial_limit" "$python" -m pytest "${launched[@]}"
+    collect_beside
 else
     run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
 fi
