@@ -210,6 +210,13 @@ class BatchNorm(Function):
         channels = a.shape[1]
         dims = (0,) + tuple(range(2, a.ndim))
         shape = (1, channels) + (1,) * (a.ndim - 2)
+        loops = _batch_norm_loops(a, weight, bias)
+        if loops is not None and (a.size or not training):
+            out, mean, inv_std = _batch_norm_forward_loops(
+                loops, a, weight, bias, running_mean, running_var, training, momentum, eps)
+            ctx.save_for_backward(x, weight)
+            ctx.stats = (mean.reshape(shape), inv_std.reshape(shape), training, eps, dims, shape)
+            return out
         if not training:
             mean = running_mean.array.astype(a.dtype, copy=False).reshape(shape)
             inv_std = (1 / xp.sqrt(running_var.array + eps)).astype(a.dtype, copy=False)
@@ -244,6 +251,11 @@ class BatchNorm(Function):
         x, weight = ctx.saved_tensors
         mean, inv_std, training, eps, dims, shape = ctx.stats
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if x.numel() and not grad_mode.is_grad_enabled():
+            loops = _batch_norm_loops(x.array, weight, None, g.array)
+            if loops is not None:
+                return _batch_norm_backward_loops(loops, g.array, x.array, weight, mean,
+                                                  inv_std, training, need_x, need_w, need_b)
         grad_b = g.sum(dims) if need_b else None
         if x.numel() == 0:  # an empty batch: zeros of each shape, as PyTorch's
             return (g * 1 if need_x else None, (g * 0).sum(dims) if need_w else None, grad_b,
@@ -264,6 +276,62 @@ class BatchNorm(Function):
             grad_x = gy * inv
         grad_w = (g * x_hat).sum(dims) if need_w else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _batch_norm_loops(a, weight=None, bias=None, g=None):
+    """kernels/batchnorm.py where it takes these arrays (C-contiguous numpy float32/float64 of
+    one dtype, weight and bias too), else None: the numpy expressions, its reference."""
+    arrays = [a] + [t.array for t in (weight, bias) if t is not None]
+    arrays += [g] if g is not None else []
+    if not all(type(v) is np.ndarray for v in arrays):
+        return None
+    from ..kernels import batchnorm  # numba: imported on first use
+    if not batchnorm.typed(a, *(v for v in arrays[1:] if v.ndim != 1)) or any(
+            v.dtype != a.dtype for v in arrays):
+        return None
+    return batchnorm
+
+
+def _batch_norm_forward_loops(loops, a, weight, bias, running_mean, running_var, training,
+                              momentum, eps):
+    """BatchNorm.forward by kernels/batchnorm.py: (out, mean, inv_std), the statistics (C,) in
+    a's dtype, the running statistics updated in place as the reference does."""
+    if training:
+        mean, var = loops.stats(a)
+        count = a.size // a.shape[1]
+        if running_mean is not None:
+            running_mean.array[...] = (1 - momentum) * running_mean.array + momentum * mean
+        if running_var is not None:
+            running_var.array[...] = ((1 - momentum) * running_var.array
+                                     + momentum * var * (count / (count - 1)))
+    else:
+        mean = running_mean.array.astype(np.float64)
+        var = running_var.array.astype(np.float64)
+    inv_std = 1 / np.sqrt(var + eps)
+    alpha = inv_std if weight is None else inv_std * weight.array
+    beta = -mean * alpha if bias is None else bias.array - mean * alpha
+    out = loops.transform(a, alpha, beta)
+    return out, mean.astype(a.dtype), inv_std.astype(a.dtype)
+
+
+def _batch_norm_backward_loops(loops, g, a, weight, mean, inv_std, training, need_x, need_w,
+                               need_b):
+    """BatchNorm.backward by kernels/batchnorm.py (no create_graph): the three gradients."""
+    c = a.shape[1]
+    mean, inv = mean.reshape(c).astype(np.float64), inv_std.reshape(c).astype(np.float64)
+    sum_g, dotp = loops.backward_sums(g, a, mean)
+    grad_x = None
+    if need_x:
+        scale = inv if weight is None else inv * weight.array
+        if training:
+            count = a.size // c
+            grad_mean, k_coeff = sum_g / count, dotp * inv * inv / count
+        else:  # the running statistics are constants: the gradient is g * weight / std
+            grad_mean = k_coeff = np.zeros(c)
+        grad_x = loops.backward_input(g, a, mean, grad_mean, k_coeff, scale)
+    grad_w = (dotp * inv).astype(a.dtype) if need_w else None
+    grad_b = sum_g.astype(a.dtype) if need_b else None
+    return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class ConstantPad(Function):
