@@ -180,7 +180,8 @@ def threshold_backward(grad, result):
 # A row of a window at stride 1 is a contiguous run of its input row: that case has its own inner
 # loop over two contiguous rows, which LLVM turns into SIMD copies and adds; with the stride a
 # runtime value it could not (ResNet-18's 3x3 layer at batch 3 x 16 channels of 32x32: 424 ->
-# 67 us, a plain copy of the same bytes 58 us).
+# 67 us, a plain copy of the same bytes 58 us). Stride 2 (ResNet's downsampling) has its own
+# loop too, the constant stride letting LLVM use shuffles.
 @njit(cache=True, nogil=True)
 def _im2col(x, start, c0, out, sh, sw, dh, dw):
     cg, kh, kw, m, ho, wo = out.shape
@@ -196,6 +197,10 @@ def _im2col(x, start, c0, out, sh, sw, dh, dw):
                             src = plane[r, j * dw:j * dw + wo]
                             for z in range(wo):
                                 dst[z] = src[z]
+                        elif sw == 2:
+                            src = plane[r, j * dw:j * dw + 2 * wo - 1]
+                            for z in range(wo):
+                                dst[z] = src[2 * z]
                         else:
                             for z in range(wo):
                                 dst[z] = plane[r, j * dw + z * sw]
@@ -216,6 +221,10 @@ def _col2im_add(d, target, start, c0, sh, sw, dh, dw):
                             dst = plane[r, j * dw:j * dw + wo]
                             for z in range(wo):
                                 dst[z] += src[z]
+                        elif sw == 2:
+                            dst = plane[r, j * dw:j * dw + 2 * wo - 1]
+                            for z in range(wo):
+                                dst[2 * z] += src[z]
                         else:
                             for z in range(wo):
                                 plane[r, j * dw + z * sw] += src[z]
