@@ -7,6 +7,7 @@ from numba import njit, prange, vectorize
 from numba.typed import List
 
 from ._checks import check_scaled_copy, check_scaled_copy_multi
+from .simd_math import erf_float32, exp_float32
 
 # Below this many elements one thread copies faster than waking the OpenMP pool (measured in
 # benchmarks/ddp.py); it also keeps ranks that share a node from oversubscribing its cores.
@@ -268,49 +269,24 @@ def _gelu_backward(g, x, out, half, one, sqrt1_2, pdf_scale, minus_half):
         out[k] = g[k] * (cdf + v * pdf)
 
 
-# float32: libm's erf and exp are calls per element that keep a loop scalar (10 ns each here, most
-# of a GELU pass). A rational approximation of erf on [-4, 4] (the minimax fit Eigen and XLA use
-# for float32; erf is +-1 in float32 beyond 4) is arithmetic only, and the backward takes exp from
-# numpy's SIMD exp, so both loops run in SIMD lanes: 1M elements 14.6 -> 1.2 ms forward, 23 ->
-# 5.6 ms backward. That erf is within 5e-7 of erf (libm's float32 rounding: 6e-8), so a GELU is
+# float32: erf and exp from kernels/simd_math.py (Note [Vectorizable float32 math]), so both loops
+# run in SIMD lanes: 1M elements 14.6 -> 1.2 ms forward, 23 -> 2.x ms backward. A GELU is then
 # within 1.4e-6 of the exact value on [-10, 10], where PyTorch's float32 GELU is within 3.8e-7
-# (tests/kernels/test_gelu_kernels.py). float64 keeps libm's erf: gradcheck's precision.
-@njit(inline="always", error_model="numpy")
-def _erf_float32(a):
-    x = a if a > np.float32(-4.0) else np.float32(-4.0)  # (min/max: branches that do not vectorize)
-    x = x if x < np.float32(4.0) else np.float32(4.0)
-    x2 = x * x
-    p = x2 * np.float32(-2.72614225801306e-10) + np.float32(2.77068142495902e-08)
-    p = x2 * p + np.float32(-2.10102402082508e-06)
-    p = x2 * p + np.float32(-5.69250639462346e-05)
-    p = x2 * p + np.float32(-7.34990630326855e-04)
-    p = x2 * p + np.float32(-2.95459980854025e-03)
-    p = x2 * p + np.float32(-1.60960333262415e-02)
-    q = x2 * np.float32(-1.45660718464996e-05) + np.float32(-2.13374055278905e-04)
-    q = x2 * q + np.float32(-1.68282697438203e-03)
-    q = x2 * q + np.float32(-7.37332916720468e-03)
-    q = x2 * q + np.float32(-1.42647390514189e-02)
-    return x * p / q
-
-
-# error_model="numpy": a division by zero gives inf, without the check whose raise keeps the loop
-# from vectorizing (q is never 0 here).
+# (tests/kernels/test_gelu_kernels.py). float64 keeps libm's erf and exp: gradcheck's precision.
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_float32(x, out, sqrt1_2):
     for k in range(x.size):
         v = x[k]
-        y = v * np.float32(0.5) * (np.float32(1) + _erf_float32(v * sqrt1_2))
+        y = v * np.float32(0.5) * (np.float32(1) + erf_float32(v * sqrt1_2))
         out[k] = y if v == v else v  # the clamp would turn nan into a number
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_backward_float32(g, x, out, sqrt1_2, pdf_scale):
-    """out holds exp(-x * x / 2) on entry (numpy's SIMD exp; libm's, called per element, is
-    what kept this loop scalar)."""
     for k in range(x.size):
         v = x[k]
-        cdf = np.float32(0.5) * (np.float32(1) + _erf_float32(v * sqrt1_2))
-        pdf = pdf_scale * out[k]
+        cdf = np.float32(0.5) * (np.float32(1) + erf_float32(v * sqrt1_2))
+        pdf = pdf_scale * exp_float32(v * v * np.float32(-0.5))
         y = g[k] * (cdf + v * pdf)
         out[k] = y if v == v else v  # the clamp would turn nan into a number
 
@@ -336,9 +312,6 @@ def gelu_backward(g, x, sqrt1_2, pdf_scale):
     out = np.empty_like(x)
     t = x.dtype.type
     if x.dtype == np.float32:
-        np.multiply(x, x, out=out)
-        out *= t(-0.5)
-        np.exp(out, out=out)
         _gelu_backward_float32(g.reshape(-1), x.reshape(-1), out.reshape(-1), t(sqrt1_2),
                                t(pdf_scale))
         return out
