@@ -43,6 +43,7 @@ DEFERRED_IMPORTS = {
     "hpcgrad.sparse": "SparseCOOTensor converts to and from Tensor, which knows it",
     "hpcgrad.kernels": "numba CUDA is compiled only when a GPU array arrives",
     "hpcgrad.ops.elementwise": "numba kernels compile only when first used",
+    "hpcgrad.ops.nn": "numba kernels (softmax's row loops) load only when first used",
     "hpcgrad.nn._conv": "numba kernels (the convolution's column loops) load only when first used",
     "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
     "hpcgrad.optim.sgd": "numba kernels compile only when first used",

@@ -19,7 +19,7 @@ import numpy as np
 from .. import backend
 from ..autograd import grad_mode
 from ..autograd.function import Function
-from ..ops.nn import softmax_array
+from ..ops.nn import softmax_array, softmax_backward_array
 from ..tensor import Tensor
 from . import functional as F  # (functional imports this module last, when it is complete)
 
@@ -168,7 +168,7 @@ class Attention(Function):
         grad_q = grad_k = None
         if need_q or need_k:
             dp = ga @ xp.swapaxes(v.array, -1, -2)
-            ds = probs * (dp - (dp * probs).sum(-1, keepdims=True)) * scale
+            ds = softmax_backward_array(probs, dp, -1, scale)
             grad_q = ds @ k.array if need_q else None
             grad_k = xp.swapaxes(ds, -1, -2) @ q.array if need_k else None
         return grad_q, grad_k, grad_v, None, None
@@ -179,8 +179,4 @@ def _softmax_rows(scores, xp):
     rows set to 0 first, as the composition's masked_fill does)."""
     if scores.size == 0:
         return scores.copy()
-    dead = xp.isneginf(scores).all(-1, keepdims=True)
-    if not bool(dead.any()):
-        return softmax_array(scores, -1)
-    probs = softmax_array(xp.where(dead, 0.0, scores).astype(scores.dtype, copy=False), -1)
-    return xp.where(dead, 0.0, probs).astype(scores.dtype, copy=False)
+    return softmax_array(scores, -1, dead_zero=True)

@@ -1,0 +1,95 @@
+"""Softmax's row loops (kernels/softmax.py) beside the numpy expressions ops/nn.py keeps as their
+reference, and beside PyTorch: values with -inf entries, rows of only -inf (nan for softmax, 0s
+for attention's masked rows), nan, large magnitudes, on shapes drawn from the seed; the backward
+in float32 and float64. Non-contiguous inputs take the reference."""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+import hpcgrad.nn.functional as F
+from hpcgrad.ops import nn as ops_nn
+
+SEEDS = range(12)
+
+
+def _scores(seed):
+    rng = np.random.default_rng(900 + seed)
+    shape = tuple(int(v) for v in rng.integers(1, 6, int(rng.integers(1, 4)))) + (
+        int(rng.integers(1, 70)),)
+    x = rng.standard_normal(shape) * rng.choice([1, 10, 100])
+    rows = x.reshape(-1, shape[-1])
+    rows[rng.random(rows.shape) < 0.2] = -np.inf  # masked entries
+    rows[rng.random(rows.shape[0]) < 0.2] = -np.inf  # whole rows masked
+    return x.astype(np.float32)
+
+
+def _reference(monkeypatch):
+    monkeypatch.setattr(ops_nn, "_row_loops", lambda a: None)
+
+
+@pytest.mark.parametrize("dead_zero", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_forward_matches_the_reference(seed, dead_zero, monkeypatch):
+    x = _scores(seed)
+    got = ops_nn.softmax_array(x, -1, dead_zero)
+    _reference(monkeypatch)
+    want = ops_nn.softmax_array(x, -1, dead_zero)
+    assert got.dtype == want.dtype == np.float32
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    # each value within 2 ulps of exp's and 1 of the division, relative: 6 eps and a little
+    finite = ~np.isnan(want)
+    assert np.all(np.abs(got[finite] - want[finite]) <= 6 * np.finfo(np.float32).eps
+                  * np.abs(want[finite]) + 1e-38)
+
+
+def test_nan_and_dead_rows():
+    x = np.array([[1.0, np.nan, 2.0], [-np.inf, -np.inf, -np.inf], [np.nan, np.nan, np.nan],
+                  [-np.inf, 3.0, -np.inf], [np.inf, 1.0, 0.0]], np.float32)
+    plain = ops_nn.softmax_array(x, -1)
+    masked = ops_nn.softmax_array(x, -1, dead_zero=True)
+    assert np.isnan(plain[0]).all() and np.isnan(plain[1]).all() and np.isnan(plain[2]).all()
+    assert (masked[1] == 0).all() and np.isnan(masked[2]).all()
+    assert list(plain[3]) == [0, 1, 0]
+    assert np.isnan(plain[4, 0])  # inf - inf, as numpy and PyTorch
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_softmax_matches_torch_forward_and_backward(seed):
+    torch = pytest.importorskip("torch")
+    x = np.nan_to_num(_scores(seed), neginf=-30.0)
+    g = np.random.default_rng(seed).standard_normal(x.shape).astype(np.float32)
+    ours = hg.tensor(x, requires_grad=True)
+    theirs = torch.tensor(x, requires_grad=True)
+    out, tout = F.softmax(ours, -1), torch.softmax(theirs, -1)
+    (out * hg.tensor(g)).sum().backward()
+    (tout * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(out.array, tout.detach().numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ours.grad.array, theirs.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_backward_matches_the_reference(seed, dtype, monkeypatch):
+    x = np.nan_to_num(_scores(seed), neginf=-50.0)
+    rng = np.random.default_rng(seed)
+    p = ops_nn.softmax_array(x.astype(dtype), -1)
+    g = rng.standard_normal(x.shape).astype(dtype)
+    got = ops_nn.softmax_backward_array(p, g, -1, 0.125)
+    _reference(monkeypatch)
+    want = ops_nn.softmax_backward_array(p, g, -1, 0.125)
+    assert got.dtype == dtype
+    # the one sum <g, p> in another order: its rounding, times p, bounds the difference
+    n = x.shape[-1]
+    bound = 0.125 * p * (2 * n * np.finfo(dtype).eps * (np.abs(g) * p).sum(-1, keepdims=True)
+                         + 4 * np.finfo(dtype).eps * (np.abs(g) + 1))
+    assert np.all(np.abs(got - want) <= bound + np.finfo(dtype).tiny)
+
+
+def test_non_contiguous_and_other_axes_take_the_reference():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((4, 6, 5)).astype(np.float32)
+    for array, dim in ((x[:, ::2], -1), (x, 1), (x.transpose(0, 2, 1), -1)):
+        got = F.softmax(hg.tensor(array), dim).array
+        want = torch.softmax(torch.tensor(np.ascontiguousarray(array)), dim).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
