@@ -46,6 +46,7 @@ DEFERRED_IMPORTS = {
     "hpcgrad.ops.nn": "numba kernels (softmax's row loops) load only when first used",
     "hpcgrad.nn._conv": "numba kernels (the convolution's column loops) load only when first used",
     "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
+    "hpcgrad.nn._layernorm": "numba kernels (LayerNorm's row loops) load only when first used",
     "hpcgrad.optim.sgd": "numba kernels compile only when first used",
     "hpcgrad.data.distributed": "importing hpcgrad.data must not start MPI",
     "hpcgrad.coverage": "a tool beside the layers: it imports only what a script names "

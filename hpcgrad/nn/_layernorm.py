@@ -7,8 +7,12 @@ layer_norm_backward: with x^ = (x - mean) * rstd and gw = g * weight,
 ``dx = rstd * (gw - mean(gw) - x^ * mean(gw * x^))``, ``dweight = sum(g * x^)``,
 ``dbias = sum(g)``, the means over the normalized axes and the sums over the others. Under
 ``create_graph`` the same formula runs on Tensors, so it differentiates again. The composition
-stays as ``layer_norm_reference``, the plain path tests/nn/test_layernorm.py compares with.
+stays as ``layer_norm_reference``, the plain path tests/nn/test_layernorm.py compares with; on
+the CPU kernels/layernorm.py runs forward and backward a row at a time, the numpy expressions
+here its reference.
 """
+
+import numpy as np
 
 from .. import backend
 from ..autograd import grad_mode
@@ -29,6 +33,17 @@ def _sum_over(t, dims):
     return t.sum(dims) if dims else t
 
 
+def _loops(a, weight, bias, g=None):
+    """kernels/layernorm.py where it takes these arrays (C-contiguous numpy float32/float64 of
+    one dtype, weight and bias too), else None: the numpy expressions, its reference."""
+    arrays = [a] + [t.array for t in (weight, bias) if t is not None]
+    arrays += [g] if g is not None else []
+    if not all(type(v) is np.ndarray for v in arrays):
+        return None
+    from ..kernels import layernorm  # numba: imported on first use
+    return layernorm if layernorm.typed(*arrays) else None
+
+
 class NativeLayerNorm(Function):
     """Normalise over the trailing ``count`` axes of x (biased variance), then ``* weight +
     bias`` (each of those axes' shape, or None)."""
@@ -38,6 +53,14 @@ class NativeLayerNorm(Function):
         a = x.array
         xp = backend.get_array_module(a)
         dims = tuple(range(a.ndim - count, a.ndim))
+        loops = _loops(a, weight, bias)
+        if loops is not None:
+            out, mean, rstd = loops.forward(a, count, None if weight is None else weight.array,
+                                            None if bias is None else bias.array, eps)
+            if ctx.needs_input_grad:
+                ctx.save_for_backward(x, weight)
+                ctx.stats = (mean, rstd, dims, eps)
+            return out
         mean = a.mean(dims, keepdims=True)
         centred = a - mean
         rstd = 1 / xp.sqrt((centred * centred).mean(dims, keepdims=True) + eps)
@@ -69,6 +92,11 @@ class NativeLayerNorm(Function):
             grad_b = _sum_over(g, lead) if need_b else None
             return grad_x, grad_w, grad_b, None, None
         a, ga = x.array, g.array
+        loops = _loops(a, weight, None, ga)
+        if loops is not None:
+            grad_x, grad_w, grad_b = loops.backward(
+                ga, a, None if weight is None else weight.array, mean, rstd, len(dims), need_x)
+            return grad_x, grad_w if need_w else None, grad_b if need_b else None, None, None
         x_hat = (a - mean) * rstd
         grad_x = grad_w = grad_b = None
         if need_x:
