@@ -2,7 +2,7 @@
 
     mpiexec -n 2 python jobs/train_gpt.py                          # train (a minute or two)
     mpiexec -n 2 python jobs/train_gpt.py --zero --checkpoint-activations
-    mpiexec -n 2 python jobs/train_gpt.py --resume                 # continue from checkpoints-gpt/last.npz
+    mpiexec -n 2 python jobs/train_gpt.py --resume                 # from checkpoints-gpt/last.npz
 
 The text: the top-level .py files of sysconfig.get_paths()["stdlib"], sorted by name and joined,
 cut at --corpus-mb (every machine with Python has it, no download); the last --val-fraction of the
@@ -20,14 +20,14 @@ run draws exactly the windows the uninterrupted one would have.
 
 An epoch here is --steps-per-epoch steps. Progress, checkpoints and preemption as
 jobs/train_ddp.py: a header with the ranks' hosts and pids, one line per epoch on rank 0 (train
-loss, validation loss on --val-windows held-out windows, lr, tokens/s) and a bar on a terminal,
-<checkpoint-dir>/metrics.jsonl (``python -m hpcgrad.plot <checkpoint-dir>`` draws it: the
-validation loss is its "test" curve), an atomic checkpoint every --checkpoint-every steps and at
-each epoch's end (the model, AdamW's state, consolidated on rank 0 under --zero, and the
-scheduler), and on SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step, <checkpoint-dir>/PREEMPTED
-and exit status 128 + the signal's number, so --resume continues exactly where the job stopped.
-At the end rank 0 prints --sample-bytes bytes generated from --prompt. HPCGRAD_TIMELINE=path
-records a timeline of every rank.
+loss, validation loss and next-byte accuracy on --val-windows held-out windows, lr, tokens/s) and a
+bar on a terminal, <checkpoint-dir>/metrics.jsonl (``python -m hpcgrad.plot <checkpoint-dir>``
+draws it: the validation curves are its "test" ones), an atomic checkpoint every --checkpoint-every
+steps and at each epoch's end (the model, AdamW's state, consolidated on rank 0 under --zero, and
+the scheduler), and on SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step,
+<checkpoint-dir>/PREEMPTED and exit status 128 + the signal's number, so --resume continues exactly
+where the job stopped. At the end rank 0 prints --sample-bytes bytes generated from --prompt.
+HPCGRAD_TIMELINE=path records a timeline of every rank.
 """
 
 import hashlib
@@ -199,21 +199,22 @@ def sample(module, prompt, count, block, temperature, seed):
 
 
 def evaluate(module, val, args, rank, world):
-    """Mean loss per byte over the --val-windows windows (each on one rank: rank, rank + world,
-    ...), the same non-overlapping ones at every evaluation."""
+    """(mean loss per byte, share of bytes predicted exactly) over the --val-windows windows
+    (each on one rank: rank, rank + world, ...), the same non-overlapping ones every time."""
     count = min(args.val_windows, (len(val) - 1) // args.block_size)
     mine = np.arange(rank, count, world) * args.block_size
-    sums = np.zeros(2)  # loss sum, bytes
+    sums = np.zeros(3)  # loss sum, bytes, bytes the likeliest prediction got right
     module.eval()
     with hg.no_grad():
         for i in range(0, len(mine), args.batch_size):
             x, y = windows(val, mine[i:i + args.batch_size], args.block_size)
             logits = module(x)
             sums += [F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1),
-                                     reduction="sum").item(), y.numel()]
+                                     reduction="sum").item(), y.numel(),
+                     (logits.array.argmax(-1) == y.array).sum()]
     module.train()
     dist.all_reduce(sums)
-    return sums[0] / max(sums[1], 1)
+    return sums[0] / max(sums[1], 1), sums[2] / max(sums[1], 1)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -223,6 +224,7 @@ def parse_args(argv=None):
                         seed_help="seed of the weights, the windows and the sample")
     p.set_defaults(batch_size=16, lr=3e-3)
     # training_parser's SGD momentum is AdamW's first beta here (the same running mean).
+    # (argparse has no public way to re-word another's help.)
     p._option_string_actions["--momentum"].help = "AdamW's beta1 (its gradients' running mean)"
     p.add_argument("--steps-per-epoch", type=integer(1, "steps between evaluations", 50),
                    default=50, help="steps per epoch (an evaluation, a line, a checkpoint)")
@@ -268,8 +270,9 @@ def parse_args(argv=None):
 def flag_problem(args):
     """What makes these flags unusable together (the same on every rank), or None."""
     if args.d_model % args.heads:
+        nearest = args.heads * max(1, round(args.d_model / args.heads))
         return (f"--heads {args.heads} does not divide --d-model {args.d_model}; pass a d-model "
-                f"that is a multiple of it (for example {args.heads * max(1, round(args.d_model / args.heads))})")
+                f"that is a multiple of it (for example {nearest})")
     total = args.epochs * args.steps_per_epoch
     if args.warmup >= total:
         return (f"--warmup {args.warmup} leaves no steps to decay over: the run has {total} "
@@ -294,9 +297,10 @@ def header(args, world, files, root, train, val, module):
     places = dist_hosts()
     hosts = sorted({host for host, _ in places})
     params = sum(p.numel() for p in module.parameters())
+    recomputed = "; activation checkpointing" if args.checkpoint_activations else ""
     return (f"hpcgrad GPT job: {world} ranks on {len(hosts)} node(s); d {args.d_model}, "
             f"{args.heads} heads, {args.layers} layers, context {args.block_size} bytes "
-            f"({params:,} parameters){'; activation checkpointing' if args.checkpoint_activations else ''}; "
+            f"({params:,} parameters){recomputed}; "
             f"{'ZeRO over ' if args.zero else ''}AdamW(weight decay {args.weight_decay}); lr "
             f"{args.lr} after {args.warmup} warm-up steps, cosine to {args.lr / 10:g}; clip "
             f"{args.clip or 'off'}; global batch {args.batch_size * world} windows "
@@ -315,7 +319,8 @@ SAME_ON_RESUME = ("d_model", "heads", "layers", "block_size", "zero", "epochs", 
 
 
 def resume_problem(meta, path, world, args, digest):
-    """Why the checkpoint cannot continue this run exactly, or None."""
+    """Why the checkpoint cannot continue this run (its windows, model and schedule), or None.
+    Another number of ranks with the same global batch continues it (up to rounding)."""
     saved = meta.get("args", {})
     saved_global = int(meta.get("world_size", world)) * saved.get("batch_size", args.batch_size)
     if saved_global != world * args.batch_size:
@@ -460,19 +465,21 @@ def main(argv=None):
             dist.all_reduce(totals)  # the mean of every rank's losses: the global batch's
             train_loss = totals[0] / totals[1]
             tokens_per_s = len(losses) * world * args.batch_size * args.block_size / elapsed
-            val_loss = evaluate(module, val, args, rank, world)
+            val_loss, val_accuracy = evaluate(module, val, args, rank, world)
             with TIMELINE.span("checkpoint", "step", step=step):
                 save()
-            # The validation loss is the plot's "test" curve; samples are windows.
+            # The validation loss and accuracy are the plot's "test" curves; samples are windows.
             metrics.write("epoch", step, epoch + 1, time.perf_counter() - started,
-                          loss=train_loss, test_loss=val_loss, tokens_per_s=tokens_per_s,
+                          loss=train_loss, test_loss=val_loss, test_accuracy=val_accuracy,
+                          tokens_per_s=tokens_per_s,
                           samples_per_s=tokens_per_s / args.block_size, epoch_seconds=elapsed,
                           lr=scheduler.get_last_lr()[0])
             if rank == 0:
                 partial = "" if len(losses) == args.steps_per_epoch else \
                     f" (steps {step - len(losses) + 1}-{step} only: resumed)"
                 message = (f"epoch {epoch + 1}/{args.epochs}  step {step}  loss "
-                           f"{train_loss:.4f}{partial}  val loss {val_loss:.4f}  lr {lr:.3g}  "
+                           f"{train_loss:.4f}{partial}  val loss {val_loss:.4f}  val accuracy "
+                           f"{val_accuracy:.4f}  lr {lr:.3g}  "
                            f"{elapsed:.1f} s  {tokens_per_s:,.0f} tokens/s")
                 (progress.write if progress is not None else print)(message, flush=True)
             if stop:

@@ -56,11 +56,13 @@ def test_two_ranks_learn_and_print_a_sample(whole):
     assert "activation checkpointing" in done.stdout and "ranks: 0 " in done.stdout
     lines = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 2 and "step 12" in lines[-1] and "tokens/s" in lines[-1]
+    assert "val accuracy" in lines[-1]
     losses, epochs = step_losses(run_dir)
     assert len(losses) == 12 and len(epochs) == 2
     # Seeded: 5.5 -> 3.3 per step (ln 256 = 5.55 at the start), validation 4.0 -> 3.2.
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
     assert epochs[-1]["test_loss"] < epochs[0]["test_loss"]
+    assert 0 < epochs[-1]["test_accuracy"] < 1 and epochs[-1]["tokens_per_s"] > 0
     assert done.stdout.count("sample (40 bytes after 'def '") == 1
     assert done.stdout.split("temperature 0.8):\n")[1].startswith("def ")
     assert not (run_dir / "PREEMPTED").exists()
@@ -129,3 +131,21 @@ def test_nonsense_flags_are_refused_in_one_line(capsys, argv, message):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err, err
+
+
+def test_a_resume_that_would_be_another_run_is_refused(capsys):
+    """Another global batch, model or corpus cannot continue the run exactly: the job says
+    which and what to pass; the same global batch at another number of ranks can."""
+    job = load_job("train_gpt")
+    args = job.parse_args(["--batch-size", "8"])
+    saved = {"world_size": 2, "args": {**vars(args), "batch_size": 8}, "corpus_sha256": "abc"}
+    assert "a global batch of 16 windows; this run has 8 (1 ranks x --batch-size 8); resume " \
+           "with --batch-size 16" in job.resume_problem(saved, "p", 1, args, "abc")
+    assert job.resume_problem(saved, "p", 2, args, "abc") is None
+    args.batch_size = 16  # one rank of 16 takes the two ranks' steps (window_starts)
+    assert job.resume_problem(saved, "p", 1, args, "abc") is None
+    args.d_model = 64
+    assert "was saved with --d-model 128, this run has 64" in job.resume_problem(
+        saved, "p", 1, args, "abc")
+    args.d_model = 128
+    assert "another corpus" in job.resume_problem(saved, "p", 1, args, "xyz")
