@@ -48,6 +48,7 @@ DEFERRED_IMPORTS = {
     "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
     "hpcgrad.nn._layernorm": "numba kernels (LayerNorm's row loops) load only when first used",
     "hpcgrad.optim.sgd": "numba kernels compile only when first used",
+    "hpcgrad.optim.adam": "numba kernels compile only when first used",
     "hpcgrad.data.distributed": "importing hpcgrad.data must not start MPI",
     "hpcgrad.coverage": "a tool beside the layers: it imports only what a script names "
                         "(hpcgrad.distributed starts MPI)",

@@ -134,6 +134,38 @@ def _sgd_plain_step(param, grad, lr):
         param[i] = param[i] + grad[i] * -lr
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _adam_step(param, grad, m, v, vmax, amsgrad, decay, one_minus_beta1, beta2, one_minus_beta2,
+               bias_correction2_sqrt, eps, neg_step_size):
+    # The numpy path's operations in its order and rounding (optim/adam.py):
+    # p *= decay; m += (g - m) * (1 - b1); v = v * b2 + g * g * (1 - b2); [vmax = max(vmax, v)];
+    # p += m / (sqrt(v) / sqrt(bc2) + eps) * -step_size
+    for i in range(param.size):
+        g = grad[i]
+        mi = m[i] + (g - m[i]) * one_minus_beta1
+        m[i] = mi
+        vi = v[i] * beta2 + g * g * one_minus_beta2
+        v[i] = vi
+        if amsgrad:
+            vm = vmax[i]
+            vi = vi if (vi > vm or vi != vi) else vm  # np.maximum: nan wins
+            vmax[i] = vi
+        denom = np.sqrt(vi) / bias_correction2_sqrt + eps
+        param[i] = param[i] * decay + mi / denom * neg_step_size
+
+
+def adam_step(param, grad, m, v, vmax, decay, betas, bias_correction2_sqrt, eps, step_size):
+    """One fused pass of Adam's update (AdamW's decoupled decay as ``decay``, else 1; ``vmax``
+    None without amsgrad), in place on param, m, v and vmax."""
+    t = param.dtype.type
+    beta1, beta2 = betas
+    flat = param.reshape(-1)
+    _adam_step(flat, grad.reshape(-1), m.reshape(-1), v.reshape(-1),
+               (vmax if vmax is not None else m).reshape(-1), vmax is not None, t(decay),
+               t(1 - beta1), t(beta2), t(1 - beta2), t(bias_correction2_sqrt), t(eps),
+               t(-step_size))
+
+
 def sgd_step(param, grad, buf, lr, momentum, dampening):
     """One fused pass of SGD's update (``buf`` None: no momentum), in place on param and buf."""
     p, g = param.reshape(-1), grad.reshape(-1)

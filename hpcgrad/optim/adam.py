@@ -2,8 +2,14 @@
 
 import math
 
+import numpy as np
+
 from .. import backend
 from .optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction
+
+
+# The dtypes numba compiles adam_step for (float16 and longdouble take the numpy path).
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class Adam(Optimizer):
@@ -55,6 +61,8 @@ class Adam(Optimizer):
         state["step"] += 1
         step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
 
+        if self._fused_step(p, group):
+            return
         wd = group["weight_decay"]
         if self._decoupled_weight_decay and wd != 0:
             p.array *= 1 - lr * wd
@@ -80,3 +88,24 @@ class Adam(Optimizer):
         xp.divide(m, s, out=s)
         s *= -step_size
         p.array += s
+
+    def _fused_step(self, p, group):
+        """One numba pass (kernels/cpu.py adam_step) for the numpy path's ten, the same
+        operations in the same order, for C-contiguous numpy float32/float64 arrays; False
+        (nothing done) otherwise. Called after the step count has moved."""
+        state = self.state[p]
+        m, v, vmax = state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq")
+        arrays = (p.array, p.grad.array, m, v) + ((vmax,) if group["amsgrad"] else ())
+        if (group["amsgrad"] and vmax is None) or p.array.dtype not in _FUSED_DTYPES or not all(
+                type(a) is np.ndarray and a.dtype == p.array.dtype and a.flags.c_contiguous
+                for a in arrays):
+            return False  # (amsgrad switched on after the first steps: numpy's first copy)
+        from ..kernels.cpu import adam_step
+        lr, (beta1, beta2), wd = scalar(group["lr"]), group["betas"], group["weight_decay"]
+        decay = 1 - lr * wd if self._decoupled_weight_decay and wd != 0 else 1
+        g, _ = update_direction(p.array, p.grad.array, 0 if self._decoupled_weight_decay else wd,
+                                group["maximize"])
+        step = state["step"]
+        adam_step(p.array, g, m, v, vmax if group["amsgrad"] else None, decay, (beta1, beta2),
+                  math.sqrt(1 - beta2 ** step), group["eps"], lr / (1 - beta1 ** step))
+        return True
