@@ -4,6 +4,7 @@
     python benchmarks/models.py --model resnet18 --width 16 --batch 32 --rounds 5
     python benchmarks/models.py --memory-only        # peak memory added by 3 steps, per library
     python benchmarks/models.py --memory-only --cold # ... with each library's one-time set-up
+    mpiexec -n 2 python benchmarks/models.py --ddp   # DDP step at 2 ranks beside PyTorch DDP (gloo)
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
@@ -11,8 +12,10 @@ AdamW for the GPT). Times: hpcgrad and torch alternate, one step each per round,
 warm-up steps; the ratio is the median of the rounds' ratios. Memory: each library in a fresh
 process, the peak resident set over 3 steps above the built model (what training adds, the
 optimizer's state included), after one step of a tiny model of the same kind (what a library
-sets up once per process, numba loading its kernels, is not training). Nothing here is used by
-a test assertion.
+sets up once per process, numba loading its kernels, is not training). --ddp (under mpiexec):
+each library's model wrapped in its DistributedDataParallel (PyTorch's over gloo), each rank
+with its own batch, one thread per rank; a round's time is its slowest rank's. Nothing here is
+used by a test assertion.
 """
 
 import argparse
@@ -106,13 +109,30 @@ def library(name):
     return hpcgrad
 
 
-def make_step(lib, args):
-    """(step function, parameter count) of args.model on lib, data and model built here."""
+def data_parallel(lib):
+    """lib's DistributedDataParallel, its process group started (PyTorch's over gloo)."""
+    if lib.__name__ == "torch":
+        import torch.distributed as tdist
+        from mpi4py import MPI
+        if not tdist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29519")
+            tdist.init_process_group("gloo", rank=MPI.COMM_WORLD.Get_rank(),
+                                     world_size=MPI.COMM_WORLD.Get_size())
+        return lib.nn.parallel.DistributedDataParallel
+    from hpcgrad.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel
+
+
+def make_step(lib, args, rank=None):
+    """(step function, parameter count) of args.model on lib, data and model built here; with
+    ``rank``, the model in lib's DistributedDataParallel and that rank's own batch."""
     lib.manual_seed(0)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0 if rank is None else 1 + rank)
     F = lib.nn.functional
+    wrap = (lambda m: m) if rank is None else data_parallel(lib)
     if args.model == "resnet18":
-        model = resnet18(lib, args.width)
+        model = wrap(resnet18(lib, args.width))
         x = lib.tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
         y = lib.tensor(rng.integers(0, 10, args.batch))
         opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -120,7 +140,7 @@ def make_step(lib, args):
         def loss():
             return F.cross_entropy(model(x), y)
     else:
-        model = gpt(lib, d=getattr(args, "d", 256), block=args.block)
+        model = wrap(gpt(lib, d=getattr(args, "d", 256), block=args.block))
         data = rng.integers(0, 256, (args.batch, args.block + 1))
         x, y = lib.tensor(data[:, :-1]), lib.tensor(data[:, 1:])
         opt = lib.optim.AdamW(model.parameters(), lr=3e-4)
@@ -177,17 +197,27 @@ def memory(args, name):
 
 
 def times(args):
-    """Interleaved step times (s): {library: [per round]}."""
+    """Interleaved step times (s): {library: [per round]}; under --ddp the slowest rank's."""
+    comm = None
+    if args.ddp:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    rank = comm.Get_rank() if comm is not None else None
     libs = ["hpcgrad"] + ([] if args.no_torch else ["torch"])
-    steps = {name: make_step(library(name), args)[0] for name in libs}
+    steps = {name: make_step(library(name), args, rank)[0] for name in libs}
     for step in steps.values():
         step(), step()
     found = {name: [] for name in libs}
     for _ in range(args.rounds):
         for name, step in steps.items():
+            if comm is not None:
+                comm.Barrier()
             t0 = time.perf_counter()
             step()
-            found[name].append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            if comm is not None:
+                elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+            found[name].append(elapsed)
     return found
 
 
@@ -209,16 +239,26 @@ def main(argv=None):
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--cold", action="store_true",
                         help="memory: no tiny model's step first (numba's set-up counted)")
+    parser.add_argument("--ddp", action="store_true",
+                        help="under mpiexec: the DDP step beside PyTorch DDP (gloo); no memory")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
         return memory_child(args)
+    show = print
+    if args.ddp:
+        from mpi4py import MPI
+        args.no_memory, args.memory_only = True, False
+        world = MPI.COMM_WORLD
+        if world.Get_rank() != 0:
+            show = lambda *a, **k: None  # noqa: E731  (one report, rank 0's)
     for model in (("resnet18", "gpt") if args.model == "all" else (args.model,)):
         one = argparse.Namespace(**{**vars(args), "model": model})
         if one.batch is None:
             one.batch = 16 if model == "resnet18" else 8
-        print(describe(one), flush=True)
+        where = f"DDP, {world.Get_size()} ranks (torch: gloo), per rank: " if args.ddp else ""
+        show(where + describe(one), flush=True)
         if not one.memory_only:
             found = times(one)
             ours = statistics.median(found["hpcgrad"])
@@ -227,7 +267,7 @@ def main(argv=None):
                 ratio = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["torch"]))
                 line += (f"; torch {1e3 * statistics.median(found['torch']):.1f} ms; "
                          f"ratio {ratio:.2f}x (target <= 1.0x)")
-            print(line, flush=True)
+            show(line, flush=True)
         if not one.no_memory:
             ours = memory(one, "hpcgrad")
             line = f"  memory added by 3 steps: hpcgrad {ours['added_mb']:.0f} MB"
