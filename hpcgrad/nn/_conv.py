@@ -102,13 +102,13 @@ class _Geometry:
         for start in range(0, self.n, self.step):
             yield start, min(start + self.step, self.n)
 
-    def columns(self, padded, start, stop, group):
+    def columns(self, padded, start, stop, group, loops):
         """Group ``group``'s columns of samples [start, stop) of the padded input: (rows,
-        m*Ho*Wo), in the workspace."""
+        m*Ho*Wo), in the workspace; ``loops``: ``_column_loops(padded)``, asked once per call
+        (the workspace is always a C-contiguous array of padded's dtype)."""
         m = stop - start
         space = _workspace(padded, self.rows * m * self.positions)
         view = space.reshape(self.cg, self.kh, self.kw, m, self.ho, self.wo)
-        loops = _column_loops(padded, view)
         if loops is not None:
             loops.im2col(padded, start, group * self.cg, view, self.stride, self.dilation)
         else:  # (m, Cg, Ho, Wo, kh, kw) -> (Cg, kh, kw, m, Ho, Wo): one strided copy
@@ -133,10 +133,11 @@ class Convolution(Function):
         if geo.n and geo.o:
             padded = xp.ascontiguousarray(_padded(a, padding))
             w3 = w.reshape(groups, geo.og, geo.rows)
+            loops = _column_loops(padded)
             for start, stop in geo.chunks():
                 m = stop - start
                 for group in range(groups):
-                    cols = geo.columns(padded, start, stop, group)
+                    cols = geo.columns(padded, start, stop, group, loops)
                     product = w3[group] @ cols  # (Og, m*L)
                     out[start:stop, group * geo.og:(group + 1) * geo.og] = (
                         product.reshape(geo.og, m, geo.positions).transpose(1, 0, 2))
@@ -171,6 +172,9 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
     grad_w = xp.zeros((geo.groups, geo.og, geo.rows), dtype) if need_w else None
     grad_padded = xp.zeros((geo.n, geo.c) + geo.padded_hw, dtype) if need_x else None
     padded = xp.ascontiguousarray(_padded(a, geo.padding)) if need_w and geo.n else None
+    # (asked once: the products and the zeros are C-contiguous arrays of g's dtype)
+    loops_w = _column_loops(padded) if padded is not None else None
+    loops_x = _column_loops(grad_padded) if need_x else None
     for start, stop in geo.chunks() if geo.n else ():
         m = stop - start
         for group in range(geo.groups):
@@ -179,10 +183,10 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
             gt = xp.ascontiguousarray(g3[start:stop, outs].transpose(1, 0, 2))
             gt = gt.reshape(geo.og, m * geo.positions)
             if need_w:
-                cols = geo.columns(padded, start, stop, group)
+                cols = geo.columns(padded, start, stop, group, loops_w)
                 grad_w[group] += gt @ cols.T
             if need_x:
-                _add_windows(grad_padded, w3[group].T @ gt, geo, start, stop, group)
+                _add_windows(grad_padded, w3[group].T @ gt, geo, start, stop, group, loops_x)
     grad_x = None
     if need_x:
         top, bottom, left, right = geo.padding
@@ -195,12 +199,12 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
     return grad_x, grad_w
 
 
-def _add_windows(grad_padded, dcols, geo, start, stop, group):
-    """col2im of one chunk: each kernel offset's (Cg, m, Ho, Wo) gradient added where it read."""
+def _add_windows(grad_padded, dcols, geo, start, stop, group, loops):
+    """col2im of one chunk: each kernel offset's (Cg, m, Ho, Wo) gradient added where it read
+    (``loops``: ``_column_loops(grad_padded)``)."""
     m = stop - start
     d6 = dcols.reshape(geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
-    loops = _column_loops(d6, grad_padded)
-    if loops is not None:
+    if loops is not None and d6.flags.c_contiguous:
         loops.col2im_add(d6, grad_padded, start, group * geo.cg, geo.stride, geo.dilation)
         return
     target = grad_padded[start:stop, group * geo.cg:(group + 1) * geo.cg]
