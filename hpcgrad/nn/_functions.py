@@ -286,8 +286,8 @@ def _batch_norm_loops(a, weight=None, bias=None, g=None):
     if not all(type(v) is np.ndarray for v in arrays):
         return None
     from ..kernels import batchnorm  # numba: imported on first use
-    if not batchnorm.typed(a, *(v for v in arrays[1:] if v.ndim != 1)) or any(
-            v.dtype != a.dtype for v in arrays):
+    batch = [a] + ([g] if g is not None else [])  # (weight and bias are only read by numpy)
+    if not batchnorm.typed(*batch) or any(v.dtype != a.dtype for v in arrays):
         return None
     return batchnorm
 
