@@ -5,6 +5,7 @@
     python benchmarks/models.py --memory-only        # peak memory added by 3 steps, per library
     python benchmarks/models.py --memory-only --cold # ... with each library's one-time set-up
     mpiexec -n 2 python benchmarks/models.py --ddp   # DDP step at 2 ranks beside PyTorch DDP (gloo)
+    python benchmarks/models.py --model resnet18 --layers   # each convolution, fwd + bwd
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
@@ -221,6 +222,62 @@ def times(args):
     return found
 
 
+def conv_layers(width):
+    """ResNet-18's distinct convolutions at 32x32: ((cin, cout, size, stride, kernel), count)."""
+    shapes = {(3, width, 32, 1, 3): 1}
+    cin, size = width, 32
+    for i in range(4):
+        cout = width * 2 ** i
+        stride = 1 if i == 0 else 2
+        first = [(cin, cout, size, stride, 3), (cout, cout, size // stride, 1, 3)]
+        if stride != 1 or cin != cout:
+            first.append((cin, cout, size, stride, 1))  # the shortcut
+        for shape in first:
+            shapes[shape] = shapes.get(shape, 0) + 1
+        shapes[(cout, cout, size // stride, 1, 3)] += 2  # the stage's second block
+        cin, size = cout, size // stride
+    return shapes
+
+
+def layer_times(args):
+    """Each distinct convolution's forward + backward (input and weight gradients), the
+    libraries interleaved: prints ms per library, the ratio and the layer's share of the model."""
+    rng = np.random.default_rng(0)
+    libs = ["hpcgrad"] + ([] if args.no_torch else ["torch"])
+    total = {name: 0.0 for name in libs}
+    for (cin, cout, size, stride, k), count in conv_layers(args.width).items():
+        x = rng.standard_normal((args.batch, cin, size, size)).astype(np.float32)
+        w = (rng.standard_normal((cout, cin, k, k)) * 0.1).astype(np.float32)
+        runs = {}
+        for name in libs:
+            lib = library(name)
+            xt = lib.tensor(x, requires_grad=cin != 3)  # the stem's input needs no gradient
+            wt = lib.tensor(w, requires_grad=True)
+            conv = lib.nn.functional.conv2d
+
+            def run(lib=lib, xt=xt, wt=wt, conv=conv):
+                out = conv(xt, wt, stride=stride, padding=k // 2)
+                out.backward(lib.ones_like(out))
+            run(), run()
+            runs[name] = run
+        found = {name: [] for name in libs}
+        for _ in range(max(args.rounds, 5)):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                found[name].append(time.perf_counter() - t0)
+        line = (f"  {k}x{k} {cin:>4} -> {cout:<4} {size:>2}x{size:<2} stride {stride} (x{count}): "
+                f"hpcgrad {1e3 * statistics.median(found['hpcgrad']):6.2f} ms")
+        for name in libs:
+            total[name] += count * statistics.median(found[name])
+        if "torch" in found:
+            ratio = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["torch"]))
+            line += f"; torch {1e3 * statistics.median(found['torch']):6.2f} ms; {ratio:.2f}x"
+        print(line, flush=True)
+    print("  all convolutions of one step: " + "; ".join(
+        f"{name} {1e3 * t:.1f} ms" for name, t in total.items()), flush=True)
+
+
 def describe(args):
     if args.model == "resnet18":
         return f"ResNet-18 width {args.width}, batch {args.batch}, 3x32x32, SGD momentum"
@@ -241,6 +298,8 @@ def main(argv=None):
                         help="memory: no tiny model's step first (numba's set-up counted)")
     parser.add_argument("--ddp", action="store_true",
                         help="under mpiexec: the DDP step beside PyTorch DDP (gloo); no memory")
+    parser.add_argument("--layers", action="store_true",
+                        help="ResNet-18: each distinct convolution's forward + backward instead")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -259,6 +318,10 @@ def main(argv=None):
             one.batch = 16 if model == "resnet18" else 8
         where = f"DDP, {world.Get_size()} ranks (torch: gloo), per rank: " if args.ddp else ""
         show(where + describe(one), flush=True)
+        if args.layers:
+            if model == "resnet18":
+                layer_times(one)
+            continue
         if not one.memory_only:
             found = times(one)
             ours = statistics.median(found["hpcgrad"])
