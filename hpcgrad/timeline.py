@@ -155,6 +155,21 @@ def merge(path):
     return len(parts)
 
 
+def finish(barrier, rank, say=print):
+    """A job's last word on its timeline, on every rank, on every path that ends it normally
+    (its last step, --max-steps, a preemption): this rank's part written, then, once every
+    rank's is (``barrier``: the job's), rank 0 merges them and says where (``say``). Does
+    nothing when no timeline is recorded. A job ended by an error writes its own part at exit
+    (atexit) and merges nothing: the other ranks may never get here."""
+    if not TIMELINE.enabled:
+        return
+    TIMELINE.save()
+    barrier()
+    if rank == 0:
+        merge(TIMELINE.path)
+        say(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
+
+
 TIMELINE = Timeline(os.environ.get(TIMELINE_ENV) or None)
 if TIMELINE.enabled:
     atexit.register(TIMELINE.save)

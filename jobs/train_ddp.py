@@ -41,7 +41,8 @@ from hpcgrad.comm.mpi import MPI, cuda_aware_mpi, exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, Sampler, load_digits
 from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
-from hpcgrad.timeline import TIMELINE, merge
+from hpcgrad.timeline import TIMELINE
+from hpcgrad.timeline import finish as finish_timeline
 
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
 PROG = "train_ddp.py"
@@ -310,6 +311,7 @@ def main(argv=None):
                         if status or not args.max_steps or step < args.max_steps:
                             open(marker, "w").close()  # requeue me (slurm/train_ddp.sbatch)
                         print(stopped_line(step, path, preemption.stopped_by), flush=True)
+                    finish_timeline(dist.barrier, rank)
                     return status
             elapsed = time.perf_counter() - epoch_started
             # Loss and samples of the steps this run made: after a mid-epoch resume, a part.
@@ -338,13 +340,7 @@ def main(argv=None):
         metrics.close()
         if progress is not None:
             progress.close()
-        if TIMELINE.enabled:
-            TIMELINE.save()
-    if TIMELINE.enabled:
-        dist.barrier()  # every rank's part is written
-        if rank == 0:
-            merge(TIMELINE.path)
-            print(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
+    finish_timeline(dist.barrier, rank)  # every rank's part, merged by rank 0
     return 0
 
 

@@ -60,7 +60,8 @@ from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
-from hpcgrad.timeline import TIMELINE, merge
+from hpcgrad.timeline import TIMELINE
+from hpcgrad.timeline import finish as finish_timeline
 from hpcgrad.utils.checkpoint import checkpoint as recompute
 
 PROG = "train_gpt.py"
@@ -416,6 +417,7 @@ def main(argv=None):
             if status or not args.max_steps or step < args.max_steps:
                 open(marker, "w").close()  # requeue me
             print(stopped_line(step, path, preemption.stopped_by), flush=True)
+        finish_timeline(dist.barrier, rank)
         return status
 
     progress = None
@@ -488,13 +490,7 @@ def main(argv=None):
         metrics.close()
         if progress is not None:
             progress.close()
-        if TIMELINE.enabled:
-            TIMELINE.save()
-    if TIMELINE.enabled:
-        dist.barrier()  # every rank's part is written
-        if rank == 0:
-            merge(TIMELINE.path)
-            print(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
+    finish_timeline(dist.barrier, rank)  # every rank's part, merged by rank 0
     if rank == 0 and args.sample_bytes:
         text = sample(module, args.prompt.encode("utf-8"), args.sample_bytes, args.block_size,
                       args.temperature, args.seed)

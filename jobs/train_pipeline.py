@@ -70,7 +70,8 @@ from hpcgrad.data import load_digits
 from hpcgrad.distributed import rpc
 from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn import init
-from hpcgrad.timeline import TIMELINE, merge
+from hpcgrad.timeline import TIMELINE
+from hpcgrad.timeline import finish as finish_timeline
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
@@ -415,6 +416,7 @@ def main(argv=None):
                         print(f"\nstopped at step {step}{why}; checkpoint "
                               f"{os.path.join(args.checkpoint_dir, committed)}; continue with "
                               "--resume", flush=True)
+                    finish_timeline(dist.barrier, rank)
                     return status
             elapsed = time.perf_counter() - epoch_started
             figures = evaluate(stage, hg.tensor(test_x) if rank == 0 else None,
@@ -446,14 +448,8 @@ def main(argv=None):
         metrics.close()
         if progress is not None:
             progress.close()
-        if TIMELINE.enabled:
-            TIMELINE.save()
     rpc.shutdown()
-    if TIMELINE.enabled:
-        dist.barrier()  # every rank's part is written
-        if rank == 0:
-            merge(TIMELINE.path)
-            print(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
+    finish_timeline(dist.barrier, rank)  # every rank's part, merged by rank 0
     return 0
 
 

@@ -57,12 +57,14 @@ def whole(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
-    """The same run stopped by --max-steps 30, in the middle of epoch 2: (directory, result)."""
+    """The same run stopped by --max-steps 30, in the middle of epoch 2, with a timeline:
+    (directory, result)."""
     if comm_world().Get_size() > 1:
         pytest.skip("launches its own processes; runs in the serial suite")
     directory = tmp_path_factory.mktemp("stopped")
     return directory, train(launching.run_job, directory, "--epochs", str(EPOCHS),
-                            "--max-steps", "30")
+                            "--max-steps", "30",
+                            env={"HPCGRAD_TIMELINE": str(directory / "timeline.json")})
 
 
 def model_arrays(path):
@@ -84,6 +86,17 @@ def test_stop_and_resume_matches_uninterrupted_run(launch, tmp_path, whole, stop
     assert "loss" in resumed.stdout and "(steps 31-23 only" not in resumed.stdout
     a, b = model_arrays(whole[0] / "last.npz"), model_arrays(pieces / "last.npz")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_stopped_job_merges_its_timeline(stopped):
+    directory, result = stopped
+    assert f"timeline: {directory / 'timeline.json'}" in result.stdout
+    events = json.loads((directory / "timeline.json").read_text())["traceEvents"]
+    for rank in (0, 1):  # both ranks' steps, up to the stop's checkpoint
+        steps = {e["args"]["step"] for e in events
+                 if e.get("pid") == rank and e["ph"] == "B" and e["name"] == "backward"}
+        assert steps == set(range(1, 31))
+        assert any(e["name"] == "checkpoint" for e in events if e.get("pid") == rank)
 
 
 def test_resume_without_checkpoint_says_how_to_fix(launch, tmp_path):
