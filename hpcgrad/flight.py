@@ -17,6 +17,10 @@ before it could write one, or wrote to another HPCGRAD_FLIGHT_DIR) is named. Rec
 ranks only are partial evidence: the missing rank may be the one that diverged, so the tool
 then never says the records agree.
 
+Every record also names its job (Note [Job ids] in hpcgrad/comm/flight_recorder.py): records of
+different jobs in one directory (a later run that left fewer records than an earlier one) are
+refused, not merged into a divergence that never happened; ``--job`` picks one job's records.
+
 Exit status: 0 when every rank's record is there and they agree, 1 when a divergence is found
 (whether or not some records are missing), 2 on bad input (no dumps, unreadable or malformed
 ones), 3 when the records present show no divergence but some ranks' records are missing.
@@ -30,6 +34,7 @@ import json
 import os
 import re
 import sys
+import time
 
 _DUMP = re.compile(r"flight_rank(\d+)\.json$")
 
@@ -66,6 +71,34 @@ def load(directory):
             raise BadInput(f"two records for rank {rank} in {directory!r}")
         dumps[rank] = dump
     return dumps
+
+
+def _jobs(dumps):
+    """{job id: [ranks]} of the records that name an agreed job."""
+    jobs = {}
+    for rank, dump in sorted(dumps.items()):
+        if dump.get("job_agreed"):
+            jobs.setdefault(dump.get("job"), []).append(rank)
+    return jobs
+
+
+def select_job(dumps, job=None):
+    """The records of one job: all of them when they name one (or none), else those of ``job``;
+    raises BadInput naming the jobs found when the records mix jobs and ``job`` picks none."""
+    jobs = _jobs(dumps)
+    if job is None and len(jobs) <= 1:
+        return dumps
+    if job is not None and job in jobs:
+        return {rank: dump for rank, dump in dumps.items()
+                if dump.get("job") == job or not dump.get("job_agreed")}
+    found = "; ".join(
+        f"{name!r}: {_ranks(ranks)}, written at "
+        f"{time.strftime('%H:%M:%S', time.localtime(max(dumps[r]['time'] for r in ranks)))}"
+        for name, ranks in jobs.items())
+    asked = f"no record of job {job!r}" if job is not None else "records of different jobs"
+    raise BadInput(f"{asked} here: {found}. Merging them would report a divergence that never "
+                   f"happened: pick one with --job '<id>', or give each run its own "
+                   f"HPCGRAD_FLIGHT_DIR (and remove the stale records)")
 
 
 def _ranks(ranks):
@@ -196,7 +229,9 @@ def analyze(dumps):
                        "pending": [e for e in entries if e["state"] == "posted"],
                        "time": dump["time"]}
     missing = [r for r in range(world) if r not in dumps]
+    jobs = _jobs(dumps)
     return {"directory_ranks": sorted(dumps), "world_size": world,
+            "job": next(iter(jobs)) if len(jobs) == 1 else None,
             "world_sizes": {str(r): int(d["world_size"]) for r, d in sorted(dumps.items())},
             "missing_dumps": missing, "complete": not missing,
             "groups": {str(g): v for g, v in groups.items()},
@@ -241,7 +276,8 @@ def report(findings, dumps):
     groups = {int(g): v for g, v in findings["groups"].items()}
     world = findings["world_size"]
     missing = findings["missing_dumps"]
-    lines = [f"Flight records of {_ranks(findings['directory_ranks'])} (world size {world})."]
+    job = f", job {findings['job']!r}" if findings["job"] else ""
+    lines = [f"Flight records of {_ranks(findings['directory_ranks'])} (world size {world}{job})."]
     sizes = sorted(set(findings["world_sizes"].values()))
     if len(sizes) > 1:
         on = {size: [int(r) for r, n in findings["world_sizes"].items() if n == size]
@@ -249,6 +285,11 @@ def report(findings, dumps):
         said = "; ".join(f"{size} on {_ranks(ranks)}" for size, ranks in on.items())
         lines.append(f"The records disagree on the world size ({said}): some are from another "
                      f"run; give each run its own HPCGRAD_FLIGHT_DIR.")
+    early = [int(r) for r, d in sorted(dumps.items()) if not d.get("job_agreed")]
+    if early and len(early) < len(dumps):
+        lines.append(f"{_ranks(early)} wrote {'its record' if len(early) == 1 else 'their records'}"
+                     f" before the ranks agreed on a job id (at start-up): nothing says "
+                     f"{'it is' if len(early) == 1 else 'they are'} this job's.")
     if missing:
         they = "it" if len(missing) == 1 else "they"
         lines.append(f"MISSING: no record from {_ranks(missing)} of the {world} ranks (a rank "
@@ -300,9 +341,11 @@ def main(argv=None):
     parser.add_argument("directory", help="where the ranks wrote flight_rank*.json "
                         "(HPCGRAD_FLIGHT_DIR, default ./hpcgrad-flight)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--job", help="where the directory holds records of several jobs: the "
+                        "job id whose records to merge (the error lists them)")
     args = parser.parse_args(argv)
     try:
-        dumps = load(args.directory)
+        dumps = select_job(load(args.directory), args.job)
     except BadInput as exc:
         print(f"hpcgrad.flight: {exc}", file=sys.stderr)
         return 2

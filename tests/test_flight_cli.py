@@ -22,9 +22,11 @@ def _entry(number, op="allreduce", state="complete", dtype="float32", count=4, g
             "end": start + 0.5 if state != "posted" else None}
 
 
-def _write(directory, rank, entries, world=3, reason="timeout", capacity=2000, recorded=None):
+def _write(directory, rank, entries, world=3, reason="timeout", capacity=2000, recorded=None,
+           job="h pid 100 at 2026-11-28T10:00:00", when=T0 + 100):
     record = {"version": 1, "rank": rank, "world_size": world, "host": "h", "pid": 100 + rank,
-              "reason": reason, "time": T0 + 100, "capacity": capacity,
+              "job": job, "job_agreed": job is not None,
+              "reason": reason, "time": when, "capacity": capacity,
               "recorded": len(entries) if recorded is None else recorded,
               "groups": [{"id": 0, "name": "default", "ranks": list(range(world))}],
               "entries": entries}
@@ -122,6 +124,42 @@ def test_bad_input_exits_2(tmp_path, capsys, case):
     assert capsys.readouterr().err.startswith("hpcgrad.flight: ")
 
 
+def test_records_of_two_jobs_are_refused_and_one_can_be_picked(tmp_path, capsys):
+    """A later run left records of ranks 0 and 2 over an earlier run's three: merged, rank 1's
+    old record would read as a divergence (it stopped at collective #2)."""
+    earlier, later = "h pid 100 at 2026-11-28T10:00:00", "h pid 300 at 2026-11-28T10:02:00"
+    for rank in range(3):
+        _write(tmp_path, rank, [_entry(1), _entry(2)], job=earlier)
+    for rank in (0, 2):
+        _write(tmp_path, rank, [_entry(n) for n in (1, 2, 3, 4)], job=later, when=T0 + 220)
+    status = flight.main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "records of different jobs here" in err and f"{earlier!r}: rank 1" in err
+    assert f"{later!r}: ranks 0, 2" in err and "--job" in err
+    status, out = _run(tmp_path, capsys, "--job", later)
+    assert status == 3 and "DIVERGENCE" not in out, out  # rank 1's record is not this job's
+    assert f"job {later!r}" in out and "MISSING: no record from rank 1" in out
+    status, out = _run(tmp_path, capsys, "--job", "nonesuch")
+    assert status == 2
+
+
+def test_a_record_written_before_start_up_is_merged_and_flagged(tmp_path, capsys):
+    for rank in range(3):
+        _write(tmp_path, rank, [_entry(1)], job=None if rank == 2 else "slurm 7.0, h pid 1")
+    status, out = _run(tmp_path, capsys)
+    assert status == 0, out
+    assert "rank 2 wrote its record before the ranks agreed on a job id" in out
+
+
+def test_the_launcher_names_the_job_where_it_can():
+    from hpcgrad.comm.flight_recorder import launcher_job_id
+    assert launcher_job_id({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"}) == "slurm 77.3"
+    assert launcher_job_id({"SLURM_JOB_ID": "77"}) == "slurm 77"
+    assert launcher_job_id({"PMIX_NAMESPACE": "prterun-vm-123@1"}) == "pmix prterun-vm-123@1"
+    assert launcher_job_id({"PMI_RANK": "0"}) is None  # MPICH's hydra: no name
+
+
 def test_runs_as_a_module(tmp_path):
     _write(tmp_path, 0, [_entry(1)], world=1)
     done = subprocess.run([sys.executable, "-m", "hpcgrad.flight", str(tmp_path)],
@@ -139,6 +177,7 @@ def test_a_launched_job_where_rank_2_skips_a_collective(launch, tmp_path):
         assert f"[rank {rank}] " in job.stdout and "every rank dumped: True" in job.stdout, \
             job.output
     findings = flight.analyze(flight.load(str(tmp_path)))
+    assert findings["job"] is not None and "pid" in findings["job"], findings  # one, agreed
     first = findings["first"]
     assert (first["kind"], first["collective"], first["diverged"]) == ("missing", 5, [2]), \
         findings

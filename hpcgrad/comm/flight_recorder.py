@@ -54,6 +54,19 @@ Note [Flight recorder]
     collective counter of a group has one writer (the thread issuing the group's calls, which
     MPI's ordering rule asks for anyway). Readers (dump, the stall inspector) copy the lists
     first. ``end`` may run on another thread (the progress thread completing a Work).
+
+Note [Job ids]
+    Dumps of two runs written to one directory looked like one job whose ranks disagreed: rank
+    0's record of a run two minutes later beside rank 1's of an earlier one, and the reader
+    reported a divergence that never happened. So every record names its job, and
+    ``python -m hpcgrad.flight`` refuses to merge records of different jobs (``--job`` picks
+    one). The ranks agree on the name at start-up (``agree_job_id``: one broadcast from rank 0
+    in init_process_group and again in init_rpc, rank 0 proposing what it already agreed on,
+    so a default group of fewer ranks and RPC over all of them share it): the launcher's name for the
+    job where it has one (SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's PMIx namespace), which alone
+    would not tell apart two mpiexec runs inside one allocation, followed by rank 0's host,
+    process id and start time, which would. A record written before start-up has the
+    launcher's name only (or none: MPICH's hydra gives none), and says so.
 """
 
 import contextlib
@@ -65,6 +78,8 @@ import socket
 import sys
 import threading
 import time
+
+import numpy as np
 
 from .env import whole_number
 from .mpi import before_abort, comm_world
@@ -112,6 +127,8 @@ class FlightRecorder:
         self._groups = []  # per group: (name, world ranks)
         self._dump_lock = threading.RLock()  # a signal may interrupt a dump on the same thread
         self._dumps = itertools.count()
+        self.job_id = launcher_job_id()  # until the ranks agree on one: Note [Job ids]
+        self.job_agreed = False
 
     # --- groups -----------------------------------------------------------------------------
     def register_group(self, ranks, name=None):
@@ -199,7 +216,7 @@ class FlightRecorder:
     def snapshot(self, reason):
         """What ``dump`` writes, as a dict."""
         return {"version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
-                "host": socket.gethostname(), "pid": os.getpid(), "reason": str(reason),
+                "job": self.job_id, "job_agreed": self.job_agreed, "host": socket.gethostname(), "pid": os.getpid(), "reason": str(reason),
                 "time": _now(), "capacity": self.capacity,
                 "recorded": self._next_slot(),
                 "groups": [{"id": gid, "name": name, "ranks": ranks}
@@ -229,6 +246,45 @@ class FlightRecorder:
                 with contextlib.suppress(OSError):  # a full disk leaves no partial file
                     os.unlink(tmp)
             return None
+
+
+def launcher_job_id(environ=None):
+    """The launcher's name for this job where it gives one (SLURM's job and step, Open MPI's
+    PMIx namespace), else None. MPICH's hydra gives none."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_JOB_ID"):
+        step = environ.get("SLURM_STEP_ID")
+        return f"slurm {environ['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    if environ.get("PMIX_NAMESPACE"):
+        return f"pmix {environ['PMIX_NAMESPACE']}"
+    return None
+
+
+_JOB_ID_BYTES = 256
+
+
+def agree_job_id(comm, recorder=None):
+    """Collective over ``comm``: every rank takes rank 0's job id, the launcher's name for the
+    job and rank 0's host, process and start time (Note [Job ids]). Rank 0 proposes the id it
+    already agreed on, if any, so init_rpc after init_process_group (whose group may be
+    fewer ranks) keeps the one name."""
+    recorder = RECORDER if recorder is None else recorder
+    if recorder.job_agreed:
+        mine = recorder.job_id
+    else:
+        started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(_now()))
+        mine = f"{socket.gethostname()} pid {os.getpid()} at {started}"
+        if recorder.job_id:
+            mine = f"{recorder.job_id}, {mine}"
+    # Raw bytes, never pickle (as every diagnostics message: Note [Diagnostics messages are
+    # data] in stall.py); a name longer than the buffer is cut, never sent in pieces.
+    buffer = np.zeros(_JOB_ID_BYTES, np.uint8)
+    encoded = mine.encode("utf-8")[:_JOB_ID_BYTES]
+    buffer[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    comm.Bcast(buffer, root=0)
+    recorder.job_id = bytes(buffer).rstrip(b"\0").decode("utf-8", errors="replace")
+    recorder.job_agreed = True
+    return recorder.job_id
 
 
 def _to_json(record):

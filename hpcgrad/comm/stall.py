@@ -473,16 +473,7 @@ _lock = threading.Lock()
 
 def start(comm, recorder=RECORDER, warning=None, out=None):
     """Start the stall inspector on every rank of ``comm``. Collective: every rank calls it,
-    with the same ``comm``; the ranks agree on one warning (Note [Group names]
-    A group is printed by the name it was registered under with the recorder ("group
-    default", "group new_group([0, 1])", "group DDP(default)" for DDP's private communicator),
-    never by its id alone: ids are registration order, and DDP's communicator reading as
-    "group 0" made a DDP divergence look like the default group's. Only a group registered
-    without a name reads "group 3"; a name two groups share gets its id too ("group
-    DDP(default) [id 2]"). ``group_label`` here and ``_group_label`` in hpcgrad/flight.py
-    (which reads files only, so imports nothing of this module) print the same words.
-
-Note [One stall warning]; each
+    with the same ``comm``; the ranks agree on one warning (Note [One stall warning]; each
     rank's ``warning``, None: its HPCGRAD_STALL_WARNING) and, when it is not 0, duplicate
     ``comm``. Returns the inspector, or None when off or alone. Idempotent (every rank must
     have called ``stop()`` before a new ``start``); stopped at exit (atexit) or by ``stop()``."""

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from .. import backend
 from ..comm import stall, threads
 from ..comm.buffers import is_array
-from ..comm.flight_recorder import RECORDER, install_signal_handler
+from ..comm.flight_recorder import RECORDER, agree_job_id, install_signal_handler
 from ..comm.mpi import comm_world
 from ..comm.rendezvous import rendezvous
 from ..comm.process_group import ProcessGroup, ReduceOp
@@ -219,6 +219,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                   f"collectives, devices and timeouts as documented for 'mpi')",
                   file=sys.stderr, flush=True)
         _default_group = ProcessGroup(comm, seconds, name="default")
+        agree_job_id(comm)  # every flight record names this job (Note [Job ids])
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         _local = (node.Get_rank(), node.Get_size())
         node.Free()

@@ -16,13 +16,14 @@ import time
 
 import numpy as np
 
-from hpcgrad.comm.flight_recorder import RECORDER
+from hpcgrad.comm.flight_recorder import RECORDER, agree_job_id
 from hpcgrad.comm.mpi import MPI
 
 TIMEOUT = 2.0
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 group = RECORDER.register_group(range(size), "default")
+agree_job_id(comm)  # as init_process_group does: every record names this run
 
 
 def all_exist(name, bound=15.0):

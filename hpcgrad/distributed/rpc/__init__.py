@@ -27,7 +27,7 @@ import numbers
 import threading
 import traceback
 
-from ...comm.flight_recorder import install_signal_handler
+from ...comm.flight_recorder import agree_job_id, install_signal_handler
 from ...comm.mpi import comm_world
 from ...comm.work import default_timeout
 from . import functions, message
@@ -170,6 +170,7 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     init_timeout = options.rpc_timeout if rpc_backend_options is not None else default_timeout()
     agent = MPIRpcAgent(name, comm, options.num_worker_threads, init_timeout=init_timeout,
                         allowed=policy)
+    agree_job_id(comm)  # after the agent's bounded start-up: every rank is here (Note [Job ids])
     if rpc_backend_options is not None:
         _default_timeout = options.rpc_timeout
     for kind, handler in (("call", _serve_call), ("remote", _serve_remote),
