@@ -239,9 +239,28 @@ def conv_layers(width):
     return shapes
 
 
+def gemms_alone(x, w, stride, k):
+    """hpcgrad's convolution reduced to its three matrix products (forward, weight and input
+    gradients) over its chunks of samples, on random columns: the floor under im2col + GEMM."""
+    from hpcgrad.nn import _conv
+    rng = np.random.default_rng(1)
+    pad = k // 2
+    geo = _conv._Geometry(x.shape, w.shape, (stride, stride), (pad,) * 4, (1, 1), 1)
+    w2, wt = w.reshape(len(w), -1), np.ascontiguousarray(w.reshape(len(w), -1).T)
+    pieces = [(rng.standard_normal((geo.rows, (b - a) * geo.positions)).astype(w.dtype),
+               rng.standard_normal((geo.o, (b - a) * geo.positions)).astype(w.dtype))
+              for a, b in geo.chunks()]
+
+    def run():
+        for cols, g in pieces:
+            w2 @ cols, g @ cols.T, wt @ g
+    return run
+
+
 def layer_times(args):
     """Each distinct convolution's forward + backward (input and weight gradients), the
-    libraries interleaved: prints ms per library, the ratio and the layer's share of the model."""
+    libraries interleaved, and hpcgrad's three matrix products alone: prints ms, the ratios and
+    the layer's count in the model."""
     rng = np.random.default_rng(0)
     libs = ["hpcgrad"] + ([] if args.no_torch else ["torch"])
     total = {name: 0.0 for name in libs}
@@ -258,9 +277,11 @@ def layer_times(args):
             def run(lib=lib, xt=xt, wt=wt, conv=conv):
                 out = conv(xt, wt, stride=stride, padding=k // 2)
                 out.backward(lib.ones_like(out))
-            run(), run()
             runs[name] = run
-        found = {name: [] for name in libs}
+        runs["GEMMs"] = gemms_alone(x, w, stride, k)
+        found = {name: [] for name in runs}
+        for run in runs.values():
+            run(), run()
         for _ in range(max(args.rounds, 5)):
             for name, run in runs.items():
                 t0 = time.perf_counter()
@@ -272,7 +293,9 @@ def layer_times(args):
             total[name] += count * statistics.median(found[name])
         if "torch" in found:
             ratio = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["torch"]))
-            line += f"; torch {1e3 * statistics.median(found['torch']):6.2f} ms; {ratio:.2f}x"
+            floor = statistics.median(a / b for a, b in zip(found["GEMMs"], found["torch"]))
+            line += (f"; torch {1e3 * statistics.median(found['torch']):6.2f} ms; {ratio:.2f}x; "
+                     f"hpcgrad's GEMMs alone {floor:.2f}x")
         print(line, flush=True)
     print("  all convolutions of one step: " + "; ".join(
         f"{name} {1e3 * t:.1f} ms" for name, t in total.items()), flush=True)
