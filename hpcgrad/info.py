@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import hpcgrad
-from hpcgrad import coverage
+from hpcgrad import config, coverage
 from hpcgrad.comm import hierarchical
 from hpcgrad.comm.mpi import (  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
     CUDA_AWARE_ENV,
@@ -275,6 +275,24 @@ def format_report(reports):
     return "\n".join(lines)
 
 
+def print_config(as_json=False):
+    """``--config``: every HPCGRAD_* setting (Note [One place for settings] in hpcgrad/config.py)."""
+    rows = config.table()
+    if as_json:
+        keys = ("name", "value", "default", "read", "meaning", "audience")
+        print(json.dumps([dict(zip(keys, row)) for row in rows], indent=1))
+        return 0
+    for audience, title in (("user", "settings"),
+                            ("simulation", "the simulated cluster (one machine as N nodes)"),
+                            ("internal", "set by hpcgrad for processes it starts")):
+        print(f"HPCGRAD_* {title}:")
+        for name, value, default, read, meaning, who in rows:
+            if who == audience:
+                print(f"  {name} = {value}  [default {default}; read {read}]\n      {meaning}")
+    sys.stdout.flush()
+    return 0
+
+
 def main(argv=None):
     """Entry point of `python -m hpcgrad.info` and `hpcgrad-info`."""
     parser = argparse.ArgumentParser(prog="hpcgrad-info", description=__doc__)
@@ -288,7 +306,12 @@ def main(argv=None):
                         help="list the torch.* names these scripts use that hpcgrad lacks, with their "
                              "lines (parsed, not run); status 1 when some are missing, 2 when a file "
                              "cannot be read or parsed; with --json, as JSON")
+    parser.add_argument("--config", action="store_true",
+                        help="list every HPCGRAD_* setting: this process's value, the default, "
+                             "when it is read and what it does (no MPI job is gathered)")
     args = parser.parse_args(argv)
+    if args.config:
+        return print_config(as_json=args.json)
     if args.coverage:
         if args.probe or args.probe_child:
             parser.error("--coverage reads scripts and starts no job: leave out --probe")

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from multiprocessing import *  # noqa: F401,F403  (torch.multiprocessing re-exports it too)
 
+from . import config
+
 _SPAWNED = "HPCGRAD_SPAWNED"  # set in the ranks of a job that spawn() started
 # (rank, size) variables of the launchers, checked in order; no MPI call is needed to read them.
 _LAUNCH_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
@@ -72,7 +74,7 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
                          f"the processes here, so launch with mpiexec -n {nprocs} (or run the "
                          f"script with plain python and spawn starts them)")
     fn(rank, *args)
-    if os.environ.get(_SPAWNED):  # a rank of the job below: only the parent goes on
+    if config.raw(_SPAWNED):  # a rank of the job below: only the parent goes on
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(0)

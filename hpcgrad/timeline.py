@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from . import config
+
 TIMELINE_ENV = "HPCGRAD_TIMELINE"
 
 
@@ -170,7 +172,7 @@ def finish(barrier, rank, say=print):
         say(f"timeline: {TIMELINE.path} (open in https://ui.perfetto.dev)", flush=True)
 
 
-TIMELINE = Timeline(os.environ.get(TIMELINE_ENV) or None)
+TIMELINE = Timeline(config.raw(TIMELINE_ENV) or None)
 if TIMELINE.enabled:
     atexit.register(TIMELINE.save)
 

@@ -10,6 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hpcgrad"
 # module prefix -> prefixes it must not import (the first matching prefix, longest first, rules).
 FORBIDDEN = {
     "hpcgrad.futures": ("hpcgrad.",),
+    "hpcgrad.config": ("hpcgrad.",),  # the settings table: read by every layer, imports none
     "hpcgrad.comm": ("hpcgrad.tensor", "hpcgrad.autograd", "hpcgrad.ops", "hpcgrad.nn",
                      "hpcgrad.sparse", "hpcgrad.distributed", "hpcgrad.ddp", "hpcgrad.optim",
                      "hpcgrad.data", "hpcgrad.checkpoint"),

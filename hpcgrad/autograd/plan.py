@@ -65,15 +65,16 @@ in README "Performance".
 """
 
 import heapq
-import os
 import threading
+
+from .. import config
 
 MODES = ("on", "off", "reference")  # reference: Note [The reference order] (reference.py)
 _MAX_PLANS_PER_ROOT = 4  # per root type: a loop alternating a few graphs keeps all of them
 
 
 def _mode_from_env():
-    value = os.environ.get("HPCGRAD_BACKWARD_PLAN", "on").strip().lower()
+    value = config.raw("HPCGRAD_BACKWARD_PLAN").strip().lower() or "on"
     aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
     value = aliases.get(value, value)
     if value not in MODES:

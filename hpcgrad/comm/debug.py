@@ -24,11 +24,12 @@ each rank's call, and the refused call moves no data (the group still works).
 """
 
 import json
-import os
 from array import array as pyarray
 
 import numpy as np
 from mpi4py import MPI
+
+from .. import config
 
 from .buffers import dtype_code, dtype_name
 from .work import wait_requests
@@ -51,7 +52,7 @@ class CollectiveMismatchError(RuntimeError):
 
 def level():
     """HPCGRAD_DISTRIBUTED_DEBUG as 'OFF', 'INFO' or 'DETAIL' (default INFO)."""
-    value = os.environ.get(DEBUG_ENV, "INFO").upper()
+    value = (config.raw(DEBUG_ENV).strip() or "INFO").upper()
     if value not in _LEVELS:
         raise ValueError(f"{DEBUG_ENV} must be OFF, INFO or DETAIL, got {value!r}")
     return value

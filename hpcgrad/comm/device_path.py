@@ -1,12 +1,11 @@
 """Which MPI call runs a collective on device memory, and the communication thread for MPIs that lack nonblocking ones."""
 
 import collections
-import os
 import threading
 
 from mpi4py import MPI
 
-from .. import backend
+from .. import backend, config
 from .work import CommTimeoutError, GroupUnusableError
 
 ENV = "HPCGRAD_DEVICE_COLLECTIVES"
@@ -52,10 +51,10 @@ PATHS = ("direct", "thread", "staged")
 
 def decide(library_version, cuda_aware):
     """(path, reason): the path device collectives take (Note [Device collectives per MPI])."""
-    forced = os.environ.get(ENV, "").strip().lower()
+    forced = config.raw(ENV).strip().lower()
     if forced and forced not in PATHS:
         raise ValueError(f"{ENV} must be one of {', '.join(PATHS)} (or unset to decide from "
-                         f"the MPI library), got {os.environ[ENV]!r}")
+                         f"the MPI library), got {config.raw(ENV)!r}")
     if forced == "staged":
         if cuda_aware:
             raise ValueError(f"{ENV}=staged but MPI was found CUDA-aware, so device arrays go "
@@ -92,7 +91,7 @@ def router(cuda_aware):
     ``cuda_aware`` is called only when a GPU is present. Reads HPCGRAD_DEVICE_COLLECTIVES:
     "thread" sends host arrays through the thread too (how the mechanism is tested without a
     GPU)."""
-    forced = os.environ.get(ENV, "").strip().lower()
+    forced = config.raw(ENV).strip().lower()
     if forced == "thread":
         return _always
     if forced and forced not in PATHS:

@@ -81,7 +81,8 @@ import time
 
 import numpy as np
 
-from .env import whole_number
+from .. import config
+from ..config import whole_number
 from .mpi import before_abort, comm_world
 
 CAPACITY_ENV = "HPCGRAD_FLIGHT_RECORDER"
@@ -115,7 +116,7 @@ class FlightRecorder:
     def __init__(self, capacity, rank=0, world_size=1, directory=None):
         self.capacity = capacity
         self.rank, self.world_size = rank, world_size
-        self.directory = os.path.abspath(directory or os.environ.get(DIR_ENV) or DEFAULT_DIR)
+        self.directory = os.path.abspath(directory or config.raw(DIR_ENV) or DEFAULT_DIR)
         self._n = max(capacity, _MIN_RING)
         # Entry: (slot, group, seq, collective number or 0, op, peer, count, dtype, start).
         self._ring = [(-1, 0, 0, 0, "", None, 0, None, 0.0)] * self._n

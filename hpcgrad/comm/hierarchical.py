@@ -6,7 +6,8 @@ import threading
 
 from mpi4py import MPI
 
-from .env import whole_number
+from .. import config
+from ..config import whole_number
 
 MODE_ENV = "HPCGRAD_HIERARCHICAL_ALLREDUCE"
 MIN_BYTES_ENV = "HPCGRAD_HIERARCHICAL_MIN_BYTES"
@@ -19,7 +20,7 @@ _IN_PLACE = MPI.IN_PLACE
 
 def mode_from_env(environ=os.environ):
     """HPCGRAD_HIERARCHICAL_ALLREDUCE as '0' (off, the default), '1' (always) or 'auto'."""
-    raw = environ.get(MODE_ENV, "0").strip().lower()
+    raw = config.raw(MODE_ENV, environ).strip().lower() or "0"
     if raw not in _MODES:
         raise ValueError(f"{MODE_ENV} must be 0 (flat all-reduce), 1 (hierarchical always) or "
                          f"auto (hierarchical when the group spans nodes that are not consecutive "
@@ -40,7 +41,7 @@ def fake_nodes(environ=os.environ):
 
 def fake_placement(environ=os.environ):
     """HPCGRAD_FAKE_PLACEMENT: 'block' (the default) or 'cyclic', how fake nodes hold ranks."""
-    raw = environ.get(FAKE_PLACEMENT_ENV, "block").strip().lower()
+    raw = config.raw(FAKE_PLACEMENT_ENV, environ).strip().lower() or "block"
     if raw not in ("block", "cyclic"):
         raise ValueError(f"{FAKE_PLACEMENT_ENV} must be block (rank r on fake node r * k // size) "
                          f"or cyclic (rank r on node r % k), got {raw!r}")

@@ -21,6 +21,8 @@ _already_initialized = "mpi4py.MPI" in sys.modules
 mpi4py.rc.thread_level = "multiple"
 from mpi4py import MPI  # noqa: E402
 
+from .. import config  # noqa: E402
+
 
 _THREAD_LEVEL_NAMES = {
     MPI.THREAD_SINGLE: "single",
@@ -41,17 +43,6 @@ def comm_world():
 def thread_level():
     """Thread support MPI granted, as mpi4py.rc names it: 'single', 'funneled', 'serialized' or 'multiple'."""
     return _THREAD_LEVEL_NAMES.get(MPI.Query_thread(), str(MPI.Query_thread()))
-
-
-def _env_flag(name, default, meaning):
-    """Read a 0/1 environment variable; anything else is an error, not a silent default."""
-    value = os.environ.get(name, "").strip()
-    if value == "":
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"environment variable {name} must be '0' or '1', got {value!r}; "
-                         f"{meaning}")
-    return value == "1"
 
 
 def _loaded_mpi_libraries():
@@ -125,7 +116,7 @@ def cuda_aware_decision(environ=None, library_version=None, query=mpix_query, om
     so tests can stand in for each MPI; by default this process's environment and MPI."""
     environ = os.environ if environ is None else environ
     library = MPI.Get_library_version() if library_version is None else library_version
-    value = environ.get(CUDA_AWARE_ENV, "").strip()
+    value = config.raw(CUDA_AWARE_ENV, environ).strip()
     if value in ("0", "1"):
         return value == "1", f"{CUDA_AWARE_ENV}={value} (environment override)"
     if value:
@@ -324,7 +315,7 @@ def install_abort_hook():
     previous one, so a plain `python` run prints tracebacks as usual.
     """
     global _installed, _exit_hook_registered
-    if _env_flag(NO_ABORT_HOOK_ENV, False,
+    if config.flag(NO_ABORT_HOOK_ENV, False,
                  "1 = let uncaught exceptions end only their own rank (interactive use); "
                  "unset it or use 0 to abort the whole job"):
         return False

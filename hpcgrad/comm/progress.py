@@ -76,6 +76,8 @@ import os
 import threading
 import time
 
+from .. import config
+
 PROGRESS_ENV = "HPCGRAD_PROGRESS_THREAD"
 DEFAULT_INTERVAL = 200e-6
 _MIN_BYTES = 64 << 10  # smaller operations finish within the first polls of their wait
@@ -166,7 +168,7 @@ def progress_thread():
 def env_mode():
     """HPCGRAD_PROGRESS_THREAD as '0' (never), '1' (from init_process_group on) or 'auto'
     (unset: DDP starts it when its group spans nodes; Note [Progress across nodes])."""
-    value = os.environ.get(PROGRESS_ENV, "auto").strip().lower() or "auto"
+    value = config.raw(PROGRESS_ENV).strip().lower() or "auto"
     if value not in ("0", "1", "auto"):
         raise ValueError(f"{PROGRESS_ENV} must be 0 or 1, got {value!r} (or auto, the default: "
                          "started by DistributedDataParallel when its group spans nodes); 1 "

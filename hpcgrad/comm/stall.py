@@ -60,13 +60,14 @@ Note [One stall warning]
 import atexit
 import json
 import math
-import os
 import sys
 import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
+
+from .. import config
 
 from .flight_recorder import RECORDER
 
@@ -79,7 +80,7 @@ _STATE_TAG, _DUMP_TAG = 1, 2
 
 def warning_from_env():
     """Seconds a collective may wait before rank 0 reports it (HPCGRAD_STALL_WARNING; 0: off)."""
-    raw = os.environ.get(WARNING_ENV, "").strip()
+    raw = config.raw(WARNING_ENV).strip()
     if raw == "":
         return DEFAULT_WARNING
     try:

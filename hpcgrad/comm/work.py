@@ -7,6 +7,7 @@ import weakref
 
 from mpi4py import MPI
 
+from .. import config
 from . import mpi as _mpi  # mpi.py imports this module: call through the module
 
 from ..futures import (
@@ -36,7 +37,7 @@ class GroupUnusableError(RuntimeError):
 
 def default_timeout():
     """Seconds a blocking wait may take before CommTimeoutError (env HPCGRAD_COMM_TIMEOUT; 0: off)."""
-    raw = os.environ.get(DEFAULT_TIMEOUT_ENV, "1800")
+    raw = config.raw(DEFAULT_TIMEOUT_ENV).strip() or "1800"
     try:
         value = float(raw)
     except ValueError:
@@ -198,7 +199,7 @@ watchdog = Watchdog()
 
 
 def _detail_hint():
-    if os.environ.get("HPCGRAD_DISTRIBUTED_DEBUG", "INFO").upper() in ("INFO", "DETAIL"):
+    if (config.raw("HPCGRAD_DISTRIBUTED_DEBUG").strip() or "INFO").upper() in ("INFO", "DETAIL"):
         return ""  # the checks ran: the peer is missing, not calling something else
     return (" (HPCGRAD_DISTRIBUTED_DEBUG=OFF: unset it, or set INFO or DETAIL, to compare "
             "every rank's calls)")

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
+from .. import backend, config
 from ..comm import stall, threads
 from ..comm.buffers import is_array
 from ..comm.flight_recorder import RECORDER, agree_job_id, install_signal_handler
@@ -50,7 +50,7 @@ def _export_torchrun_env(rank, size, local=None):
     """Note [torchrun's variables]: set what is absent; ``local``: (local rank, local size)."""
     env = os.environ
     me = str(os.getpid())
-    if env.get(_SETTER, me) != me:  # inherited from the hpcgrad process that started us
+    if (config.raw(_SETTER) or me) != me:  # inherited from the hpcgrad process that started us
         for name in _TORCHRUN_VARS:
             env.pop(name, None)
     env[_SETTER] = me
