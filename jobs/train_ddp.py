@@ -330,7 +330,7 @@ def main(argv=None):
             if rank == 0:
                 message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
                            f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
-                           f"{elapsed:.1f} s  {samples_per_s:,.0f} samples/s  "
+                           f"{elapsed:.2f} s  {samples_per_s:,.0f} samples/s  "
                            f"({time.perf_counter() - started:.1f} s)")
                 (progress.write if progress is not None else print)(message, flush=True)
                 if epoch == start_epoch:

@@ -441,7 +441,7 @@ def main(argv=None):
                            if resumed_at else "")
                 message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  train "
                            f"accuracy {train_accuracy:.4f}  test loss {test_loss:.4f}  test "
-                           f"accuracy {accuracy:.4f}  {elapsed:.1f} s  {samples_per_s:,.0f} "
+                           f"accuracy {accuracy:.4f}  {elapsed:.2f} s  {samples_per_s:,.0f} "
                            f"samples/s  ({time.perf_counter() - started:.1f} s){resumed}")
                 (progress.write if progress is not None else print)(message, flush=True)
     finally:

@@ -363,7 +363,7 @@ def main(argv=None):
                             f"{hook_state.bytes_uncompressed_per_step:,} bytes/step")
                 message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
                            f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
-                           f"lr {scheduler.get_last_lr()[0]:.4g}{sent}  {elapsed:.1f} s  "
+                           f"lr {scheduler.get_last_lr()[0]:.4g}{sent}  {elapsed:.2f} s  "
                            f"{samples_per_s:,.0f} samples/s")
                 (progress.write if progress is not None else print)(message, flush=True)
     finally:
