@@ -33,6 +33,11 @@ from hpcgrad.comm.work import default_timeout
 STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
 
 
+def counted(n, thing):
+    """'1 rank', '2 ranks': a count and its noun."""
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
 def stop_status(signum):
     """The exit status of a job stopped by ``signum`` (0: not by a signal)."""
     return 128 + signum if signum else 0

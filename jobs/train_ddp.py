@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 from job_args import (
+    counted,
     STOP_SIGNALS,
     add_run_arguments,
     parse_together,
@@ -160,7 +161,7 @@ def header(args, world, train, test):
     """The run's set-up in a few lines (rank 0 prints it)."""
     places = dist_hosts()
     hosts = sorted({host for host, _ in places})
-    return (f"hpcgrad DDP job: {world} ranks on {len(hosts)} node(s); model {args.model}; "
+    return (f"hpcgrad DDP job: {counted(world, 'rank')} on {counted(len(hosts), 'node')}; model {args.model}; "
             f"global batch {args.batch_size * world} ({args.batch_size} per rank); lr {args.lr}; "
             f"momentum {args.momentum}; epochs {args.epochs}\n"
             f"data: {len(train)} train / {len(test)} test samples; MPI: "

@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 from job_args import (
+    counted,
     add_run_arguments,
     integer,
     parse_together,
@@ -299,7 +300,7 @@ def header(args, world, files, root, train, val, module):
     hosts = sorted({host for host, _ in places})
     params = sum(p.numel() for p in module.parameters())
     recomputed = "; activation checkpointing" if args.checkpoint_activations else ""
-    return (f"hpcgrad GPT job: {world} ranks on {len(hosts)} node(s); d {args.d_model}, "
+    return (f"hpcgrad GPT job: {counted(world, 'rank')} on {counted(len(hosts), 'node')}; d {args.d_model}, "
             f"{args.heads} heads, {args.layers} layers, context {args.block_size} bytes "
             f"({params:,} parameters){recomputed}; "
             f"{'ZeRO over ' if args.zero else ''}AdamW(weight decay {args.weight_decay}); lr "

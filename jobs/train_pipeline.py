@@ -50,6 +50,7 @@ import time
 
 import numpy as np
 from job_args import (
+    counted,
     STOP_SIGNALS,
     add_run_arguments,
     parse_together,
@@ -225,7 +226,7 @@ def header(args, world, train_size, test_size, steps_per_epoch):
     hosts = [None] * world
     dist.all_gather_object(hosts, os.uname().nodename)
     stages = "; ".join(f"rank {r}: {describe_stage(r, world)}" for r in range(world))
-    return (f"hpcgrad pipeline job: {world} ranks on {len(set(hosts))} node(s), one stage each; "
+    return (f"hpcgrad pipeline job: {counted(world, 'rank')} on {counted(len(set(hosts)), 'node')}, one stage each; "
             f"batch {args.batch_size}; lr {args.lr} (cosine to 0 over "
             f"{args.epochs * steps_per_epoch} steps); momentum {args.momentum}; "
             f"epochs {args.epochs}\n"

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 from job_args import (
+    counted,
     add_run_arguments,
     integer,
     parse_together,
@@ -158,7 +159,7 @@ def header(args, world, train, test, model):
     params = sum(p.numel() for p in model.parameters())
     hook = (f"PowerSGD rank {args.powersgd} from step {args.powersgd_start}" if args.powersgd
             else "plain all-reduce")
-    return (f"hpcgrad ResNet job: {world} ranks on {len(hosts)} node(s); {args.arch}, width "
+    return (f"hpcgrad ResNet job: {counted(world, 'rank')} on {counted(len(hosts), 'node')}; {args.arch}, width "
             f"{args.width} "
             f"({params:,} parameters); SyncBatchNorm; ZeRO over SGD(momentum {args.momentum}); "
             f"{args.scheduler} lr (max {args.lr}); gradients: {hook}; global batch "

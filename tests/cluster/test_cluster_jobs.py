@@ -91,12 +91,12 @@ def test_train_ddp_on_two_nodes_equals_one_process(launch, cl, tmp_path):
     spread = on_cluster(launch, cl, [TRAIN_DDP, "--checkpoint-dir", tmp_path / "cluster", "--batch-size", "32",
                                      *common])
     assert not spread.failed, spread.output
-    assert "4 ranks on 2 node(s)" in spread.stdout and "global batch 128 (32 per rank)" in spread.stdout, \
+    assert "4 ranks on 2 nodes" in spread.stdout and "global batch 128 (32 per rank)" in spread.stdout, \
         spread.stdout
     single = launch([sys.executable, str(TRAIN_DDP), "--checkpoint-dir", str(tmp_path / "single"),
                      "--batch-size", "128", *common], timeout=JOB_TIMEOUT)
     assert not single.failed, single.output
-    assert "1 ranks on 1 node(s)" in single.stdout and "global batch 128 (128 per rank)" in single.stdout
+    assert "1 rank on 1 node;" in single.stdout and "global batch 128 (128 per rank)" in single.stdout
     got, want = model_arrays(tmp_path / "cluster" / "last.npz"), model_arrays(tmp_path / "single" / "last.npz")
     assert got.keys() == want.keys() and len(got) == 6
     for name, value in got.items():

@@ -107,7 +107,7 @@ def test_resume_without_checkpoint_says_how_to_fix(launch, tmp_path):
 
 def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path, whole):
     directory, result = whole
-    assert "2 ranks on 1 node(s)" in result.stdout and "global batch 64" in result.stdout
+    assert "2 ranks on 1 node;" in result.stdout and "global batch 64" in result.stdout
     assert result.stdout.count(f"epoch {EPOCHS}/{EPOCHS}") == 1  # rank 0 reports, once
     assert "DDP: 1 bucket(s) of" in result.stdout and "rebuilt in gradient order" in result.stdout
     epochs = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()

@@ -69,7 +69,7 @@ def test_pipeline_job_learns_and_ends_at_its_best(launch, tmp_path, ranks):
     """Before Note [Pipeline job's learning]: 0.93 at epoch 4, 0.84 at epoch 5 (2 ranks)."""
     timeline = tmp_path / "timeline.json"
     result = train(launch, tmp_path, ranks=ranks, env={"HPCGRAD_TIMELINE": str(timeline)})
-    assert f"{ranks} ranks on 1 node(s), one stage each; batch 32; lr 0.05" in result.stdout
+    assert f"{ranks} ranks on 1 node, one stage each; batch 32; lr 0.05" in result.stdout
     assert "stages: rank 0: Linear 64>128" in result.stdout
     assert "data: 1438 train / 359 test samples" in result.stdout
     assert result.stdout.count("arguments: ") == 1  # printed once, by rank 0
