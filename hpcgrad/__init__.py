@@ -1,11 +1,11 @@
 """hpcgrad: reverse-mode autograd, distributed autograd and DDP on numpy/cupy arrays over MPI.
 
 Note [Layers]
-    Imports run one way, from the top of this list to the bottom (tests/test_layers.py checks
-    it from the source):
+    Imports run one way, from the top of this list to the bottom (tests/layers.py holds the
+    list module by module and checks it from the source: ``python -m tests.layers``):
 
-        hpcgrad.distributed.nn.api      RemoteModule: an nn.Module served over RPC
         hpcgrad.distributed.optim       DistributedOptimizer
+        hpcgrad.distributed.nn.api      RemoteModule: an nn.Module served over RPC
         hpcgrad.distributed.autograd    contexts, send/recv functions, DistEngine; registers
                                         its codec with RPC at init_rpc
         hpcgrad.distributed.rpc         agent, messages, RRefs: no autograd, a codec hook
@@ -18,8 +18,8 @@ Note [Layers]
                                         asks MPI for rank and size only when called)
         hpcgrad.tensor, ops, sparse     Tensor and differentiable ops
         hpcgrad.autograd                the engine; Tensor only through its interface
-        hpcgrad.futures, backend,       the one Future, numpy/cupy dispatch, numba kernels
-        kernels
+        hpcgrad.config, futures,        every HPCGRAD_* setting, the one Future, numpy/cupy
+        backend, kernels, timeline      dispatch, numba kernels, timeline spans
 
     RPC and distributed autograd keep PyTorch's module names under ``hpcgrad.distributed``
     (importing them runs the facade's ``__init__``, a layer below them). ``hpcgrad.nn.parallel``

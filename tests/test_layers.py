@@ -1,133 +1,35 @@
-"""The package's layers import one way (Note [Layers] in hpcgrad/__init__.py), read from the source."""
+"""The package's layers import one way (Note [Layers as a whitelist] in tests/layers.py), read
+from the source; each check fails on a planted violation."""
 
 import ast
-from pathlib import Path
 
 import pytest
-
-PACKAGE = Path(__file__).resolve().parents[1] / "hpcgrad"
-
-# module prefix -> prefixes it must not import (the first matching prefix, longest first, rules).
-FORBIDDEN = {
-    "hpcgrad.futures": ("hpcgrad.",),
-    "hpcgrad.config": ("hpcgrad.",),  # the settings table: read by every layer, imports none
-    "hpcgrad.comm": ("hpcgrad.tensor", "hpcgrad.autograd", "hpcgrad.ops", "hpcgrad.nn",
-                     "hpcgrad.sparse", "hpcgrad.distributed", "hpcgrad.ddp", "hpcgrad.optim",
-                     "hpcgrad.data", "hpcgrad.checkpoint"),
-    "hpcgrad.autograd": ("hpcgrad.comm", "hpcgrad.distributed", "hpcgrad.ddp", "hpcgrad.nn",
-                         "hpcgrad.optim", "hpcgrad.data"),
-    "hpcgrad.tensor": ("hpcgrad.comm", "hpcgrad.distributed", "hpcgrad.ddp", "hpcgrad.nn"),
-    "hpcgrad.ops": ("hpcgrad.comm", "hpcgrad.distributed", "hpcgrad.ddp", "hpcgrad.nn"),
-    "hpcgrad.nn": ("hpcgrad.comm", "hpcgrad.distributed", "hpcgrad.ddp"),
-    # The facade of torch.distributed's collectives, under RPC, distributed autograd and DDP.
-    "hpcgrad.distributed": ("hpcgrad.ddp", "hpcgrad.distributed.rpc", "hpcgrad.distributed.autograd",
-                            "hpcgrad.distributed.optim", "hpcgrad.nn", "hpcgrad.optim"),
-    "hpcgrad.ddp": ("hpcgrad.distributed.rpc", "hpcgrad.distributed.autograd",
-                    "hpcgrad.distributed.optim"),
-    # RPC moves bytes and Python objects; it knows nothing of autograd (a codec hook instead).
-    "hpcgrad.distributed.rpc": ("hpcgrad.autograd", "hpcgrad.distributed.autograd",
-                                "hpcgrad.distributed.optim", "hpcgrad.ddp", "hpcgrad.nn",
-                                "hpcgrad.optim", "hpcgrad.distributed.api"),
-    "hpcgrad.distributed.autograd": ("hpcgrad.distributed.optim", "hpcgrad.ddp", "hpcgrad.nn"),
-    "hpcgrad.distributed.optim": ("hpcgrad.ddp",),
-    # RemoteModule (torch.distributed.nn.api): an nn.Module served over RPC, above both.
-    "hpcgrad.distributed.nn.api": ("hpcgrad.ddp", "hpcgrad.distributed.optim"),
-}
-# PyTorch's names for things built above them: modules that only re-export.
-REEXPORTS = {"hpcgrad.nn.parallel", "hpcgrad.nn.utils.rnn", "hpcgrad.utils.data",
-             "hpcgrad.utils.data.distributed"}
-# Imports inside functions, allowed only in these modules, each for its reason.
-DEFERRED_IMPORTS = {
-    "hpcgrad.autograd": "Tensor's methods call the engine and the engine's API builds Tensors",
-    "hpcgrad.autograd.gradcheck": "the same Tensor <-> autograd cycle",
-    "hpcgrad.tensor": "the same Tensor <-> autograd cycle",
-    "hpcgrad.sparse": "SparseCOOTensor converts to and from Tensor, which knows it",
-    "hpcgrad.kernels": "numba CUDA is compiled only when a GPU array arrives",
-    "hpcgrad.ops.elementwise": "numba kernels compile only when first used",
-    "hpcgrad.ops.nn": "numba kernels (softmax's row loops) load only when first used",
-    "hpcgrad.nn._conv": "numba kernels (the convolution's column loops) load only when first used",
-    "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
-    "hpcgrad.nn._layernorm": "numba kernels (LayerNorm's row loops) load only when first used",
-    "hpcgrad.optim.sgd": "numba kernels compile only when first used",
-    "hpcgrad.optim.adam": "numba kernels compile only when first used",
-    "hpcgrad.data.distributed": "importing hpcgrad.data must not start MPI",
-    "hpcgrad.coverage": "a tool beside the layers: it imports only what a script names "
-                        "(hpcgrad.distributed starts MPI)",
-    "hpcgrad.checkpoint": "import hpcgrad imports checkpoint and must not start MPI; only a "
-                          "multi-part save or resume (collective) reaches hpcgrad.distributed",
-    "hpcgrad.nn": "hpcgrad.nn.SyncBatchNorm, built above nn (hpcgrad/ddp), is reached through "
-                  "hpcgrad.nn.parallel on first use, so importing hpcgrad.nn never starts MPI",
-}
+from layers import (
+    DEFERRED_IMPORTS,
+    LAYERS,
+    PACKAGE,
+    REEXPORTS,
+    all_modules,
+    layer_of,
+    main,
+    violations,
+)
 
 
-def _module_name(path):
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts), path.name == "__init__.py"
+def test_every_module_is_in_a_layer_and_imports_only_what_its_layer_may():
+    found = violations(all_modules())
+    assert not found, "against the layers (python -m tests.layers):\n" + "\n".join(found)
 
 
-def _imports(path):
-    """(imported module, line, whether inside a function) for each hpcgrad import in ``path``."""
-    name, is_package = _module_name(path)
-    package = name if is_package else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), str(path))
-    top_level = {id(node) for node in tree.body}
-    for statement in tree.body:  # a module-level try/if still runs at import time
-        if isinstance(statement, (ast.Try, ast.If)):
-            top_level.update(id(node) for node in ast.walk(statement))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package
-            for _ in range(node.level - 1):
-                base = base.rpartition(".")[0]
-            module = node.module or ""
-            root = f"{base}.{module}".strip(".") if node.level else module
-            # ``from . import x`` may import submodule x: count both names.
-            targets = [root] + [f"{root}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            if target == "hpcgrad" or target.startswith("hpcgrad."):
-                found.append((target, node.lineno, id(node) not in top_level))
-    return name, found
-
-
-def _rule(name, table):
-    matches = [prefix for prefix in table if name == prefix or name.startswith(prefix + ".")]
-    return table[max(matches, key=len)] if matches else None
-
-
-def _all_modules():
-    return [_imports(path) for path in sorted(PACKAGE.rglob("*.py"))]
-
-
-def _module_exists(target):
-    path = PACKAGE.parent.joinpath(*target.split("."))
-    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
-
-
-def test_layers_import_one_way():
-    broken = []
-    for name, imports in _all_modules():
-        forbidden = _rule(name, FORBIDDEN) if name not in REEXPORTS else None
-        for target, line, _ in imports:
-            if forbidden and _module_exists(target) and any(
-                    target == bad.rstrip(".") or target.startswith(bad.rstrip(".") + ".")
-                    for bad in forbidden):
-                broken.append(f"{name}:{line} imports {target}")
-    assert not broken, "imports against the layers (Note [Layers]):\n" + "\n".join(broken)
-
-
-def test_deferred_imports_only_where_explained():
-    unexplained = [f"{name}:{line} imports {target} inside a function"
-                   for name, imports in _all_modules() for target, line, deferred in imports
-                   if deferred and name not in DEFERRED_IMPORTS]
-    assert not unexplained, ("an import inside a function hides a layer problem; fix the layers "
-                             "or give the reason in DEFERRED_IMPORTS:\n" + "\n".join(unexplained))
+def test_the_layers_name_real_modules():
+    """A prefix that matches no module is a stale line (a moved or deleted module)."""
+    names = [name for name, _ in all_modules()]
+    for layer, prefixes, excluded in LAYERS:
+        for prefix in prefixes:
+            assert any(n == prefix or n.startswith(prefix + ".") for n in names), (layer, prefix)
+        assert set(excluded) <= {other for other, _, _ in LAYERS}
+    for name in set(DEFERRED_IMPORTS) | REEXPORTS:
+        assert name in names, f"{name} is no module"
 
 
 def test_reexport_modules_define_nothing():
@@ -141,20 +43,57 @@ def test_reexport_modules_define_nothing():
         assert not code, f"{name} should only re-export, it defines {ast.dump(code[0])[:80]}"
 
 
-@pytest.mark.parametrize("fixture", ["comm_imports_tensor", "function_level"])
-def test_the_checks_catch_a_violation(tmp_path, monkeypatch, fixture):
-    """Each check fails on a package that breaks its rule (so a green run means something)."""
+def test_the_order_reads_as_the_layer_diagram():
+    order = [layer for layer, _, _ in LAYERS]
+    assert order.index("autograd") < order.index("tensor") < order.index("models") \
+        < order.index("comm") < order.index("collectives") < order.index("ddp") \
+        < order.index("rpc") < order.index("dist autograd") < order.index("dist optim") \
+        < order.index("training") < order.index("tools")
+    assert layer_of("hpcgrad.comm.work") == order.index("comm")
+    assert layer_of("hpcgrad.distributed.rpc.agent") == order.index("rpc")  # longest prefix
+    assert layer_of("hpcgrad.distributed.api") == order.index("collectives")
+
+
+PLANTED = {
+    # what the bad module says, where, and the words of the violation it must cause
+    "outside every layer": ("newthing.py", "x = 1\n", "hpcgrad.newthing is in no layer"),
+    "an import upward": ("optim/bad.py", "from ..distributed import api\n",
+                         "hpcgrad.optim.bad:1 imports hpcgrad.distributed.api: models may not "
+                         "import collectives, a layer above it"),
+    "comm imports a Tensor": ("comm/bad.py", "from ..tensor import Tensor\n",
+                              "hpcgrad.comm.bad:1 imports hpcgrad.tensor: comm may not import "
+                              "tensor"),
+    "the package root below the tools": ("comm/bad.py", "from hpcgrad import Tensor\n",
+                                         "hpcgrad.comm.bad:1 imports hpcgrad: comm may not "
+                                         "import root, a layer above it"),
+    "rpc imports autograd": ("distributed/rpc/bad.py", "from ...autograd import engine\n",
+                             "hpcgrad.distributed.rpc.bad:1 imports hpcgrad.autograd.engine: "
+                             "rpc may not import autograd"),
+    "an unexplained import in a function": ("comm/bad.py", "def f():\n    from .. import tensor\n",
+                                            "hpcgrad.comm.bad:2 imports hpcgrad.tensor inside a "
+                                            "function"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_each_rule_catches_a_planted_violation(tmp_path, case):
+    """A throwaway package that breaks one rule: the check names it (a green run means
+    something)."""
     root = tmp_path / "hpcgrad"
-    (root / "comm").mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "tensor.py").write_text("")
-    (root / "comm" / "__init__.py").write_text("")
-    if fixture == "comm_imports_tensor":
-        (root / "comm" / "bad.py").write_text("from ..tensor import Tensor\n")
-        check = test_layers_import_one_way
-    else:
-        (root / "comm" / "bad.py").write_text("def f():\n    from .. import tensor\n")
-        check = test_deferred_imports_only_where_explained
-    monkeypatch.setitem(globals(), "PACKAGE", root)
-    with pytest.raises(AssertionError, match="hpcgrad.comm.bad:[12] imports hpcgrad.tensor"):
-        check()
+    for module in ("__init__.py", "tensor.py", "comm/__init__.py", "optim/__init__.py",
+                   "distributed/__init__.py", "distributed/api.py",
+                   "distributed/rpc/__init__.py", "autograd/__init__.py", "autograd/engine.py"):
+        (root / module).parent.mkdir(parents=True, exist_ok=True)
+        (root / module).write_text("")
+    where, source, words = PLANTED[case]
+    (root / where).write_text(source)
+    found = violations(all_modules(root))
+    assert any(words in line for line in found), found
+    (root / where).unlink()
+    assert not violations(all_modules(root))  # the planted module alone was at fault
+
+
+def test_the_command_prints_the_layers_and_no_violation(capsys):
+    assert main(["--graph"]) == 0
+    out = capsys.readouterr().out
+    assert "0 violations" in out and "comm" in out and "never -> autograd, tensor, models" in out
