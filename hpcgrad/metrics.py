@@ -7,7 +7,10 @@ Note [Metrics file]
     ``samples_per_s``...). Lines are appended and flushed one by one, so a killed run leaves
     every line it finished; a resumed run appends to the same file, and ``read_metrics`` keeps,
     for each (kind, step), the last line written (the resumed run's, when it redid a step).
-    ``python -m hpcgrad.plot RUN_DIR`` draws it.
+    ``python -m hpcgrad.plot RUN_DIR`` draws it. With ``tensorboard=True`` the same values also
+    go to TensorBoard event files in ``RUN_DIR/tensorboard`` (tag ``<kind>/<name>``, at the
+    step): ``tensorboard --logdir RUN_DIR/tensorboard``; a resumed run passes the step it
+    resumed at as ``purge_step``, so TensorBoard drops what the earlier run logged after it.
 """
 
 import json
@@ -15,17 +18,23 @@ import math
 import os
 
 FILE_NAME = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsLog:
-    """Appends metric lines to ``run_dir/metrics.jsonl``; on ranks other than 0 it does nothing."""
+    """Appends metric lines to ``run_dir/metrics.jsonl`` (and, with ``tensorboard``, TensorBoard
+    events to ``run_dir/tensorboard``); on ranks other than 0 it does nothing."""
 
-    def __init__(self, run_dir, rank=0):
+    def __init__(self, run_dir, rank=0, tensorboard=False, purge_step=None):
         self.path = os.path.join(run_dir, FILE_NAME)
-        self._file = None
+        self._file = self._writer = None
         if rank == 0:
             os.makedirs(run_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+            if tensorboard:
+                from .utils.tensorboard import SummaryWriter  # tensorboardX: an extra
+                self._writer = SummaryWriter(os.path.join(run_dir, TENSORBOARD_DIR),
+                                             purge_step=purge_step)
 
     def write(self, kind, step, epoch, time, **values):
         """One line: ``kind`` is "step" or "epoch"; values must be numbers (NaN/inf become null)."""
@@ -39,11 +48,18 @@ class MetricsLog:
             record[name] = value if math.isfinite(value) else None  # JSON has no NaN
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        if self._writer is not None:
+            for name, value in record.items():
+                if name not in ("kind", "step", "epoch", "time") and value is not None:
+                    self._writer.add_scalar(f"{kind}/{name}", value, int(step))
 
     def close(self):
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def __enter__(self):
         return self

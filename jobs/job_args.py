@@ -184,7 +184,21 @@ def add_run_arguments(p, *, checkpoint_dir, checkpoint_help, resume_help):
     p.add_argument("--max-steps", type=integer(0, "steps before stopping, 0: no limit", 30),
                    default=0, help="stop after this many steps (tests)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    p.add_argument("--tensorboard", action=_TensorBoard, nargs=0, default=False,
+                   help="also write the metrics as TensorBoard events in "
+                        "<checkpoint-dir>/tensorboard (needs tensorboardX)")
     return p
+
+
+class _TensorBoard(argparse.Action):
+    """--tensorboard: refused at parsing, on every rank alike, where tensorboardX is missing."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            parser.error("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'")
+        setattr(namespace, self.dest, True)
 
 
 def unwritable(checkpoint_dir):

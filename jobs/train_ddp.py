@@ -260,7 +260,8 @@ def main(argv=None):
     if rank == 0 and os.path.exists(marker):
         os.remove(marker)  # this run continues the preempted one
     preemption = Preemption()
-    metrics = MetricsLog(args.checkpoint_dir, rank)
+    metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
+                         purge_step=step or None)
 
     def save(epoch, batches_done):
         problem = None

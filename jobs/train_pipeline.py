@@ -349,7 +349,8 @@ def main(argv=None):
         os.remove(marker)  # this run continues the preempted one
     rpc.init_rpc(f"stage{rank}")
     preemption = Preemption()
-    metrics = MetricsLog(args.checkpoint_dir, rank)
+    metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
+                         purge_step=step or None)
     total_steps = args.epochs * steps_per_epoch
 
     def save(epoch, batches_done):

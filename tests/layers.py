@@ -68,6 +68,7 @@ DEFERRED_IMPORTS = {
                         "(hpcgrad.distributed starts MPI)",
     "hpcgrad.checkpoint": "import hpcgrad imports checkpoint and must not start MPI; only a "
                           "multi-part save or resume (collective) reaches hpcgrad.distributed",
+    "hpcgrad.metrics": "TensorBoard (tensorboardX, an extra) loads only when a run asks for it",
     "hpcgrad.nn": "hpcgrad.nn.SyncBatchNorm, built above nn (hpcgrad/ddp), is reached through "
                   "hpcgrad.nn.parallel on first use, so importing hpcgrad.nn never starts MPI",
 }

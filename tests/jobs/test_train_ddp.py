@@ -52,6 +52,7 @@ def whole(tmp_path_factory):
         pytest.skip("launches its own processes; runs in the serial suite")
     directory = tmp_path_factory.mktemp("whole")
     return directory, train(launching.run_job, directory, "--epochs", str(EPOCHS),
+                            "--tensorboard",
                             env={"HPCGRAD_TIMELINE": str(directory / "timeline.json")})
 
 
@@ -122,9 +123,25 @@ def test_job_reports_metrics_timeline_and_each_test_sample_once(launch, tmp_path
     for rank in (0, 1):
         names = {e["name"] for e in events if e.get("pid") == rank and e["ph"] == "B"}
         assert {"forward", "backward", "optimizer step", "checkpoint"} <= names
+    tensorboard = list((directory / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(tensorboard) == 1, tensorboard  # rank 0's alone
+    written = tensorboard[0].read_bytes()
+    assert b"step/loss" in written and b"epoch/test_accuracy" in written
     again = train(launch, copy_of(whole, tmp_path), "--epochs", str(EPOCHS), "--resume")
     assert f"is complete ({EPOCHS} of {EPOCHS} epochs); nothing to train" in again.stdout
     assert f"epoch 1/{EPOCHS}" not in again.stdout
+
+
+def test_tensorboard_without_tensorboardx_is_refused_before_training(launch, tmp_path):
+    missing = tmp_path / "no-tensorboardx" / "tensorboardX"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text("raise ImportError('not installed (a test)')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(missing.parent)] + sys.path)}
+    result = launch([sys.executable, JOB, "--checkpoint-dir", str(tmp_path / "run"),
+                     "--tensorboard"], timeout=60, env=env)
+    assert result.returncode == 2, result.output
+    assert "--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'" in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_arguments_are_checked_before_training(launch, tmp_path):
