@@ -1,7 +1,7 @@
 """What the default collective checks cost: each call with HPCGRAD_DISTRIBUTED_DEBUG=INFO
 (the default; Note [Checked collectives] in hpcgrad/comm/process_group.py) beside OFF.
 
-    mpiexec -n 2 python benchmarks/checks.py            # the figures quoted in README.rst
+    mpiexec -n 2 python benchmarks/checks.py            # the figures quoted in docs/
     mpiexec -n 2 python benchmarks/checks.py --quick    # a smoke run
     python benchmarks/checks.py                         # one process: the Python cost alone
 

@@ -15,7 +15,7 @@ processes spreads over all rows.
 
     bus bandwidth = 2 (n - 1) / n * bytes / time    (n ranks; what a ring allreduce moves per link)
 
-Usage (2 ranks; the figures quoted in README.rst come from this line):
+Usage (2 ranks; the figures quoted in docs/ come from this line):
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --torch   # + gloo
     /work/venv/bin/mpiexec -n 2 /work/venv/bin/python benchmarks/comm.py --quick   # smoke run

@@ -1,6 +1,6 @@
 """Per-call cost of the flight recorder (Note [Flight recorder]) and the stall inspector, one process.
 
-    python benchmarks/flight.py             # the figures quoted in README.rst
+    python benchmarks/flight.py             # the figures quoted in docs/
     python benchmarks/flight.py --quick
 
 - pair, hot: median ns per ``begin`` + ``end`` pair, in blocks of 1000 back-to-back pairs;

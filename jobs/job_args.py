@@ -2,7 +2,7 @@
 what was expected, what came and what to pass instead, printed once; every rank agrees before it
 exits (Note [Exit status] in hpcgrad/comm/mpi.py), so no exit needs MPI_Abort.
 
-Exit statuses of jobs/*.py (the README's table):
+Exit statuses of jobs/*.py (the table in docs/distributed.rst):
     0    done (or --max-steps reached, or nothing left to train)
     1    a checkpoint could not be written or read (one line on rank 0); an uncaught exception
          (MPI_Abort with the rank's traceback)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the serial suite, the mpi-marked tests at 1, 2 and 3 ranks, RPC ones also at 4, and
-# the engine's tests with replayed backward plans off. CI has two cores: the serial suite runs as
+# Every test: the serial suite, the documentation build, the mpi-marked tests at 1, 2 and 3 ranks,
+# RPC ones also at 4, and the engine's tests with replayed backward plans off. CI has two cores: the serial suite runs as
 # two runs side by side, and the launched example and GPU-script tests beside the plan-off and
 # 1-rank runs. Extra args go to each pytest (all serial).
 #
@@ -24,7 +24,7 @@ if [ -n "${MPIEXEC:-}" ]; then mpiexec=$MPIEXEC
 elif [ -x "$py_bin/mpiexec" ]; then mpiexec=$py_bin/mpiexec
 else mpiexec=$(command -v mpiexec) || {
     echo "tests/run.sh: no mpiexec beside $python or on PATH; pip install -e '.[mpich,test]'" \
-         "or load your site MPI (see README 'On a cluster')" >&2; exit 2; }
+         "or load your site MPI (see docs/cluster.rst)" >&2; exit 2; }
 fi
 
 mpiexec_args=()
@@ -103,6 +103,11 @@ if [ $# -eq 0 ]; then
     collect_beside
 else
     run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
+fi
+# The documentation (docs/, Sphinx), warnings as errors: a docstring or page that no longer
+# builds fails the suite.
+if [ $# -eq 0 ]; then
+    run "docs (sphinx -W)" "$python" -m sphinx -W -q -b html docs "$logs/docs-html"
 fi
 # backward() runs from replayed plans by default (Note [Replayed backward plans]); the engine's
 # tests, and the 1-rank run, also run on the queue engine alone.

@@ -61,7 +61,7 @@ What is left in a replay is the formulas themselves (Mul's formula runs a no-gra
 multiply: 10.0k instructions against numpy's 3.7k for ``a * b``, Note [Ops without a graph]),
 the one executor's frames (Note [One executor]) and the interpreter's loop; the replay hands
 gradients along ``live`` (Note [Where a Node's backward goes] in engine.py); the measurement is
-in README "Performance".
+in docs/performance.rst.
 """
 
 import heapq

@@ -11,8 +11,8 @@ each rank's call, and the refused call moves no data (the group still works).
   two maxima are each other's negation. Only on a mismatch do the ranks gather their
   fingerprints to say who called what. Blocking calls wait for the check; asynchronous ones
   post their data when it has completed (Note [Checked collectives] in process_group.py).
-  Its cost per call, from ``mpiexec -n 2 python benchmarks/checks.py``, is in README.rst
-  (Reliability).
+  Its cost per call, from ``mpiexec -n 2 python benchmarks/checks.py``, is in
+  docs/reliability.rst.
 - OFF: no check, for raw speed. What is lost: a mismatch of element sizes (float32 against
   float64) still waits on two communicators (Note [Wide elements on their own communicator]
   in process_group.py) until the stall inspector and the timeout report it, but another op,

@@ -282,7 +282,7 @@ class ProcessGroup:
     # progress engine (2 ranks, raw mpi4py, medians: 4 B 6.8 us alone, 13.4 us check first,
     # 14.8 us side by side; 64 KB 41 / 48 / 95 us; 1 MB 291 / 281 / 355 us), and a mismatch
     # would leave the group unusable (the data call still posted). What the check costs per
-    # call (benchmarks/checks.py) is in README.rst, Reliability; HPCGRAD_DISTRIBUTED_DEBUG=OFF
+    # call (benchmarks/checks.py) is in docs/reliability.rst; HPCGRAD_DISTRIBUTED_DEBUG=OFF
     # removes it, and with it the check.
     def _agree(self, fp, what, in_mpi):
         """Check fingerprint ``fp`` across the group now (Note [Checked collectives]): raise

@@ -265,8 +265,8 @@ class DistributedDataParallel(Module, Joinable):
 
     Every rank builds the same model and calls forward/backward in step; gradients are
     reduced in buckets of ``bucket_cap_mb`` while backward still runs. Parameters and buffers
-    start from rank 0's values. See README "Data parallel" for the options. A group spanning
-    nodes starts the progress thread, so the all-reduces cross the network while backward
+    start from rank 0's values. See docs/distributed.rst, "Data parallel", for the options. A
+    group spanning nodes starts the progress thread, so the all-reduces cross the network while backward
     computes (Note [Progress across nodes] in comm/progress.py; ``self.nodes`` counts them).
     """
 
