@@ -19,73 +19,10 @@ import io
 import json
 import math
 import os
-import signal
 import sys
-import time
 
-import numpy as np
-
-from hpcgrad.comm.mpi import abort_job, comm_world, exit_together
-from hpcgrad.comm.work import default_timeout
-
-# The signals a job stops at (checkpoint, then 128 + the number); on two ranks' different
-# signals the job exits with the larger number (TERM over USR1 over INT).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
-
-
-def counted(n, thing):
-    """'1 rank', '2 ranks': a count and its noun."""
-    return f"{n} {thing}{'' if n == 1 else 's'}"
-
-
-def stop_status(signum):
-    """The exit status of a job stopped by ``signum`` (0: not by a signal)."""
-    return 128 + signum if signum else 0
-
-
-def agree(problem, what):
-    """Every rank of the job passes its ``problem`` (a str) or None; every rank gets (rank,
-    problem) of the lowest rank that has one, or None. Collective over COMM_WORLD, before or
-    after init_process_group; the wait is bounded by HPCGRAD_COMM_TIMEOUT (default 30 min):
-    a rank that never arrives ends the job with MPI_Abort saying ``what`` was waited for."""
-    comm = comm_world()
-    if comm.Get_size() == 1:
-        return None if problem is None else (0, problem)
-    data = np.frombuffer(bytearray((problem or "").encode("utf-8")), np.uint8)
-    lengths = np.empty(comm.Get_size(), np.int64)
-    timeout = default_timeout()
-    deadline = time.monotonic() + timeout if timeout else None
-    _bounded(comm.Iallgather(np.array([-1 if problem is None else data.size], np.int64), lengths),
-             deadline, timeout, what)
-    failing = [r for r, n in enumerate(lengths) if n >= 0]
-    if not failing:
-        return None
-    root = failing[0]
-    text = data.copy() if comm.Get_rank() == root else np.empty(int(lengths[root]), np.uint8)
-    _bounded(comm.Ibcast(text, root=root), deadline, timeout, what)
-    return root, text.tobytes().decode("utf-8")
-
-
-def _bounded(request, deadline, timeout, what):
-    while not request.Test():
-        if deadline is not None and time.monotonic() > deadline:
-            abort_job([f"{what}: not every rank arrived within {timeout:g} s "
-                       f"(HPCGRAD_COMM_TIMEOUT); a rank failed before it or hangs"])
-        time.sleep(0.002)
-
-
-def stop_if_any(problem, prog, what, status=2):
-    """Collective: if any rank has a ``problem``, rank 0 prints one line, '<prog>: error:
-    <problem>' (naming the rank if not every rank found it), and every rank exits with
-    ``status``, without a traceback or MPI_Abort; else return."""
-    agreed = agree(problem, what)
-    if agreed is None:
-        return
-    if comm_world().Get_rank() == 0:
-        root, text = agreed
-        where = "" if root == 0 else f"rank {root}: "
-        print(f"{prog}: error: {where}{text}", file=sys.stderr, flush=True)
-    exit_together(status)
+from hpcgrad.comm.mpi import comm_world, exit_together
+from hpcgrad.training import agree
 
 
 def parse_together(parser, argv=None):
@@ -199,17 +136,3 @@ class _TensorBoard(argparse.Action):
         except ImportError:
             parser.error("--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'")
         setattr(namespace, self.dest, True)
-
-
-def unwritable(checkpoint_dir):
-    """Why ``checkpoint_dir`` cannot take checkpoints (made if missing), or None: checked by
-    every rank before training, not found by rank 0 at its first save."""
-    probe = os.path.join(checkpoint_dir, f".write-test.{os.uname().nodename}.{os.getpid()}")
-    try:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as error:
-        return (f"--checkpoint-dir {checkpoint_dir} is not writable ({error.strerror}); "
-                "pass a directory you can write")
-    return None

@@ -38,18 +38,7 @@ import sysconfig
 import time
 
 import numpy as np
-from job_args import (
-    counted,
-    add_run_arguments,
-    integer,
-    parse_together,
-    real,
-    stop_if_any,
-    stop_status,
-    training_parser,
-    unwritable,
-)
-from train_ddp import PREEMPTED, Preemption, dist_hosts, rank_places, resume_extra, stopped_line
+from job_args import add_run_arguments, integer, parse_together, real, training_parser
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -62,6 +51,18 @@ from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from hpcgrad.timeline import TIMELINE
+from hpcgrad.training import (
+    PREEMPTED,
+    Preemption,
+    counted,
+    rank_places,
+    stop_if_any,
+    stop_status,
+    stopped_line,
+    unwritable,
+)
+from hpcgrad.training import hosts as dist_hosts
+from hpcgrad.training import resume_extra
 from hpcgrad.timeline import finish as finish_timeline
 from hpcgrad.utils.checkpoint import checkpoint as recompute
 

@@ -49,17 +49,7 @@ import sys
 import time
 
 import numpy as np
-from job_args import (
-    counted,
-    STOP_SIGNALS,
-    add_run_arguments,
-    parse_together,
-    real,
-    stop_if_any,
-    stop_status,
-    training_parser,
-    unwritable,
-)
+from job_args import add_run_arguments, parse_together, real, training_parser
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -73,6 +63,13 @@ from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn import init
 from hpcgrad.timeline import TIMELINE
 from hpcgrad.timeline import finish as finish_timeline
+from hpcgrad.training import (
+    STOP_SIGNALS,
+    counted,
+    stop_if_any,
+    stop_status,
+    unwritable,
+)
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed

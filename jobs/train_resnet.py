@@ -13,10 +13,11 @@ the parameters), its lr and momentum driven per step by OneCycleLR (or per epoch
 CosineAnnealingLR). --powersgd RANK registers PowerSGD as DDP's comm hook (plain all-reduce for
 the first --powersgd-start steps).
 
-Progress, checkpoints and preemption as jobs/train_ddp.py: a header with the ranks' hosts and
-pids, one line per epoch on rank 0 (and a bar on a terminal), <checkpoint-dir>/metrics.jsonl, an
-atomic checkpoint every --checkpoint-every steps and at each epoch's end (the model, the ZeRO
-state consolidated on rank 0, the scheduler and every rank's PowerSGD memory), and on
+Progress, checkpoints and preemption are hpcgrad.training's loop, as for jobs/train_ddp.py: a
+header with the ranks' hosts and pids, one line per epoch on rank 0 (and a bar on a terminal),
+<checkpoint-dir>/metrics.jsonl, an atomic checkpoint every --checkpoint-every steps and at each
+epoch's end (the model, the ZeRO state consolidated on rank 0, the scheduler and every rank's
+PowerSGD memory), and on
 SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step, <checkpoint-dir>/PREEMPTED and exit status
 128 + the signal's number, so --resume continues exactly where the job stopped. Every rank
 restores from the one file rank 0 wrote (it holds every rank's state), so a commit of several
@@ -24,42 +25,34 @@ files is not needed here.
 """
 
 import os
-import sys
-import time
 
 import numpy as np
-from job_args import (
-    counted,
-    add_run_arguments,
-    integer,
-    parse_together,
-    stop_if_any,
-    stop_status,
-    training_parser,
-)
-from train_ddp import (
-    PREEMPTED,
-    EvaluationShard,
-    Preemption,
-    check_setup,
-    dist_hosts,
-    evaluate,
-    rank_places,
-    resume_extra,
-    stopped_line,
-)
+from job_args import add_run_arguments, integer, parse_together, training_parser
+from train_ddp import check_setup
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
-from hpcgrad import checkpoint, nn, optim
+from hpcgrad import nn, optim
 from hpcgrad.comm.mpi import exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, TensorDataset, load_digits
 from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
-from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
+from hpcgrad.training import (
+    CHECKPOINT,
+    EvaluationShard,
+    Job,
+    Loop,
+    Preemption,
+    counted,
+    evaluate,
+    hosts,
+    rank_places,
+    resume_extra,
+    stop_if_any,
+)
 
 
 class BasicBlock(nn.Module):
@@ -154,12 +147,12 @@ PROG = "train_resnet.py"
 
 
 def header(args, world, train, test, model):
-    places = dist_hosts()
-    hosts = sorted({host for host, _ in places})
+    places = hosts()
+    nodes = sorted({host for host, _ in places})
     params = sum(p.numel() for p in model.parameters())
     hook = (f"PowerSGD rank {args.powersgd} from step {args.powersgd_start}" if args.powersgd
             else "plain all-reduce")
-    return (f"hpcgrad ResNet job: {counted(world, 'rank')} on {counted(len(hosts), 'node')}; {args.arch}, width "
+    return (f"hpcgrad ResNet job: {counted(world, 'rank')} on {counted(len(nodes), 'node')}; {args.arch}, width "
             f"{args.width} "
             f"({params:,} parameters); SyncBatchNorm; ZeRO over SGD(momentum {args.momentum}); "
             f"{args.scheduler} lr (max {args.lr}); gradients: {hook}; global batch "
@@ -225,11 +218,65 @@ def resume_problem(meta, path, world, args):
     return None
 
 
+class ResNetJob(Job):
+    """A residual network: cross-entropy, ZeRO over SGD, OneCycleLR (per step) or
+    CosineAnnealingLR (per epoch), PowerSGD's state in the checkpoint."""
+
+    prog = PROG
+
+    def __init__(self, args, model, optimizer, scheduler, hook_state, sampler, train_loader,
+                 test_loader):
+        self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
+        self.hook_state, self.sampler = hook_state, sampler
+        self.train_loader, self.test_loader = train_loader, test_loader
+
+    def batches(self, epoch):
+        self.sampler.set_epoch(epoch)
+        return self.train_loader
+
+    def step(self, batch, step):
+        images, labels = batch
+        loss = F.cross_entropy(self.model(images), labels)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        if self.args.scheduler == "onecycle":
+            self.scheduler.step()
+        return loss.item(), len(labels.array), {"lr": self.scheduler.get_last_lr()[0]}
+
+    def end_epoch(self, epoch):
+        if self.args.scheduler == "cosine":
+            self.scheduler.step()
+        test_loss, accuracy = evaluate(self.model, self.test_loader, F.cross_entropy)
+        sent, state = "", self.hook_state
+        if state is not None and state.bytes_uncompressed_per_step:
+            sent = (f"  sent {state.bytes_per_step:,} of {state.bytes_uncompressed_per_step:,} "
+                    "bytes/step")
+        return ({"test_loss": test_loss, "test_accuracy": accuracy},
+                f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
+                f"lr {self.scheduler.get_last_lr()[0]:.4g}{sent}")
+
+    def checkpoint_state(self):
+        self.optimizer.consolidate_state_dict(to=0)  # every rank's momentum shard to rank 0
+        memories = [None] * dist.get_world_size()
+        dist.all_gather_object(memories, powersgd_memory(self.hook_state))
+        reducer = self.model.reducer
+        return {"scheduler": self.scheduler.state_dict(),
+                "powersgd": memories if self.hook_state is not None else None,
+                "buckets": reducer.bucket_indices() if reducer.has_rebuilt_buckets else None}
+
+    def restore(self, meta):
+        self.scheduler.load_state_dict(meta["scheduler"])
+        if self.hook_state is not None:
+            restore_powersgd(self.hook_state, meta["powersgd"][dist.get_rank()], np.float32)
+            restore_buckets(self.model, meta["buckets"])
+
+
 def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    path = os.path.join(args.checkpoint_dir, "last.npz")
+    path = os.path.join(args.checkpoint_dir, CHECKPOINT)
     if args.resume:
         # Found before the model and the data are made (load_digits imports scikit-learn:
         # seconds per rank), and before the model is loaded: another --width would not fit it.
@@ -254,128 +301,16 @@ def main(argv=None):
                                total_steps=args.epochs * len(train_loader))
     else:
         scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
-    marker = os.path.join(args.checkpoint_dir, PREEMPTED)
     stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
     lines = header(args, world, train, test, module)
     if rank == 0:
         print(lines, flush=True)
-    step, start_epoch, skip = 0, 0, 0
-    if args.resume:
-        meta, problem = None, None
-        try:
-            meta = checkpoint.load(path, model, optimizer)  # every rank keeps its ZeRO shard
-        except checkpoint.CheckpointError as exc:
-            problem = str(exc)
-        stop_if_any(problem, PROG, "loading the checkpoint", status=1)
-        step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
-        scheduler.load_state_dict(meta["scheduler"])
-        if hook_state is not None:
-            restore_powersgd(hook_state, meta["powersgd"][rank], np.float32)
-            restore_buckets(model, meta["buckets"])
-        if rank == 0:
-            print(f"resumed from {path}: epoch {start_epoch}, step {step}", flush=True)
-        if start_epoch >= args.epochs:
-            if rank == 0:
-                print(f"the run in {args.checkpoint_dir} is complete ({start_epoch} of "
-                      f"{args.epochs} epochs); nothing to train; use a new --checkpoint-dir "
-                      "for a new run", flush=True)
-                if os.path.exists(marker):
-                    os.remove(marker)
-            return 0
-    if rank == 0 and os.path.exists(marker):
-        os.remove(marker)  # this run continues the preempted one
-    preemption = Preemption()
-    metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
-                         purge_step=step or None)
-
-    def save(epoch, batches_done):
-        optimizer.consolidate_state_dict(to=0)  # every rank's shard of the momentum to rank 0
-        memories = [None] * world
-        dist.all_gather_object(memories, powersgd_memory(hook_state))
-        problem = None
-        if rank == 0:
-            try:
-                os.makedirs(args.checkpoint_dir, exist_ok=True)
-                checkpoint.save(path, model, optimizer, step=step, epoch=epoch,
-                                batches_done=batches_done, world_size=world, args=vars(args),
-                                scheduler=scheduler.state_dict(),
-                                powersgd=memories if hook_state is not None else None,
-                                buckets=model.reducer.bucket_indices()
-                                if model.reducer.has_rebuilt_buckets else None)
-            except (checkpoint.CheckpointError, OSError) as exc:
-                problem = str(exc)
-        # Nobody reads or overwrites it before it is complete; a failure ends every rank.
-        stop_if_any(problem, PROG, "saving the checkpoint", status=1)
-
-    progress = None
-    if rank == 0 and not args.no_progress and sys.stdout.isatty():
-        from tqdm import tqdm
-        progress = tqdm(total=args.epochs * len(train_loader), initial=step, unit="step",
-                        dynamic_ncols=True, file=sys.stdout)
-    started = time.perf_counter()
-    try:
-        for epoch in range(start_epoch, args.epochs):
-            sampler.set_epoch(epoch)
-            losses, samples, epoch_started = [], 0, time.perf_counter()
-            for batch, (images, labels) in enumerate(train_loader):
-                if batch < skip:
-                    continue  # already trained before the checkpoint we resumed from
-                loss = F.cross_entropy(model(images), labels)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                if args.scheduler == "onecycle":
-                    scheduler.step()
-                step += 1
-                losses.append(loss.item())
-                samples += len(labels.array)
-                metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1],
-                              lr=scheduler.get_last_lr()[0])
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
-                stop = preemption.agreed() or (args.max_steps and step >= args.max_steps)
-                if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                    save(epoch, batch + 1)
-                if stop:
-                    status = stop_status(preemption.stopped_by)
-                    if rank == 0:
-                        if status or not args.max_steps or step < args.max_steps:
-                            open(marker, "w").close()  # requeue me
-                        print(stopped_line(step, path, preemption.stopped_by), flush=True)
-                    return status
-            if args.scheduler == "cosine":
-                scheduler.step()
-            elapsed = time.perf_counter() - epoch_started
-            totals = np.array([sum(losses), len(losses), samples])
-            dist.all_reduce(totals)
-            train_loss = totals[0] / max(totals[1], 1)
-            samples_per_s = totals[2] / elapsed if elapsed > 0 else float("nan")
-            test_loss, accuracy = evaluate(model, test_loader)
-            save(epoch + 1, 0)
-            partial = "" if skip == 0 else f" (steps {skip + 1}-{len(train_loader)} only: resumed)"
-            skip = 0
-            metrics.write("epoch", step, epoch + 1, time.perf_counter() - started, loss=train_loss,
-                          test_loss=test_loss, test_accuracy=accuracy,
-                          samples_per_s=samples_per_s, epoch_seconds=elapsed)
-            if rank == 0:
-                sent = ""
-                if hook_state is not None and hook_state.bytes_uncompressed_per_step:
-                    sent = (f"  sent {hook_state.bytes_per_step:,} of "
-                            f"{hook_state.bytes_uncompressed_per_step:,} bytes/step")
-                message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
-                           f"test loss {test_loss:.4f}  test accuracy {accuracy:.4f}  "
-                           f"lr {scheduler.get_last_lr()[0]:.4g}{sent}  {elapsed:.2f} s  "
-                           f"{samples_per_s:,.0f} samples/s")
-                (progress.write if progress is not None else print)(message, flush=True)
-    finally:
-        metrics.close()
-        if progress is not None:
-            progress.close()
-    return 0
+    job = ResNetJob(args, model, optimizer, scheduler, hook_state, sampler, train_loader,
+                    test_loader)
+    return Loop(job, args, model, optimizer, len(train_loader)).run()
 
 
 if __name__ == "__main__":
     status = main()
     Preemption.ignore_from_now()
-    exit_together(status)  # every return of main is the same on every rank
+    exit_together(status)

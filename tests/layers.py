@@ -42,7 +42,7 @@ LAYERS = (
     ("remote modules", ("hpcgrad.distributed.nn",), ("ddp",)),
     ("dist optim", ("hpcgrad.distributed.optim",), ("ddp",)),
     ("training", ("hpcgrad.checkpoint", "hpcgrad.serialization", "hpcgrad.utils.safetensors",
-                  "hpcgrad.metrics", "hpcgrad.multiprocessing"), ()),
+                  "hpcgrad.metrics", "hpcgrad.multiprocessing", "hpcgrad.training"), ()),
     ("root", ("hpcgrad",), ()),  # import hpcgrad: what PyTorch's torch namespace holds
     ("tools", ("hpcgrad.info", "hpcgrad.flight", "hpcgrad.plot", "hpcgrad.coverage"), ()),
 )
