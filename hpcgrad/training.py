@@ -111,6 +111,17 @@ def unwritable(checkpoint_dir):
     return None
 
 
+def check_setup(args, world, train):
+    """What makes a run of ``args.batch_size`` per rank on data set ``train`` impossible,
+    found before training (the same on every rank), or None."""
+    per_rank = len(train) // world
+    if args.batch_size > per_rank:
+        return (f"--batch-size {args.batch_size} is larger than each rank's share of the "
+                f"{len(train)} training samples ({per_rank} at {world} ranks); use at most "
+                f"{per_rank}")
+    return unwritable(args.checkpoint_dir)
+
+
 def resume_extra(path, prog):
     """Every rank: the ``extra`` values of checkpoint ``path`` (checkpoint.read_extra's checks,
     restoring nothing), or job ``prog`` ends on every rank with one line: status 2 if there is
@@ -311,7 +322,7 @@ class Loop:
             return 0
         if self.rank == 0 and os.path.exists(self.marker):
             os.remove(self.marker)  # this run continues the preempted one
-        args, job = self.args, self.job
+        args = self.args
         self.preemption = Preemption()
         self.metrics = MetricsLog(args.checkpoint_dir, self.rank, tensorboard=args.tensorboard,
                                   purge_step=self.step or None)

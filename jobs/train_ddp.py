@@ -41,8 +41,8 @@ from hpcgrad.training import (
     hosts,
     rank_places,
     resume_extra,
+    check_setup,
     stop_if_any,
-    unwritable,
 )
 
 PROG = "train_ddp.py"
@@ -82,16 +82,6 @@ def header(args, world, train, test):
             f"{cuda_aware_mpi()[0]}; checkpoints and metrics.jsonl in {args.checkpoint_dir}\n"
             f"ranks: {rank_places(places)}\n"
             f"arguments: {' '.join(f'{k}={v}' for k, v in sorted(vars(args).items()))}")
-
-
-def check_setup(args, world, train):
-    """What makes this run impossible, found before training (the same on every rank), or None."""
-    per_rank = len(train) // world
-    if args.batch_size > per_rank:
-        return (f"--batch-size {args.batch_size} is larger than each rank's share of the "
-                f"{len(train)} training samples ({per_rank} at {world} ranks); use at most "
-                f"{per_rank}")
-    return unwritable(args.checkpoint_dir)
 
 
 def ddp_summary(model):

@@ -28,7 +28,6 @@ import os
 
 import numpy as np
 from job_args import add_run_arguments, integer, parse_together, training_parser
-from train_ddp import check_setup
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -46,6 +45,7 @@ from hpcgrad.training import (
     Job,
     Loop,
     Preemption,
+    check_setup,
     counted,
     evaluate,
     hosts,
