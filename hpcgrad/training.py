@@ -235,6 +235,8 @@ class Job:
     """What a job gives the loop (Note [One training loop]); override what applies."""
 
     prog = "job"
+    # What the epoch line counts per second: (unit, units per sample that ``step`` counts).
+    throughput = ("samples", 1)
 
     def batches(self, epoch):
         """The epoch's batches, in order (the loop skips those a resumed run already did)."""
@@ -275,6 +277,7 @@ class Loop:
         self.path = os.path.join(args.checkpoint_dir, CHECKPOINT)
         self.marker = os.path.join(args.checkpoint_dir, PREEMPTED)
         self.step, self.epoch, self.skip = 0, 0, 0
+        self.finished = False  # trained to the last epoch's end in this run
 
     def say(self, text):
         if self.rank == 0:
@@ -343,15 +346,17 @@ class Loop:
             if self.progress is not None:
                 self.progress.close()
         finish_timeline(dist.barrier, self.rank)  # every rank's part, merged by rank 0
+        self.finished = True
         return 0
 
     def _write(self, text):
         (self.progress.write if self.progress is not None else print)(text, flush=True)
 
     def _epoch(self, epoch):
-        """One epoch; an exit status if the run stops inside it, else None."""
+        """One epoch; an exit status if the run stops in it, else None."""
         args, job = self.args, self.job
         losses, samples, epoch_started = [], 0, time.perf_counter()
+        stop = False
         for batch, data in enumerate(job.batches(epoch)):
             if batch < self.skip:
                 continue  # already trained before the checkpoint we resumed from
@@ -366,6 +371,8 @@ class Loop:
                 self.progress.update(1)
                 self.progress.set_postfix(epoch=epoch, loss=f"{loss:.3f}")
             stop = self.preemption.agreed() or (args.max_steps and self.step >= args.max_steps)
+            if batch + 1 == self.steps_per_epoch:
+                break  # the epoch's end saves (and stops, if asked to) after its report
             if stop or (args.checkpoint_every and self.step % args.checkpoint_every == 0):
                 with TIMELINE.span("checkpoint", "step", step=self.step):
                     self.save(epoch, batch + 1)
@@ -376,7 +383,7 @@ class Loop:
         totals = np.array([sum(losses), len(losses), samples])
         dist.all_reduce(totals)
         train_loss = totals[0] / max(totals[1], 1)
-        samples_per_s = totals[2] / elapsed if elapsed > 0 else float("nan")
+        rate = totals[2] / elapsed if elapsed > 0 else float("nan")
         figures, words = job.end_epoch(epoch)
         with TIMELINE.span("checkpoint", "step", step=self.step):
             self.save(epoch + 1, 0)
@@ -384,17 +391,21 @@ class Loop:
             f" (steps {self.skip + 1}-{self.steps_per_epoch} only: resumed)"
         first = epoch == self.epoch
         self.skip = 0
+        unit, per_sample = job.throughput
+        rates = {"samples_per_s": rate}
+        if unit != "samples":
+            rates[f"{unit}_per_s"] = rate * per_sample
         self.metrics.write("epoch", self.step, epoch + 1, time.perf_counter() - self.started,
-                           loss=train_loss, samples_per_s=samples_per_s, epoch_seconds=elapsed,
-                           **figures)
+                           loss=train_loss, epoch_seconds=elapsed, **rates, **figures)
         if self.rank == 0:
-            self._write(f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}{partial}  "
-                        f"{words}  {elapsed:.2f} s  {samples_per_s:,.0f} samples/s  "
+            self._write(f"epoch {epoch + 1}/{args.epochs}  step {self.step}  loss "
+                        f"{train_loss:.4f}{partial}  {words}  {elapsed:.2f} s  "
+                        f"{rate * per_sample:,.0f} {unit}/s  "
                         f"({time.perf_counter() - self.started:.1f} s)")
             note = job.first_epoch_note() if first else None
             if note:
                 self._write(note)
-        return None
+        return self._stopped() if stop else None
 
     def _stopped(self):
         """After the stop's checkpoint: the marker (unless --max-steps was simply reached), the

@@ -33,9 +33,7 @@ HPCGRAD_TIMELINE=path records a timeline of every rank.
 import hashlib
 import math
 import os
-import sys
 import sysconfig
-import time
 
 import numpy as np
 from job_args import add_run_arguments, integer, parse_together, real, training_parser
@@ -43,27 +41,25 @@ from job_args import add_run_arguments, integer, parse_together, real, training_
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
-from hpcgrad import checkpoint, nn, optim
+from hpcgrad import nn, optim
 from hpcgrad.comm.mpi import exit_together
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
-from hpcgrad.metrics import MetricsLog
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from hpcgrad.timeline import TIMELINE
 from hpcgrad.training import (
-    PREEMPTED,
+    CHECKPOINT,
+    Job,
+    Loop,
     Preemption,
     counted,
     rank_places,
+    resume_extra,
     stop_if_any,
-    stop_status,
-    stopped_line,
     unwritable,
 )
 from hpcgrad.training import hosts as dist_hosts
-from hpcgrad.training import resume_extra
-from hpcgrad.timeline import finish as finish_timeline
 from hpcgrad.utils.checkpoint import checkpoint as recompute
 
 PROG = "train_gpt.py"
@@ -342,11 +338,64 @@ def resume_problem(meta, path, world, args, digest):
     return None
 
 
+class BytesGPT(Job):
+    """The GPT on the standard library's bytes: windows drawn per step, AdamW, warm-up + cosine."""
+
+    prog = PROG
+
+    def __init__(self, args, model, module, optimizer, scheduler, train, val, digest):
+        self.args, self.model, self.module = args, model, module
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.train, self.val, self.digest = train, val, digest
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.span = len(train) - args.block_size  # a window and its next byte fit after a start
+        self.mine = slice(self.rank * args.batch_size, (self.rank + 1) * args.batch_size)
+        self.throughput = ("tokens", args.block_size)
+
+    def batches(self, epoch):
+        per = self.args.steps_per_epoch
+        return range(epoch * per, (epoch + 1) * per)  # step numbers: the windows' seeds
+
+    def step(self, index, step):
+        args = self.args
+        starts = window_starts(args.seed, index, self.world * args.batch_size, self.span)
+        x, y = windows(self.train, starts[self.mine], args.block_size)
+        with TIMELINE.span("forward", "step", step=step):
+            loss = F.cross_entropy(self.model(x).reshape(-1, VOCAB), y.reshape(-1))
+        self.optimizer.zero_grad()
+        with TIMELINE.span("backward", "step", step=step):
+            loss.backward()
+        # DDP has averaged the gradients: every rank clips by the same global norm.
+        norm = clip_grad_norm_(self.module.parameters(), args.clip).item() if args.clip \
+            else float("nan")
+        lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+        with TIMELINE.span("optimizer step", "step", step=step):
+            self.optimizer.step()
+        self.scheduler.step()
+        return loss.item(), args.batch_size, {"lr": lr, "grad_norm": norm}
+
+    def end_epoch(self, epoch):
+        val_loss, val_accuracy = evaluate(self.module, self.val, self.args, self.rank,
+                                          self.world)
+        lr = self.scheduler.get_last_lr()[0]
+        # The validation loss and accuracy are the plot's "test" curves.
+        return ({"test_loss": val_loss, "test_accuracy": val_accuracy, "lr": lr},
+                f"val loss {val_loss:.4f}  val accuracy {val_accuracy:.4f}  lr {lr:.3g}")
+
+    def checkpoint_state(self):
+        if self.args.zero:
+            self.optimizer.consolidate_state_dict(to=0)  # every rank's shard of AdamW's state
+        return {"scheduler": self.scheduler.state_dict(), "corpus_sha256": self.digest}
+
+    def restore(self, meta):
+        self.scheduler.load_state_dict(meta["scheduler"])
+
+
 def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    path = os.path.join(args.checkpoint_dir, "last.npz")
+    path = os.path.join(args.checkpoint_dir, CHECKPOINT)
     corpus, files, root = read_corpus(args.corpus_mb)
     digest = hashlib.sha256(corpus.tobytes()).hexdigest()
     train, val = split(corpus, args.val_fraction)
@@ -365,141 +414,18 @@ def main(argv=None):
     else:
         optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
     scheduler = schedule(optimizer, args)
-    total = args.epochs * args.steps_per_epoch
-    marker = os.path.join(args.checkpoint_dir, PREEMPTED)
     lines = header(args, world, files, root, train, val, module)
     if rank == 0:
         print(lines, flush=True)
-    step = 0
-    if args.resume:
-        meta, problem = None, None
-        try:
-            meta = checkpoint.load(path, model, optimizer)  # under --zero each rank keeps its shard
-        except checkpoint.CheckpointError as exc:
-            problem = str(exc)
-        stop_if_any(problem, PROG, "loading the checkpoint", status=1)
-        step = meta["step"]
-        scheduler.load_state_dict(meta["scheduler"])
-        if rank == 0:
-            print(f"resumed from {path}: epoch {step // args.steps_per_epoch}, step {step}",
-                  flush=True)
-        if step >= total:
-            if rank == 0:
-                print(f"the run in {args.checkpoint_dir} is complete ({step} of {total} steps); "
-                      "nothing to train; use a new --checkpoint-dir for a new run", flush=True)
-                if os.path.exists(marker):
-                    os.remove(marker)
-            return 0
-    if rank == 0 and os.path.exists(marker):
-        os.remove(marker)  # this run continues the preempted one
-    preemption = Preemption()
-    metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
-                         purge_step=step or None)
-
-    def save():
-        if args.zero:
-            optimizer.consolidate_state_dict(to=0)  # every rank's shard of AdamW's state
-        problem = None
-        if rank == 0:
-            try:
-                os.makedirs(args.checkpoint_dir, exist_ok=True)
-                checkpoint.save(path, model, optimizer, step=step,
-                                epoch=step // args.steps_per_epoch, world_size=world,
-                                args=vars(args), scheduler=scheduler.state_dict(),
-                                corpus_sha256=digest)
-            except (checkpoint.CheckpointError, OSError) as exc:
-                problem = str(exc)
-        # Nobody reads or overwrites it before it is complete; a failure ends every rank.
-        stop_if_any(problem, PROG, "saving the checkpoint", status=1)
-
-    def stopped():
-        """After the stop's checkpoint: the marker (unless --max-steps was simply reached), the
-        line, and the exit status."""
-        status = stop_status(preemption.stopped_by)
-        if rank == 0:
-            if status or not args.max_steps or step < args.max_steps:
-                open(marker, "w").close()  # requeue me
-            print(stopped_line(step, path, preemption.stopped_by), flush=True)
-        finish_timeline(dist.barrier, rank)
-        return status
-
-    progress = None
-    if rank == 0 and not args.no_progress and sys.stdout.isatty():
-        from tqdm import tqdm
-        progress = tqdm(total=total, initial=step, unit="step", dynamic_ncols=True,
-                        file=sys.stdout)
-    span = len(train) - args.block_size  # a window and its next byte fit after every start
-    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
-    started = time.perf_counter()
-    try:
-        while step < total:
-            epoch = step // args.steps_per_epoch
-            losses, epoch_started = [], time.perf_counter()
-            while True:
-                starts = window_starts(args.seed, step, world * args.batch_size, span)
-                x, y = windows(train, starts[mine], args.block_size)
-                with TIMELINE.span("forward", "step", step=step + 1):
-                    loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
-                optimizer.zero_grad()
-                with TIMELINE.span("backward", "step", step=step + 1):
-                    loss.backward()
-                # DDP has averaged the gradients: every rank clips by the same global norm.
-                norm = clip_grad_norm_(module.parameters(), args.clip).item() if args.clip \
-                    else float("nan")
-                lr = scheduler.get_last_lr()[0]  # the lr this step uses
-                with TIMELINE.span("optimizer step", "step", step=step + 1):
-                    optimizer.step()
-                scheduler.step()
-                step += 1
-                losses.append(loss.item())
-                metrics.write("step", step, epoch, time.perf_counter() - started, loss=losses[-1],
-                              lr=lr, grad_norm=norm)
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
-                stop = preemption.agreed() or (args.max_steps and step >= args.max_steps)
-                if step % args.steps_per_epoch == 0:
-                    break  # the epoch's end saves (and stops, if asked to) after its report
-                if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                    with TIMELINE.span("checkpoint", "step", step=step):
-                        save()
-                if stop:
-                    return stopped()
-            elapsed = time.perf_counter() - epoch_started
-            totals = np.array([sum(losses), len(losses)])
-            dist.all_reduce(totals)  # the mean of every rank's losses: the global batch's
-            train_loss = totals[0] / totals[1]
-            tokens_per_s = len(losses) * world * args.batch_size * args.block_size / elapsed
-            val_loss, val_accuracy = evaluate(module, val, args, rank, world)
-            with TIMELINE.span("checkpoint", "step", step=step):
-                save()
-            # The validation loss and accuracy are the plot's "test" curves; samples are windows.
-            metrics.write("epoch", step, epoch + 1, time.perf_counter() - started,
-                          loss=train_loss, test_loss=val_loss, test_accuracy=val_accuracy,
-                          tokens_per_s=tokens_per_s,
-                          samples_per_s=tokens_per_s / args.block_size, epoch_seconds=elapsed,
-                          lr=scheduler.get_last_lr()[0])
-            if rank == 0:
-                partial = "" if len(losses) == args.steps_per_epoch else \
-                    f" (steps {step - len(losses) + 1}-{step} only: resumed)"
-                message = (f"epoch {epoch + 1}/{args.epochs}  step {step}  loss "
-                           f"{train_loss:.4f}{partial}  val loss {val_loss:.4f}  val accuracy "
-                           f"{val_accuracy:.4f}  lr {lr:.3g}  "
-                           f"{elapsed:.1f} s  {tokens_per_s:,.0f} tokens/s")
-                (progress.write if progress is not None else print)(message, flush=True)
-            if stop:
-                return stopped()
-    finally:
-        metrics.close()
-        if progress is not None:
-            progress.close()
-    finish_timeline(dist.barrier, rank)  # every rank's part, merged by rank 0
-    if rank == 0 and args.sample_bytes:
+    job = BytesGPT(args, model, module, optimizer, scheduler, train, val, digest)
+    loop = Loop(job, args, model, optimizer, args.steps_per_epoch)
+    status = loop.run()
+    if loop.finished and rank == 0 and args.sample_bytes:
         text = sample(module, args.prompt.encode("utf-8"), args.sample_bytes, args.block_size,
                       args.temperature, args.seed)
         print(f"\nsample ({args.sample_bytes} bytes after {args.prompt!r}, temperature "
               f"{args.temperature:g}):\n{text.decode('utf-8', errors='replace')}", flush=True)
-    return 0
+    return status
 
 
 if __name__ == "__main__":
