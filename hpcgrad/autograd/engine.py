@@ -3,7 +3,7 @@
 Follows PyTorch's engine (torch/csrc/autograd/engine.cpp): the thread that calls backward runs
 the CPU work of its own GraphTask; each GPU device has one worker thread; a backward started
 inside a backward (reentrant) runs on the same thread, and past ``max_recursion_depth`` on a pool
-thread. See Note [Reentrant backwards] in the seed for why the caller must keep working while
+thread. See Note [Reentrant backwards] in engine.cpp for why the caller must keep working while
 it waits.
 """
 
@@ -24,70 +24,25 @@ from .thread_state import CPU_DEVICE, NO_DEVICE, _tls
 _anomaly = grad_mode._anomaly
 
 # Note [Where a Node's backward goes]
-# Measured on a chain of 2,000 ops (y*c, y+d alternating, c and d constants), float32, one
-# thread, Python 3.11.7, numpy 2.4, PyTorch 2.13 CPU. Instruction counts from callgrind
-# (`benchmarks/engine.py --instructions --quick`): a child builds the chain and runs backward
-# twice, another only builds it twice, after the same setup and warm-up; the difference over
-# 2 x 2,002 Nodes is one Node's backward (identical runs differ by ~0.3%: +-700 a Node).
-#
-#                          instructions per Node (size 1 / 1,000)   forward per op (size 1)
-#   hpcgrad at 2b18092     50,126 / 51,140                          56,151
-#   hpcgrad now            45,570 / 46,514                          45,553
-#   PyTorch 2.13           19,805 / 20,210                          13,178
-#
-# Where a Node's ~50k went before (callgrind's C functions, inclusive, per Node; the Mul half
-# of the Nodes carries the formula's op, so per Mul Node these are doubled):
-#   - the interpreter running the engine's Python (ceval exclusive ~15.6k): the dominant cost;
-#   - attribute stores through slot_tp_setattro, 4.2k: Tensor's Python __delattr__ sent all
-#     nine stores of the Tensor each Mul formula makes through a call of __setattr__ (~930
-#     each), plus the per-Node grad-mode store (Note [Ops without a graph]): removed;
-#   - object allocation and deallocation (GC_New, Malloc/Free, Dealloc: ~7.8k): NodeTask,
-#     InputBuffer, tuples of heap entries, zip/enumerate iterators, the gradient Tensor;
-#   - the numpy multiply itself, 1.6k (3.1k per Mul Node: what PyTorch's kernel call costs);
-#   - thread-local grad mode, 0.8k (local_getattro ~260 a read, local_setattro ~580 a store);
-#   - the ready queue's heap push and pop, 0.6k in C; the GraphTask mutex, 0.4k.
-# By Python function (cProfile tottime shares, chain of 20,000, size 1, after this change;
-# cProfile inflates functions with many small calls): the engine loop (thread_main,
-# evaluate_function: dependency counting, InputBuffer, queueing) 31%, the ready queue's Python
-# (push_ready, _push_entry, pop) 15%, BackwardNode.apply (materialize checks, result checks,
-# Add's (g, g) with a None edge takes the slow path) 14%, _call_function (hook checks and the
-# per-edge metadata check) 13%, ops inside formulas (operator, Function.apply, forward, the
-# result Tensor) 8%, compute_dependencies 5%, the formulas' own code 3%. No hooks ran: their
-# cost here is the checks that find none. A no-grad Tensor multiply (the formula's op) costs
-# 11,173 instructions, down from 20,529; numpy's own ``a * b`` costs 4,291 (size 1; Note [Ops
-# without a graph]).
-# So what remains is the general engine's bookkeeping per Node in Python (~35k), which only a
-# plan that skips it or fewer Python frames per Node removes: Note [Replayed backward plans]
-# (plan.py) now does, 19.4k instructions per Node replayed, 25.0k for a plan built and run once.
-#
-# The replay itself, measured the same way (per Node, size 1 / 1,000; PyTorch 19,849 / 20,141):
-#   replay at 61953e1                                     19,362 / 20,386   (0.98x / 1.01x)
-#   + Tensor's operators without Function.apply's *args    - / 19,634
-#   + gradients handed along the plan's live edges        15,607 / 16,651   (0.79x / 0.83x)
-# Two cuts. (1) ``g * b`` in Mul's formula went Tensor.__mul__ -> Function.apply(*args) ->
-# forward(ctx, *args): with ``*args`` neither call is one the interpreter inlines, so each
-# re-entered _PyEval_Vector from C. Tensor's operators now call an apply made for their exact
-# arguments (function._tensor_apply), same semantics, both calls inlined: a no-grad Tensor
-# multiply (size 1, 20,000 calls minus none) 10,454 -> 9,043 instructions, numpy's own 3,682.
-# (2) the replay handed each Node's gradients on with ``list(result)``, a loop dropping the None
-# edges, and ``zip(outputs, spec)``: a list, a zip and two iterators per Node, ~3k instructions
-# with their deallocation. The plan now keeps ``live[i]``, the (k, j, input_nr) of each edge
-# that is not None, and the replay indexes the formula's tuple by k.
-# Where a replayed Node's 16.7k (size 1,000) goes now (callgrind, inclusive, per Node): the
-# interpreter's own loop (ceval exclusive) 6.6k; Mul's ``g * b`` 9.6k per Mul Node (4.8k per
-# Node), of which numpy's multiply 4.6k; attribute lookups that take the generic path 2.2k
-# (``ctx.saved_tensors`` is a property: a call from C into Python, ~1.1k per Mul Node; the loop
-# reads attributes of Nodes whose type alternates, which 3.11's LOAD_ATTR cache cannot keep);
-# the match walk's sets and sort (~0.9k). Forward per op (size 1) 41,288 -> 38,441 from (1).
-#
-# Issue 25 (Note [One executor] in executor.py): the replay no longer has its own call, checks
-# and accumulation; every order runs a Node through executor.run_node, which keeps the direct
-# formula call for a built-in op without hooks whose gradients all arrived. Per Node, size 1
-# (callgrind around one backward of the chain of 2,000 inside functools.reduce, as above; size
-# 1,000: 24,601 and 40,296): replay 15,577 -> 23,610, queue engine 45,318 -> 39,203 (it gained the
-# direct call). What the replay pays for the shared step: the run_node and output-check
-# frames, and one accumulate call per edge; a no-grad multiply costs ~500 more for PyTorch's
-# type promotion (9,439 -> 9,961).
+# What a Node's backward costs and what was done about each part. Counted in instructions, which
+# do not move with the machine's load: ``python benchmarks/engine.py --instructions --quick``
+# runs one backward of a chain of 2,000 ops (y*c, y+d, float32) under callgrind and divides by
+# its Nodes. Per Node at size 1, a replayed plan costs ~24k, the queue engine ~39k and PyTorch
+# ~20k (docs/performance.rst has the table).
+# - Most of the queue engine's cost is its bookkeeping in Python (dependency counts, InputBuffer,
+#   NodeTask, the ready queue's heap and mutex). Small cuts do not remove that; skipping it does:
+#   a plan replays a known order without any of it (Note [Replayed backward plans]).
+# - The replay hands gradients along each Node's live edges (``BackwardPlan.live``), indexing the
+#   formula's result, instead of making a list, a zip and iterators per Node.
+# - Every order runs a Node through the one executor (Note [One executor]). The replay pays for
+#   its frames (run_node, the output check, an accumulate call per edge) so that no copy of the
+#   step can drift from the others.
+# - A backward formula's ops run without a graph, on a path kept cheap for them (no Python
+#   attribute hooks on Tensor, thread-locals read before stored): Note [Ops without a graph].
+# What is left in a replayed Node is the interpreter's own loop, the formula's op (Mul's
+# ``g * b``, a no-grad Tensor multiply, costs ~2.7x numpy's ``a * b``) and attribute lookups
+# that take the generic path: ``ctx.saved_tensors`` is a property, and a chain whose Node types
+# alternate defeats the interpreter's attribute caches.
 
 
 class _CyclicGCPause:
@@ -323,7 +278,7 @@ class Engine:
                     break
                 done = None
                 if fn is not None and not local_task.has_error:
-                    if local_task is not current:  # the guard of the seed, set only on change
+                    if local_task is not current:  # PyTorch's GraphTaskGuard, set only on change
                         _tls.current_graph_task = current = local_task
                     if state.enabled != local_task.grad_mode:  # a read costs less than a store
                         state.enabled = local_task.grad_mode

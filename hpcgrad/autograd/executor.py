@@ -6,14 +6,15 @@ Every backward order runs a Node through ``run_node`` and hands each gradient on
 replayed plan (plan.py, Note [Replayed backward plans]), the plain reference order
 (reference.py) and the distributed engine (which drives the queue engine's loop). They differ
 only in how they *order* Nodes and where the gradients wait for their Node (an InputBuffer in a
-dict, a slot by plan position); none of them re-implements a step. Issue 25 found what the
-opposite cost: the replay had its own copies of the call, the checks and the accumulation, and
-one of them (a missing gradient) had drifted from the queue engine's.
+dict, a slot by plan position); none of them re-implements a step, because a copy drifts: the
+replay once had its own call, checks and accumulation, and its missing-gradient check had
+fallen out of step with the queue engine's (issue 25).
 
-A Node's step, as in the seed's ``call_function``: tensor pre-hooks and retains-grad hooks,
-pre-hooks, the Node itself, validation of each gradient against the receiving input's metadata
-(shape, with a broadcast gradient summed back; dtype; device), post-hooks, then (unless the graph
-is kept) its saved tensors released, and under ``detect_anomaly(check_nan=True)`` a nan check.
+A Node's step, as PyTorch's engine.cpp runs it (call_function, evaluate_function): tensor
+pre-hooks and retains-grad hooks, pre-hooks, the Node itself, validation of each gradient
+against the receiving input's metadata (shape, with a broadcast gradient summed back; dtype;
+device), post-hooks, then (unless the graph is kept) its saved tensors released, and under
+``detect_anomaly(check_nan=True)`` a nan check.
 """
 
 import numpy as np
@@ -76,7 +77,7 @@ def validate_outputs(edges, grads, describe):
 
 
 def call_function(fn, grads):
-    """Hooks, the Node itself, output validation, post-hooks: one Node's call, as in the seed.
+    """Hooks, the Node itself, output validation, post-hooks: one Node's call, as in engine.cpp.
 
     Returns the gradients for ``fn.next_edges``, one each (None where none goes).
     """

@@ -427,22 +427,18 @@ class _FunctionMeta(type):
 # Nodes with grad mode off), Function.apply reads the thread's grad mode once, calls forward
 # with the null ctx (saves nothing, needs_input_grad all False) and wraps the array in a bare
 # Tensor: nine C slot stores. The formulas stay written once with Tensor ops, so
-# create_graph=True records them. The dominant cost was not here but in Tensor itself: a
-# Python ``__delattr__`` (for ``del t.grad``) made CPython route every attribute store on a
-# Tensor through ``slot_tp_setattro``, a call of the ``__setattr__`` wrapper, about 930
-# instructions a store instead of ~20, nine stores per new Tensor. data, requires_grad, grad and
-# grad_fn are now properties over slots (tensor.py ``_slot_property``), whose get and set are
-# the slot's own C methods and whose deleters keep PyTorch's rules. Counts (callgrind, per call,
-# size-1 float32, benchmarks/engine.py --instructions and Note [Where a Node's backward goes]):
-# numpy ``a * b`` 4,291 instructions; ``ta * tb`` under no_grad 20,529 before, 11,173 after
-# (20,000 calls minus none, setarch -R, PYTHONHASHSEED=0; +-150). With grad mode on and no
-# input requiring grad, 25,036 -> 14,787 (without setarch): the two thread-local stores
-# around forward. Thread-local stores (grad mode, the engine's _tls) cost ~580
-# instructions, reads ~260, so the hot paths read before they write. Tensor's operators
-# (+ - * / and unary -) then skip Function.apply's ``*args``: _tensor_apply makes an apply
-# for exactly their Tensor arguments, whose call and forward's are inlined by the interpreter
-# instead of each entering _PyEval_Vector from C: ``ta * tb`` under no_grad 10,454 -> 9,043
-# instructions (numpy 3,682; 20,000 calls minus none, setarch -R, PYTHONHASHSEED=0).
+# create_graph=True records them. Three choices keep this path cheap:
+# - Tensor has no Python ``__setattr__`` or ``__delattr__``: either makes CPython send every
+#   attribute store on a Tensor through a call of the wrapper, ~930 instructions a store instead
+#   of ~20. data, requires_grad, grad and grad_fn are properties over slots (tensor.py
+#   ``_slot_property``), whose get and set are the slot's own C methods and whose deleters keep
+#   PyTorch's rules.
+# - A thread-local store (grad mode, the engine's _tls) costs about twice a read, so the hot
+#   paths read before they write.
+# - Tensor's operators (+ - * / and unary -) skip Function.apply's ``*args``: _tensor_apply
+#   makes an apply for exactly their Tensor arguments, so the interpreter inlines its call and
+#   forward's instead of entering each from C.
+# Counted with callgrind as in Note [Where a Node's backward goes] (engine.py).
 
 
 class Function(metaclass=_FunctionMeta):

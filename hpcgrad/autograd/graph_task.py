@@ -23,7 +23,7 @@ class Capture:
 
 
 class ExecInfo:
-    """Whether a Node runs when only some gradients are wanted; Note [Exec info] in the seed."""
+    """Whether a Node runs when only some gradients are wanted; Note [Exec info] in engine.h."""
 
     __slots__ = ("needed", "captures")
 
@@ -75,7 +75,7 @@ class GraphTask:
         with self.final_callbacks_lock:
             self.final_callbacks.append(callback)
 
-    # --- for an engine that drives this task from outside (the distributed engine, seed 000) ---
+    # --- for an engine that drives this task from outside (the distributed engine) -------------
     def attach(self, state):
         """Keep ``state`` with this task (``attached``): the distributed engine's per-pass state,
         which its Nodes (RecvRpcBackward) read from the running task."""
@@ -91,9 +91,10 @@ class GraphTask:
             self.outstanding_tasks += count
 
     def count_dependencies(self, roots):
-        """Count the edges into every Node reachable from ``roots``, breadth-first as the seed's
-        distributed engine; returns the edges into leaves (Nodes without next edges), in the
-        order they were met: the gradients a distributed pass collects or sends on."""
+        """Count the edges into every Node reachable from ``roots``, breadth-first as PyTorch's
+        DistEngine::computeDependencies; returns the edges into leaves (Nodes without next
+        edges), in the order they were met: the gradients a distributed pass collects or sends
+        on."""
         dependencies, seen, leaves = self.dependencies, set(), []
         queue = collections.deque(roots)
         with self.mutex:
@@ -182,7 +183,7 @@ class GraphTask:
             if first:
                 self.error = exc
             # Test-and-set under the mutex, as mark_as_completed_and_run_post_processing does
-            # (the seed's future_completed_.exchange(true)): whichever of the two gets here first
+            # (engine.cpp's future_completed_.exchange(true)): whichever of the two gets here first
             # completes the future; the other must not: a Future is set once.
             complete, self.future_completed = not self.future_completed, True
         if first and node is not None and node.metadata_stack:

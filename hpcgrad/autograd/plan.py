@@ -28,11 +28,8 @@ makes, which reads everything else from the Node itself when it runs: hooks (add
 between iterations, as DDP's AccumulateGrad post-hooks), the receivers' input metadata (shape,
 dtype, device, broadcast sum-back), which gradients are missing (an unused piece of ``chunk``),
 keep_graph/create_graph and grad mode (from the GraphTask), anomaly mode, errors. So none of
-those can be replayed stale, and none needs to be in the key. Issue 25 found what a replay that
-kept its own copy of that step cost: it matched a ``chunk(3)`` graph to a ``chunk(2)`` plan (the
-input count was not compared) and passed a formula a None gradient (its missing-gradient check
-was always False). tests/fuzz.py runs the plan against the queue engine and the reference order
-on programs that change a little from step to step.
+those can be replayed stale, and none needs to be in the key. The input count must be in it: a
+``chunk(3)`` graph otherwise matches a ``chunk(2)`` plan.
 
 Where a plan is used (engine.Engine.execute): ``backward()`` without ``inputs=`` (the common
 case; ``grad()`` and ``inputs=`` need exec_info and go to the queue engine), on a process
@@ -41,27 +38,14 @@ of deep reentrant backwards. There, every backward runs from a plan: a cached on
 matches, else one built for it (and cached: up to 4 per root type). Building and running a plan
 once costs less than the queue engine (the walk that builds it replaces compute_dependencies,
 and the simulation is cheaper than the queue), so a graph that never repeats gains too.
-Plans are on by default again since they earned it (issue 25): 20,000 fuzzed programs (59,780
-variants; ``python -m tests.fuzz --programs 20000 --seed 1 --no-torch``) ran with no difference
-between plans on, off and the reference order. They had been turned off when issue 25 found
-graphs a plan matched although they differed in a Node's input count (a split into 2, then 3
-pieces). ``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the queue engine only;
+Plans are on by default because the fuzzer finds no difference between plans on, off and the
+reference order: ``python -m tests.fuzz --programs 20000 --seed 1 --no-torch``.
+``set_backward_plan("off")`` or ``HPCGRAD_BACKWARD_PLAN=0`` runs the queue engine only;
 ``"reference"`` the plain reference order (Note [The reference order]).
 
-Cost per Node (callgrind instructions, one backward of a chain of 2,000 ops y*c, y+d, float32,
-size 1 / size 1,000; collected only inside the backward call; PyTorch 2.13 counted the same way):
-
-    queue engine (plan off)        39,203 / 40,296   (issue 25: 45,236 / 46,236 before)
-    plan matched and replayed      23,610 / 24,601   (15,607 / 16,651 before issue 25, when the
-                                                      replay had its own copy of the step;
-                                                      matching is ~4,070 of it)
-    PyTorch 2.13                   19,849 / 20,141
-
-What is left in a replay is the formulas themselves (Mul's formula runs a no-grad Tensor
-multiply: 10.0k instructions against numpy's 3.7k for ``a * b``, Note [Ops without a graph]),
-the one executor's frames (Note [One executor]) and the interpreter's loop; the replay hands
-gradients along ``live`` (Note [Where a Node's backward goes] in engine.py); the measurement is
-in docs/performance.rst.
+A replayed Node costs about 60% of the queue engine's instructions, ~4k of it the match walk:
+Note [Where a Node's backward goes] in engine.py has the figures, the command that counts them
+and where the rest goes.
 """
 
 import heapq

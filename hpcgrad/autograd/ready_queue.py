@@ -31,7 +31,7 @@ class ReadyQueue:
 
     Later Nodes (greater sequence_nr) were created later in forward, so backward meets them first.
     Entries are ``(kind, -depth, -sequence_nr, tiebreak, task)``: the unique tiebreak means tasks
-    themselves are never compared. ``kind`` follows the seed's CompareNodeTaskTime: 0 shutdown,
+    themselves are never compared. ``kind`` follows PyTorch's CompareNodeTaskTime: 0 shutdown,
     1 an empty task (no Node: the wake-up the engine sends an owner thread whose GraphTask
     finished elsewhere, so it stops waiting at once whatever the depths), 2 a Node.
 

@@ -1,8 +1,8 @@
-"""The reference order: the seed's GraphTask/ReadyQueue algorithm, on one thread, kept plain.
+"""The reference order: PyTorch's GraphTask/ReadyQueue algorithm, on one thread, kept plain.
 
 Note [The reference order]
 This is the order the fast ones are checked against (tests/fuzz.py; ``set_backward_plan(
-"reference")``). It is the seed's algorithm with nothing taken out for speed: count the edges
+"reference")``). It is engine.cpp's algorithm with nothing taken out for speed: count the edges
 into every Node reachable from the root; a Node is ready when all of them have delivered; of the
 ready Nodes the one with the greatest sequence number runs first (ties in the order they became
 ready, as the ready queue's push order); each runs through the one executor (Note [One

@@ -1,4 +1,4 @@
-"""Data parallelism: DistributedDataParallel, its Reducer and bucket assignment (seed 004).
+"""Data parallelism: DistributedDataParallel, its Reducer and bucket assignment (as reducer.cpp).
 
 Users reach it as ``hpcgrad.nn.parallel.DistributedDataParallel``, PyTorch's name.
 """

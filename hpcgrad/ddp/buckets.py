@@ -1,4 +1,4 @@
-"""Group parameters into gradient buckets by size, per dtype and device (the seed's rules)."""
+"""Group parameters into gradient buckets by size, per dtype and device (as reducer.cpp does)."""
 
 from .. import backend
 from ..tensor import Tensor

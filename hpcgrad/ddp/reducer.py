@@ -2,11 +2,11 @@
 
 Follows PyTorch's reducer.cpp: parameters are grouped in buckets with one flat buffer each and
 a view per parameter laid out like it. When a parameter's gradient is accumulated, its hook
-marks it ready and copies it, divided by the world size, into its view (in the hook, as the
-seed, so a later post-hook cannot change what is reduced); a bucket whose gradients are all
-ready is launched (strictly in bucket order) as a nonblocking all-reduce or a registered comm
-hook; the last ready gradient queues a final callback on the engine that waits for every
-bucket and writes the averaged gradients back.
+marks it ready and copies it, divided by the world size, into its view (in the hook, as
+reducer.cpp does, so a later post-hook cannot change what is reduced); a bucket whose gradients
+are all ready is launched (strictly in bucket order) as a nonblocking all-reduce or a
+registered comm hook; the last ready gradient queues a final callback on the engine that waits
+for every bucket and writes the averaged gradients back.
 
 Note [DDP timeline]
     With the timeline on (Note [Timeline]) the reducer records, per iteration: "copy into
@@ -59,7 +59,7 @@ def _memory_order(array):
 def _view_like(flat, variable):
     """A view of the 1-D ``flat`` shaped like ``variable`` and laid out like it in memory.
 
-    As the seed's Note "Gradient Layout Contract": a dense parameter (C- or F-contiguous, or
+    As reducer.cpp's "Gradient Layout Contract": a dense parameter (C- or F-contiguous, or
     any permutation of axes) gets a bucket view with its own strides, so a gradient laid out
     like the parameter is copied in one flat pass and, with gradient_as_bucket_view, ``.grad``
     keeps the parameter's layout. Anything else falls back to a C-contiguous view.
@@ -202,8 +202,8 @@ class Reducer:
     def _make_autograd_hook(self, index):
         # A weak reference: the hooks live on accumulators the reducer holds, so a strong one
         # would be a cycle, and a dropped (say, failed) DDP would go on marking parameters of
-        # the model, under a new DDP too, until the cyclic collector happened to run. The seed
-        # removes its hooks in ~Reducer for this reason; __del__ does here.
+        # the model, under a new DDP too, until the cyclic collector happened to run. PyTorch's
+        # ~Reducer removes its hooks for this reason; __del__ does here.
         reducer = weakref.ref(self)
 
         def hook(grad_inputs, grad_outputs):
@@ -326,7 +326,7 @@ class Reducer:
         ``computed`` is False when its AccumulateGrad ran without a gradient: the branch of a
         forward output left out of the loss, which the output sink still sends through the
         engine. Then ``.grad`` (None, or an old value) is not this iteration's: the parameter
-        counts as locally unused, as in the seed's hook with an undefined gradient.
+        counts as locally unused, as PyTorch's autograd_hook does with an undefined gradient.
         """
         with self._lock:
             if self.static_graph:
@@ -525,8 +525,8 @@ class Reducer:
             raise RuntimeError(f"parameter {self.names[index]}: gradient is {grad.array.dtype} "
                                f"{list(grad.array.shape)}, expected {view.dtype} "
                                f"{list(view.shape)} (the parameter's own layout)")
-        # Copied (and divided) now, in the hook, as the seed: a post-hook that runs after this
-        # one and changes .grad in place must not change what is reduced. With
+        # Copied (and divided) now, in the hook, as reducer.cpp does: a post-hook that runs after
+        # this one and changes .grad in place must not change what is reduced. With
         # gradient_as_bucket_view the gradient may already be this view (accumulated in
         # place): then the copy is the in-place division.
         scale = 1.0 if self.comm_hook else 1.0 / self.div_factor
@@ -795,7 +795,7 @@ class Reducer:
                 if index in self._stashed:  # .grad is the view the reduction went through
                     view[...] = self._stashed[index]
                 elif self.gradient_as_bucket_view and p.grad is not None \
-                        and p.grad.array is not view:  # as the seed: .grad becomes the view
+                        and p.grad.array is not view:  # .grad becomes the view, as in reducer.cpp
                     view[...] = p.grad.array
                     p.grad = Tensor._make(view, False, None, 0)
                 continue
@@ -875,7 +875,7 @@ class Reducer:
     def should_rebuild_buckets(self):
         """True where a backward has recorded a ready order and the buckets were not rebuilt.
 
-        Decided locally, as the seed's rebuild_buckets: every rank records an order in the same
+        Decided locally, as PyTorch's rebuild_buckets: every rank records an order in the same
         synced backwards (join() pushes one on a rank that shadows them), so all ranks agree
         without talking; before any backward nobody calls a collective, so a forward run on
         one rank alone (evaluation with grad enabled) cannot hang.
@@ -904,7 +904,7 @@ class Reducer:
             indices = box[0]
             self.rebuilt_param_indices = []
             if indices is None:
-                return False  # as the seed: try again once a backward has recorded an order
+                return False  # as PyTorch: try again once a backward has recorded an order
             self.has_rebuilt_buckets = True
             self.initialize_buckets(indices)
             return True

@@ -211,7 +211,7 @@ def _send_grad(node, graph_task, arrays):
     """RecvRpcBackward's gradients to their sender.
 
     They carry the pass id and retain_graph (the peer keeps its part of the graph for the next
-    pass, as the seed's PropagateGradientsReq). Sent to the rank that called backward, into the
+    pass, as PyTorch's PropagateGradientsReq). Sent to the rank that called backward, into the
     context the pass runs in there, they need no answer: that rank's own graph task waits for
     them (Note [The distributed-autograd round trip]). Sent anywhere else they are an
     outstanding RPC of the running pass: a failed or expired answer fails the running graph

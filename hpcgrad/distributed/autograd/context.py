@@ -10,7 +10,7 @@ from ...tensor import Tensor
 class PassState:
     """One backward pass on this rank: kept with its GraphTask (``GraphTask.attach``), where the
     RecvRpcBackward Nodes it runs find the pass id, retain_graph and timeout to send on, and
-    where the gradients they sent wait for their answers (the seed's outstanding RPCs)."""
+    where the gradients they sent wait for their answers (PyTorch's outstanding RPCs)."""
 
     def __init__(self, context, pass_id, keep_graph, timeout, origin_context_id=None,
                  driver=None):

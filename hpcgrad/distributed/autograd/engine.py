@@ -1,16 +1,17 @@
-"""DistEngine: one backward pass across ranks, on the local engine's reusable pieces (seed 000/002).
+"""DistEngine: one backward pass across ranks, on the local engine's reusable pieces.
 
-The rank that calls ``backward`` runs its graph from the roots; every rank that sent tensors
-in the context runs its part when their gradients come back: the first gradient computes the
-dependencies of the whole local graph (roots: every send function of the context), later ones
-just run their send function. A rank's part is done when its graph task and every gradient it
-sent on (its outstanding RPCs) are done; only then does it answer the rank that called it.
-The engine drives a GraphTask only through its methods (attach, expect_roots,
-count_dependencies, captures, mark_needed, fail), never through its fields.
+Follows PyTorch's dist_engine.cpp (torch/csrc/distributed/autograd/engine/). The rank that calls
+``backward`` runs its graph from the roots; every rank that sent tensors in the context runs its
+part when their gradients come back: the first gradient computes the dependencies of the whole
+local graph (roots: every send function of the context), later ones just run their send
+function. A rank's part is done when its graph task and every gradient it sent on (its
+outstanding RPCs) are done; only then does it answer the rank that called it. The engine drives
+a GraphTask only through its methods (attach, expect_roots, count_dependencies, captures,
+mark_needed, fail), never through its fields.
 
 Note [GPU to CPU continuations]
-    As in the seed: the GraphTasks of this engine get one process-wide CPU ready queue, served
-    by one thread. Work is normally run by whichever thread delivered a gradient (on a fresh
+    As in dist_engine.cpp: the GraphTasks of this engine get one process-wide CPU ready queue,
+    served by one thread. Work is normally run by whichever thread delivered a gradient (on a fresh
     queue per call, so several threads can run one GraphTask at once); but a CPU Node made
     ready by a device thread (a CPU -> GPU -> CPU backward) goes to the GraphTask's CPU queue,
     and without a thread serving it the pass would never finish. That thread hands each such
@@ -27,126 +28,56 @@ Note [Launching send functions]
     used, and the receiving thread never runs a Node.
 
 Note [Stolen gradients]
-    A leaf's gradient goes into the context by reference, not by copy, when nothing else can
-    see it: as the local AccumulateGrad does (graph.py ``_can_steal``), and as PyTorch's
-    DistAutogradContext::accumulateGrad does with its expected reference count. The capture
-    hook counts the references to the Tensor before it makes any (``_ENGINE_REFS`` are the
-    engine's own), and the array must belong to that Tensor alone (not a view, not shared,
-    writable, contiguous). A Node pre-hook on the leaf, a hook that kept the gradient, or the
-    same gradient on its way to a second leaf all mean a copy, as before. SendRpcBackward hands
-    its peer's gradients on instead of keeping them, so those can be stolen too. Measured on
-    benchmarks/dist_autograd.py's 256x1024 round trip: the copies of W's gradient (4 MB) on
-    the peer and x's (1 MB) on the origin took 1.2 ms and 0.26 ms of it.
+    A leaf's gradient goes into the context by reference, not by copy, when nothing else can see
+    it: as the local AccumulateGrad does (graph.py ``_can_steal``), and as PyTorch's
+    DistAutogradContext::accumulateGrad does with its expected reference count. The capture hook
+    counts the references to the Tensor before it makes any (``_ENGINE_REFS`` are the engine's
+    own), and the array must belong to that Tensor alone (not a view, not shared, writable,
+    contiguous). A Node pre-hook on the leaf, a hook that kept the gradient, or the same
+    gradient on its way to a second leaf all mean a copy. SendRpcBackward hands its peer's
+    gradients on instead of keeping them, so those can be stolen too. Measured on
+    benchmarks/dist_autograd.py's 256x1024 round trip: the copies of W's gradient (4 MB) on the
+    peer and x's (1 MB) on the origin took 1.2 ms and 0.26 ms of it.
 
 Note [The distributed-autograd round trip]
-    One forward RPC + ``dist_autograd.backward`` + context exit, rank 0 -> rank 1 -> rank 0
-    (benchmarks/dist_autograd.py, 1x8). Measured message by message (a timeline of both
-    ranks' events on the shared monotonic clock, medians of 300 iterations, 2 ranks on 2
-    cores loaded ~8 by other jobs, 2026-11-26). Before, 7 MPI messages:
+    One forward RPC + ``dist_autograd.backward`` + context exit, rank 0 -> rank 1 -> rank 0,
+    takes 4 MPI messages:
 
-      1. call 0 -> 1               rank 1: progress thread -> request pool (runs the stage)
-      2. result 1 -> 0             rank 0: progress -> reply pool (decodes) -> caller
-      3. gradient of y 0 -> 1      rank 1: progress -> request pool -> launch pool (runs graph)
-      4. gradient of x 1 -> 0      rank 0: progress -> request pool -> launch pool -> caller
-      5. "done" for 4, 0 -> 1      rank 1: progress -> reply pool, which then sends 6
-      6. "done" for 3, 1 -> 0      rank 0: progress -> reply pool -> caller
-      7. release 0 -> 1            rank 1: progress (inline)
+      1. call 0 -> 1, carrying the previous context's release (Note [Carried messages])
+      2. result 1 -> 0: the caller, waiting, receives and decodes it itself
+      3. gradient of y 0 -> 1: rank 1 computes the dependencies, runs its graph and answers
+      4. "done" 1 -> 0, carrying the gradient of x: the thread in backward() receives it and
+         runs the send function of x itself
 
-    13 thread wake-ups in a row; 11.1 ms per iteration on that machine, of which the Python
-    work is a small part (pickling an envelope 5 us and unpickling it 8 us; receiving and
-    dispatching a message 40-80 us; serving the stage or running a graph 200-400 us): each hop
-    waited 0.1-2.7 ms for the woken thread to get a core. So the cure is fewer hops, not faster
-    code (a cheaper encoding of small messages would save microseconds of milliseconds). Now,
-    4 MPI messages and 6 wake-ups:
-
-      1. call 0 -> 1 (carrying the previous context's release: Note [Carried messages])
-      2. result 1 -> 0             rank 0: the caller, polling, receives and decodes it itself
-      3. gradient of y 0 -> 1      rank 1: progress -> launch pool (dependencies, graph, reply)
-      4. "done" 1 -> 0, carrying the gradient of x; rank 0: the thread in backward() receives
-         it and runs the send function of x itself
-
+    Each message costs a thread's wake-up, which on a busy machine can wait milliseconds for a
+    core, while the Python work of a message is tens of microseconds: so the design cuts
+    messages and hand-offs between threads rather than code.
     - Gradients sent to the rank that called backward, in the context its pass runs in, need
-      no answer (message 5 before): that rank's own graph task counts every send function of
-      the context (``expect_roots``) and its backward() waits for it; an error running one
-      fails that graph task directly. Gradients to any other rank stay outstanding RPCs.
+      no answer: that rank's own graph task counts every send function of the context
+      (``expect_roots``) and its backward() waits for it; an error running one fails that
+      graph task directly. Gradients to any other rank stay outstanding RPCs.
     - A peer holds its gradients for the origin until its run on the launch thread ends; if
-      its part is done by then (graph complete, nothing outstanding) they ride in the "done"
-      (message 4 before), else they leave on their own. The run waits for nothing outside the
-      rank, so holding them cannot deadlock (holding them until the part is done could: the
-      part may wait for a third rank that needs the origin to have them first).
-    - The release rides on the next message to that rank, or leaves on its own within 5 ms,
-      and shutdown flushes it (Note [Carried messages] in rpc/agent.py).
-    - Replies whose callbacks are short are completed on the thread that receives them, and a
-      thread waiting for a reply receives it itself (Notes [Replies on the callback pool] and
-      [Waiting threads receive] in rpc/agent.py).
-    - What was left then: on the callee, the request pool (user functions may block, so they
-      never ran on the receiving thread) and the launch pool (nor did backward Nodes); and
-      each hop's wait for a core. A callee that serves on a thread of its own now has neither
-      (below). Timeline after, same machine and load: 8.7 ms (11.1 before); PyTorch
-      over TensorPipe on the same machine: see benchmarks/dist_autograd.py's output.
-
-    Measured again later the same day on a quiet machine, with a timeline of both ranks (the
-    medians of 300 1x8 and 60 256x1024 iterations), what the round trip spent beyond compute:
-    - each hop waited 1.35 ms at 256x1024: MPICH needs about three Iprobes to surface a
-      message, so a poller that probes once per 0.5 ms sleep saw it ~3 sleeps late. A poll
-      is now four Iprobes (Note [A poll is several probes] in rpc/agent.py): 0.15-0.3 ms;
-    - the context copied every leaf gradient: 1.2 ms for W's 4 MB on the peer. It now keeps
-      one nothing else holds (Note [Stolen gradients]), as PyTorch does;
-    - the gradient of ``y.sum()`` crossed as 1 MB of ones; now as one element and a shape
-      (Note [Broadcast payloads] in rpc/agent.py), as PyTorch sends an expanded tensor;
-    - every wait for a reply opened libc with ctypes twice (~40 us each, for the timer
-      slack), and MatMul's backward inverted each ``.mT`` with np.argsort (17 us a call).
-    1x8 after (us, instrumented): rank 0 encodes and sends the call 70; the hop 15; rank 1
-    receives 35, hands the call to the request pool 95, runs the stage 35, replies 35; the hop
-    70; rank 0 decodes 100; its backward reaches the send 110 and sends 40; the hop 15; rank 1
-    receives 35, hands it to the launch pool and computes dependencies 110, runs its graph 105,
-    answers 25; the hop 40; rank 0 decodes and finishes 100: ~1.1 ms. What is left is Python's
-    time in each step and the two pool hops, not messages. A doorbell (a datagram from sender
-    to receiver that ends the receiver's poll sleep, as TensorPipe's epoll does) was tried:
-    the hops shrank, but the two threads it woke on a 2-core machine cost more than it saved
-    (round trips 0.82-1.13x PyTorch with it, 0.65-0.77x without, taking turns), so it is not
-    built.
-
-    A third time, the same evening: the pool hops, and the threads that took the cores and the
-    GIL from the two that do the work.
-    - Rank 1 parks where ``rpc.shutdown()`` waits, and that thread serves: it receives the call
-      and runs it, receives the gradient and runs its part of the pass, with no hand-off
-      (Note [Serving threads] in rpc/agent.py). On the timeline, "received" to "stage
-      starts" went from 91 to 35 us and "received" to "graph runs" from 115 to 51 us.
-    - The progress threads of both ranks had looked every 10 us whenever a send completed,
-      and every 0.5 ms while a waiter received; each look took the GIL from the working
-      thread at its next MPI call. Reaping sends is no longer activity, and while a waiter
-      receives the progress thread sleeps until it might have to take over (2 ms). The
-      caller's notice of a reply went from 80-100 us to 15-40 us.
-    - Waiters yield instead of sleeping for 0.5 ms after a message (Note [How long a waiter
-      sleeps] in rpc/agent.py): each notice now ~3 us.
-    1x8 now (us, instrumented, a quiet machine): rank 0 encodes and sends the call 80; rank 1
-    receives it 30 (with the release it carries), decodes 25-45, runs the stage 40-47, encodes
-    and replies 50; rank 0 receives and decodes 45; ``y.sum()`` 25; its backward reaches the
-    send 135 (roots 10, dependencies 27, the engine's start 20-35, Sum's backward 20, the
-    send function 17) and sends 25; rank 1 receives 40, computes dependencies 31, runs the
-    graph 105-146 (Tanh's and MatMul's backward 21 and 26), answers 26; rank 0 receives 45
-    and runs x's send function 36: ~0.6-0.9 ms, all of it Python's work, none waiting.
-    benchmarks/dist_autograd.py: 0.42-0.45x PyTorch over TensorPipe (three runs).
-    At 256x1024 the called rank took ~900 page faults per round trip: glibc handed its freed
-    arrays back to the kernel (Note [Keeping freed memory] in utils/memory.py).
-
-    What is left at 256x1024, measured once more (a timeline of both ranks with kept memory,
-    and benchmarks/cold_steps.py, 2026-11-26): ~2.9 ms beyond compute on the instrumented
-    timeline, of which ~1.0 ms is the three 1 MB receives and ~1.9 ms the same ~20 Python steps
-    that take ~0.5 ms at 1x8. Neither is much further to cut on this machine:
-    - a 1 MB array that one rank has just computed reaches the other in ~0.2 ms by MPI.
-      Reading it in place from a shared-memory window instead was measured: the sender's copy
-      into the window costs what the receiver's copy saved (182 us a message against 198-221
-      us), so it is not built;
-    - a Python step runs 10-20x slower the first time after a few milliseconds of other work:
-      an RPC encode takes 7-9 us in a loop and 90-140 us after a 6 ms matmul, or after a 10 ms
-      Python loop that touches almost no memory (a 3 MB sweep of the caches costs it only
-      4 us, so it is the machine, not our data, that evicts it), and 20 PyTorch additions go
-      from 35-50 to 90-140 us alike. Each step of the round trip meets it after a matmul or a
-      wait of milliseconds: ~1.4 ms of the 1.9. PyTorch pays it too (its overhead: 2.7-4.4 ms).
-    So the 256x1024 overhead stays at 0.44-1.01x PyTorch's (median 0.60x, six runs of
-    benchmarks/dist_autograd.py) on this machine, short of 0.5x.
+      its part is done by then (graph complete, nothing outstanding) they ride in the "done",
+      else they leave on their own. The run waits for nothing outside the rank, so holding
+      them cannot deadlock (holding them until the part is done could: the part may wait for
+      a third rank that needs the origin to have them first).
+    - The release rides on the next message to that rank, or leaves on its own within 5 ms;
+      shutdown flushes it (Note [Carried messages] in rpc/agent.py).
+    - A thread waiting for a reply receives it itself (Note [Waiting threads receive]), short
+      replies complete on the thread that receives them (Note [Replies on the callback pool]),
+      and a rank parked in ``rpc.shutdown()`` serves calls and its part of a pass on that
+      thread (Note [Serving threads]); all three in rpc/agent.py.
+    - Arrays are copied and sent no more than they must be: a leaf's gradient is kept, not
+      copied (Note [Stolen gradients]), and the gradient of ``y.sum()`` crosses as one element
+      and a shape (Note [Broadcast payloads] in rpc/agent.py).
+    Tried and not built: reading a received array in place from a shared-memory window (the
+    sender's copy into the window costs what the receiver's copy saves), and a doorbell
+    datagram that ends the receiver's poll sleep (on two cores the threads it wakes cost more
+    than the hops it saves). What is left is Python's own work in each step, which runs
+    10-20x slower right after milliseconds of other work than in a loop; PyTorch pays that too
+    (``mpiexec -n 2 python benchmarks/cold_steps.py`` shows it). A 1x8 round trip takes about
+    0.4-0.5x PyTorch's over TensorPipe (``mpiexec -n 2 python benchmarks/dist_autograd.py``;
+    docs/distributed.rst has the measurements).
 """
 
 import concurrent.futures
@@ -173,7 +104,7 @@ class DistAccumulateGradCaptureHook:
     """Capture hook for a leaf: its Node pre-hooks, the context's accumulation, its post-hooks.
 
     Tensor pre-hooks (``register_hook`` on the leaf) are not run here: the engine already ran
-    them on the captured gradient, once, as the seed's capture hook relies on.
+    them on the captured gradient, once, as PyTorch's DistAccumulateGradCaptureHook relies on.
     """
 
     def __init__(self, accumulator, context):

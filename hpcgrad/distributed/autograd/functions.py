@@ -1,10 +1,10 @@
 """SendRpcBackward and RecvRpcBackward: where a backward pass leaves and re-enters a rank.
 
-As in the seed, one pair per RPC message: the sender's SendRpcBackward has one next edge per
-tensor of the message that requires grad, the receiver's RecvRpcBackward one output per tensor
-(in the same order). A message is the unit of the backward pass: its RecvRpcBackward runs when
-any of its tensors is used, and sends every gradient at once (zeros for the unused ones), so
-the peer's SendRpcBackward always gets its gradients.
+As in PyTorch's distributed autograd, one pair per RPC message: the sender's SendRpcBackward
+has one next edge per tensor of the message that requires grad, the receiver's RecvRpcBackward
+one output per tensor (in the same order). A message is the unit of the backward pass: its
+RecvRpcBackward runs when any of its tensors is used, and sends every gradient at once (zeros
+for the unused ones), so the peer's SendRpcBackward always gets its gradients.
 """
 
 from ... import backend
