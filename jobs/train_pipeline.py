@@ -64,7 +64,7 @@ from hpcgrad.nn import init
 from hpcgrad.timeline import TIMELINE
 from hpcgrad.timeline import finish as finish_timeline
 from hpcgrad.training import (
-    STOP_SIGNALS,
+    Preemption,
     counted,
     stop_if_any,
     stop_status,
@@ -129,40 +129,26 @@ def parse_args(argv=None):
     return parse_together(p, argv)
 
 
-class Preemption:
-    """SIGTERM/SIGUSR1/SIGINT set a flag; the ranks agree on it with one tiny all-reduce per
-    step on the world (which also brings the last rank's step loss to rank 0), so a signal to
-    any one rank stops them all at the same step after a checkpoint, and Ctrl-C checkpoints
-    like a preemption instead of a traceback per rank. The job then exits with
-    ``stop_status`` of the largest signal number any rank received (``stopped_by``).
-
-    The all-reduce of step k is waited for after step k + 1 (``exchange``): in a pipeline the
-    ranks finish a step at different times, and a blocking one had rank 0 spin in MPI_Wait
-    through the other stages' backward; on 3 ranks sharing 2 cores that doubled the epoch
-    time (8 s -> 17 s for 5 epochs). By then every rank has posted it, so the wait returns at
-    once. A signal thus stops the job one step later, on every rank alike."""
+class PipelinedPreemption(Preemption):
+    """hpcgrad.training's Preemption, agreed one step late: the ranks' agreement (one tiny
+    all-reduce per step on the world, which also brings the last rank's step loss to rank 0)
+    for step k is waited for after step k + 1 (``exchange``). In a pipeline the ranks finish a
+    step at different times, and a blocking agreement had rank 0 spin in MPI_Wait through the
+    other stages' backward; on 3 ranks sharing 2 cores that doubled the epoch time. By then
+    every rank has posted it, so the wait returns at once. A signal thus stops the job one
+    step later, on every rank alike."""
 
     def __init__(self):
-        self.received = set()  # the signals this rank received
-        self.stopped_by = 0  # the largest signal any rank received, once agreed
+        super().__init__()
         self._pending = None  # (step, values, work) of the last step's all-reduce
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    @property
-    def requested(self):
-        return bool(self.received)
-
-    def _handle(self, signum, frame):
-        self.received.add(signum)
 
     def exchange(self, step, loss):
-        """Post ``step``'s agreement (per stop signal, whether this rank received it; the
-        last rank gives the loss, the others 0) and return the previous one's (step, the
-        largest signal any rank received or 0, loss), or None. Every rank calls it."""
-        values = np.array([1.0 if sig in self.received else 0.0 for sig in STOP_SIGNALS]
-                          + [loss])
-        work = dist.all_reduce(values, async_op=True)
+        """Post ``step``'s agreement (this rank's largest stop signal; the last rank's loss,
+        the others' 0: a loss is >= 0, so the maximum is the last rank's) and return the
+        previous one's (step, the largest signal any rank received or 0, loss), or None.
+        Every rank calls it."""
+        values = np.array([float(self.signum), loss])
+        work = dist.all_reduce(values, op=dist.ReduceOp.MAX, async_op=True)
         previous, self._pending = self.settle(), (step, values, work)
         return previous
 
@@ -173,9 +159,9 @@ class Preemption:
         step, values, work = self._pending
         self._pending = None
         work.wait()
-        signals = [int(sig) for sig, n in zip(STOP_SIGNALS, values) if n > 0]
-        self.stopped_by = max([self.stopped_by, *signals])
-        return step, max(signals, default=0), float(values[-1])
+        signum = int(values[0])
+        self.stopped_by = max(self.stopped_by, signum)
+        return step, signum, float(values[1])
 
 
 def train_step(stage, optimizer, images, labels, rank, last, timeout, step):
@@ -345,7 +331,7 @@ def main(argv=None):
     if rank == 0 and os.path.exists(marker):
         os.remove(marker)  # this run continues the preempted one
     rpc.init_rpc(f"stage{rank}")
-    preemption = Preemption()
+    preemption = PipelinedPreemption()
     metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
                          purge_step=step or None)
     total_steps = args.epochs * steps_per_epoch
@@ -453,4 +439,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    exit_together(main())  # every return of main is the same on every rank
+    status = main()
+    Preemption.ignore_from_now()
+    exit_together(status)  # every return of main is the same on every rank
