@@ -1,6 +1,6 @@
 """The alpha-beta scaling model: validated against simulated-cluster runs, then DDP step time and efficiency predicted for 8 to 4,096 ranks.
 
-The model is hpcgrad/distributed/model.py (Note [The scaling model]): flat all-reduce step by
+The model is benchmarks/scaling_model.py (Note [The scaling model]): flat all-reduce step by
 step over shared node links (MPICH's Rabenseifner, a ring), the hierarchical all-reduce, and a
 DDP step whose buckets are reduced, in order, while backward runs. Weak scaling: each rank keeps
 its batch, so efficiency = one-rank step / p-rank step.
@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hpcgrad.distributed import model
+import scaling_model as model  # noqa: E402  (benchmarks/, beside this script)
 
 FLOAT = 4
 MB = 1 << 20
