@@ -7,6 +7,7 @@ prepare_for_backward takes the outputs as a list. compute_bucket_assignment_by_s
 buckets only (PyTorch also returns the per-bucket limits; those are not checked here).
 """
 
+import copy
 from itertools import groupby
 
 import numpy as np
@@ -20,8 +21,9 @@ from hpcgrad.ddp.reducer import Reducer
 
 import ddp_helpers as h
 
-# PyTorch's ReducerTest runs at world size 1; these run at any size (the averaging is
-# invisible: no values are compared).
+# PyTorch's ReducerTest runs at world size 1; these run at any size. Where gradients are
+# compared, each rank draws its own batch, so the reference (every rank's local gradients,
+# gathered and averaged) differs from what any rank computed alone once there are 2+ ranks.
 mpi_any = pytest.mark.mpi(min_size=1)
 
 
@@ -91,10 +93,65 @@ def _batch(gen, batch_size=10):
             hg.tensor(gen.integers(0, 4, (batch_size,))))
 
 
+def _expected_mean_grads(group, model, inp, target):
+    """The reference: ``model``'s gradients for this rank's batch, computed alone (no reducer),
+    averaged over every rank's, as float64, per parameter."""
+    output = nn.CrossEntropyLoss()(model(inp), target)
+    output.backward()
+    means = []
+    for p in model.parameters():
+        copies = h.gather(group, p.grad)
+        means.append(np.mean([c.astype(np.float64) for c in copies], axis=0))
+    return means
+
+
+def _assert_reduced(group, model, reducer, reference, inp, target):
+    """One backward of ``model`` through ``reducer`` leaves each ``.grad`` the average over
+    ranks of the local gradients (the reference), in the parameter's dtype. Returns the
+    (dtype, element count) of each all-reduce the group launched during that backward, in
+    order."""
+    expected = _expected_mean_grads(group, reference, inp, target)
+    launched = []
+    iallreduce = group.iallreduce
+
+    def recording(array, *args, **kwargs):
+        launched.append((np.dtype(array.dtype), int(array.size)))
+        return iallreduce(array, *args, **kwargs)
+
+    output = nn.CrossEntropyLoss()(model(inp), target)
+    reducer.prepare_for_backward([output])
+    group.iallreduce = recording
+    try:
+        output.backward()
+    finally:
+        del group.iallreduce  # the class's again
+    for i, (p, want) in enumerate(zip(model.parameters(), expected)):
+        assert p.grad is not None, f"parameter {i} has no gradient"
+        assert p.grad.dtype == p.dtype, f"parameter {i}: gradient {p.grad.dtype}, not {p.dtype}"
+        h.assert_close(p.grad, want.astype(p.grad.array.dtype), msg=f"gradient of parameter {i}")
+    # the ranks agree (a reduction that skipped a bucket would leave local values)
+    h.assert_same_on_all_ranks(group, [p.grad for p in model.parameters()], "gradient")
+    return launched
+
+
+def _rank_batch(group, seed):
+    """A batch of this rank's own (seeded by the rank)."""
+    return _batch(h.rng(seed + 1000 * group.rank()))
+
+
 @mpi_any
 def test_single_dtype_single_bucket(group):
-    parameters = list(ReducerModule().parameters())
-    Reducer(parameters, [list(range(len(parameters)))], group)
+    """Every float32 parameter in one bucket: one flat float32 buffer of all 76 elements, one
+    all-reduce per backward, and the gradients come back averaged over the ranks."""
+    model = h.seeded(ReducerModule)
+    reference = copy.deepcopy(model)
+    parameters = list(model.parameters())
+    reducer = Reducer(parameters, [list(range(len(parameters)))], group)
+    assert reducer.bucket_indices() == [[0, 1, 2]]
+    (bucket,) = reducer.buckets
+    assert bucket.contents.dtype == np.float32 and bucket.contents.size == 2 * 10 + 10 * 4 + 4 * 4
+    launched = _assert_reduced(group, model, reducer, reference, *_rank_batch(group, 11))
+    assert launched == [(np.dtype(np.float32), 76)]
 
 
 @mpi_any
@@ -108,19 +165,28 @@ def test_multi_dtype_single_bucket(group):
 
 @mpi_any
 def test_multi_dtype_multi_bucket(group):
-    parameters = list(_mixed_precision_model().parameters())
-    Reducer(parameters, _buckets_by_dtype(parameters), group)
+    """A bucket per dtype: fc1's float64 weight alone, fc2's and fc3's float32 weights together;
+    each bucket's buffer has its parameters' dtype, and the buckets are all-reduced in bucket
+    order (the float64 one first, though its gradient is the last to be ready)."""
+    model = h.seeded(_mixed_precision_model)
+    reference = copy.deepcopy(model)
+    parameters = list(model.parameters())
+    reducer = Reducer(parameters, _buckets_by_dtype(parameters), group)
+    assert reducer.bucket_indices() == [[0], [1, 2]]
+    assert [(b.contents.dtype, b.contents.size) for b in reducer.buckets] == \
+        [(np.float64, 20), (np.float32, 40 + 16)]
+    launched = _assert_reduced(group, model, reducer, reference, *_rank_batch(group, 12))
+    assert launched == [(np.dtype(np.float64), 20), (np.dtype(np.float32), 56)]
 
 
 @mpi_any
 def test_forward_backward(group):
-    model = _mixed_precision_model()
+    """Mixed precision, a bucket per dtype: after one backward every gradient is the average
+    over ranks of what each rank computed alone (float64 for fc1, float32 for the others)."""
+    model = h.seeded(_mixed_precision_model)
+    reference = copy.deepcopy(model)
     reducer = _reducer_for(model, group)
-    inp, target = _batch(h.rng(13))
-    output = nn.CrossEntropyLoss()(model(inp), target)
-    reducer.prepare_for_backward([output])
-    output.backward()
-    assert all(p.grad is not None for p in model.parameters())
+    _assert_reduced(group, model, reducer, reference, *_rank_batch(group, 13))
 
 
 @mpi_any

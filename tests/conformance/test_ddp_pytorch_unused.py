@@ -49,18 +49,52 @@ def test_DistributedDataParallel_requires_grad(group):
     dist.barrier(group=group)
 
 
+class _ZeroOutputFeatures(nn.Module):
+    """PyTorch's ToyModel, with a forward: net2 maps to no features (weight [0, 10], bias [0])."""
+
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 0)
+
+    def forward(self, x):
+        hidden = self.relu(self.net1(x))
+        return hidden, self.net2(hidden)
+
+
+def _zero_output_loss(outputs):
+    hidden, empty = outputs
+    return (hidden * hidden).mean() + empty.sum()
+
+
 @mpi2
 def test_ddp_zero_output_features(group):
-    """A layer with no output features (empty weight and bias) is accepted."""
-
-    class ToyModel(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net1 = nn.Linear(10, 10)
-            self.relu = nn.ReLU()
-            self.net2 = nn.Linear(10, 0)
-
-    h.ddp(ToyModel(), group)
+    """A layer with no output features (empty weight and bias) is accepted, and DDP trains
+    through it: over two iterations every gradient equals the average over ranks of the
+    gradients each rank's batch gives a copy of the model alone, and the empty parameters get
+    empty gradients of their own shapes (their hooks fire, so each backward's reduction
+    finishes: a missing one would leave the gradients local and fail the next forward)."""
+    reference = h.seeded(_ZeroOutputFeatures)
+    model = h.ddp(copy.deepcopy(reference), group)
+    shapes = [tuple(p.shape) for p in model.module.parameters()]
+    assert shapes == [(10, 10), (10,), (0, 10), (0,)]
+    gen = h.rng(100 + group.rank())  # each rank's own batches
+    for iteration in range(2):
+        x = h.randn(gen, 4, 10)
+        _zero_output_loss(reference(x)).backward()
+        expected = [np.mean(h.gather(group, p.grad), axis=0) for p in reference.parameters()]
+        _zero_output_loss(model(x)).backward()
+        for i, (p, want) in enumerate(zip(model.module.parameters(), expected)):
+            assert p.grad is not None, f"iteration {iteration}: parameter {i} has no gradient"
+            assert tuple(p.grad.shape) == shapes[i]
+            h.assert_close(p.grad, want, msg=f"iteration {iteration}: gradient of parameter {i}")
+        for mine, theirs, want in zip(model.module.parameters(), reference.parameters(),
+                                      expected):  # the same step on both copies
+            mine.array -= 0.1 * want.astype(mine.array.dtype)
+            theirs.array -= 0.1 * want.astype(theirs.array.dtype)
+            mine.grad = theirs.grad = None
+    h.validate_net_equivalence(group, model)
 
 
 def _run_test_ddp_model_with_diff_params(group, net):

@@ -384,14 +384,30 @@ def test_backward_accumulate_grads():
 
 
 def test_nested_backward_accumulate_grads():
+    """The next rank adds t1 and t2 by a nested RPC to the rank after it; two backward passes
+    over the result's sum (the first keeping the graph) accumulate in the context: after the
+    first each gradient is d sum(t1 + t2) / dt = ones, after the second twice that, as the
+    local engine gives .grad for the same two passes; t1.grad and t2.grad stay None."""
     t1, t2 = rand(3, 3), rand(3, 3)
     ring = h.Ring()
+    local1 = hg.tensor(t1.array.copy(), requires_grad=True)
+    local2 = hg.tensor(t2.array.copy(), requires_grad=True)
+    local_loss = hg.add(local1, local2).sum()
     with dist_autograd.context() as context_id:
         ret = rpc.rpc_sync(h.worker_name(ring.next()), h.nested_backward_accumulate_grads,
                            args=(t1, t2, ring.next()), timeout=WAIT)
+        h.assert_close(ret, t1.array + t2.array, "forward through the nested call")
         loss = ret.sum()
-        h.backward(context_id, [loss], retain_graph=True)
-        h.backward(context_id, [loss])
+        for passes in (1, 2):
+            h.backward(context_id, [loss], retain_graph=passes == 1)
+            hg.autograd.backward([local_loss], retain_graph=passes == 1)
+            grads = dist_autograd.get_gradients(context_id)
+            assert len(grads) == 2 and t1 in grads and t2 in grads, grads
+            for name, t, local in (("t1", t1, local1), ("t2", t2, local2)):
+                h.assert_close(grads[t], np.full((3, 3), float(passes), np.float32),
+                               f"{name} after {passes} pass(es)")
+                h.assert_close(grads[t], local.grad, f"{name} after {passes} pass(es), local")
+        assert t1.grad is None and t2.grad is None
 
 
 def test_multiple_backward():

@@ -10,11 +10,13 @@ No module-wide RPC fixture here (PyTorch's ``@dist_init(setup_rpc=False)``). Lef
 
 import contextlib
 
+import numpy as np
 import pytest
 
 import hpcgrad as hg
 import hpcgrad.distributed.rpc as rpc
 from hpcgrad.comm.mpi import comm_world
+from hpcgrad.comm.work import CommTimeoutError, wait_requests
 
 import rpc_conformance_helpers as h
 from rpc_conformance_helpers import WAIT
@@ -61,24 +63,93 @@ def test_reinit():
             rpc.init_rpc(h.worker_name(rank_size()[0]))
 
 
+_SHUT_DOWN_TAG = 29  # rank 0's "my local shutdown has returned", over COMM_WORLD (not RPC)
+
+
+def assert_rpc_stopped(rank, size):
+    """This rank's agent is gone: no agent, and a call fails at once with PyTorch's error."""
+    assert rpc._agent is None
+    with pytest.raises(RuntimeError, match="^RPC has not been initialized"):
+        rpc.rpc_sync(h.worker_name((rank + 1) % size), hg.add, args=(1, 1), timeout=WAIT)
+
+
+def shut_down_locally_rank_0_first():
+    """rank 0 calls ``rpc.shutdown(graceful=False)`` while every other rank's agent still runs
+    and none of them has called shutdown: a local shutdown must return without them. Only
+    then does rank 0 tell the others (MPI on COMM_WORLD: its RPC is gone), and they shut down
+    locally in turn. Every rank then learns what every other rank saw, so a failure fails
+    every rank instead of leaving some waiting: one that got no word within WAIT s joins a
+    graceful shutdown, which releases a rank 0 wrongly waiting for the others."""
+    rank, size = rank_size()
+    comm = comm_world()
+    word = np.zeros(1, np.int64)
+    if rank == 0:
+        rpc.shutdown(graceful=False)
+        sends = [comm.Isend(np.ones(1, np.int64), dest=r, tag=_SHUT_DOWN_TAG)
+                 for r in range(1, size)]
+        wait_requests(sends, WAIT, lambda: "rank 0's word to the other ranks")
+        told_in_time = True
+    else:
+        request = comm.Irecv(word, source=0, tag=_SHUT_DOWN_TAG)
+        try:
+            wait_requests([request], WAIT, lambda: "rank 0's word that it shut down")
+            told_in_time = True
+        except CommTimeoutError:
+            told_in_time = False
+            try:
+                rpc.shutdown(timeout=WAIT)  # joins a graceful wait rank 0 might be stuck in
+                wait_requests([request], WAIT, lambda: "rank 0's word, late")
+            except (CommTimeoutError, rpc.RpcTimeoutError):
+                pass  # reported below, on every rank
+        else:
+            rpc.shutdown(graceful=False)
+        told_in_time = told_in_time and word[0] == 1
+    everyone = comm.allgather((told_in_time, rpc._agent is None))
+    late = [r for r, (told, _) in enumerate(everyone) if not told]
+    assert not late, f"ranks with no word within {WAIT} s that rank 0's local shutdown had " \
+                     f"returned (it waited for them?): {late}"
+    running = [r for r, (_, stopped) in enumerate(everyone) if not stopped]
+    assert not running, f"ranks whose agent outlived rpc.shutdown(graceful=False): {running}"
+    assert_rpc_stopped(rank, size)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_local_shutdown():
-    """Start RPC, then shut down at once without waiting for the others."""
+    """Start RPC, then shut down at once without waiting for the others: rank 0's local
+    shutdown returns while the other ranks' agents still run (they wait for its word to shut
+    down themselves), and afterwards no rank can make a call."""
     rank, _ = rank_size()
     rpc.init_rpc(h.worker_name(rank))
-    rpc.shutdown(graceful=False)
+    shut_down_locally_rank_0_first()
     comm_world().Barrier()  # the next test starts RPC together again
+
+
+def add_on_callee(a, b):
+    """hg.add, and the name of the worker that ran it."""
+    return hg.add(a, b), rpc.get_worker_info().name
 
 
 @pytest.mark.mpi(min_size=2)
 def test_local_shutdown_with_rpc():
+    """RPCs first, each answered by the next rank with the right sum; once every RPC has been
+    answered (the barrier), a local shutdown: rank 0's returns while the others still run,
+    and the finished call's future keeps its value after it."""
     rank, size = rank_size()
+    n, peer = rank + 1, (rank + 1) % size
     rpc.init_rpc(h.worker_name(rank))
     try:
-        add_to_peer(rank, size)
+        future = rpc.rpc_async(h.worker_name(peer), add_on_callee,
+                               args=(hg.ones(n, n), hg.ones(n, n)), timeout=WAIT)
+        total, callee = future.wait(WAIT)
+        assert callee == h.worker_name(peer)
+        assert total.shape == (n, n) and (total.array == 2).all()
         h.barrier()  # every RPC has been answered
-    finally:
+    except BaseException:
         rpc.shutdown(graceful=False)
+        raise
+    shut_down_locally_rank_0_first()
+    total, callee = future.value()  # a completed call is not failed by the shutdown
+    assert callee == h.worker_name(peer) and (total.array == 2).all()
     comm_world().Barrier()
 
 

@@ -6,6 +6,7 @@ one of each kind per round trip), check the gradients against one process, and c
 that lost their answer or their own message still fail, time out and release as before.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -206,22 +207,50 @@ def test_a_rank_waiting_in_shutdown_serves_on_that_thread():
         seen.append((where, rpc.rpc_sync(1, threads_of_w, timeout=WAIT_LIMIT)))
 
 
+_woken = threading.Event()         # rank 1: set by wake_blocked
+_blocked_here = threading.Event()  # rank 1: set once block_until_woken runs
+_blocked_threads = []              # rank 1: the thread it runs on
+
+
+def reset_blocked():
+    _woken.clear()
+    _blocked_here.clear()
+    _blocked_threads.clear()
+
+
+def block_until_woken(limit):
+    """Blocks the thread serving it until wake_blocked() runs, at most ``limit`` s: True when
+    woken, False when the limit ran out."""
+    _blocked_threads.append(thread_name())
+    _blocked_here.set()
+    return _woken.wait(limit)
+
+
+def blocked_thread(limit):
+    """The thread blocked in block_until_woken once it is there; None if it is not within
+    ``limit`` s."""
+    return _blocked_threads[-1] if _blocked_here.wait(limit) else None
+
+
+def wake_blocked():
+    _woken.set()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_serving_thread_that_blocks_does_not_stall_its_rank():
     """Rank 1's serving thread runs a call that blocks until woken; meanwhile its other calls
     are still answered (by the pool, the progress thread receiving), including the one that
-    wakes it."""
+    wakes it: the blocked call then returns because it was woken, not because its limit ran
+    out."""
     rank, _ = rank_and_size()
     if rank != 0:
         return
-    rpc.rpc_sync(1, cases.reset_wake, timeout=WAIT_LIMIT)
+    rpc.rpc_sync(1, reset_blocked, timeout=WAIT_LIMIT)
     until_rank_1_serves()
-    blocked = rpc.rpc_async(1, cases.sleep_until_woken, args=(WAIT_LIMIT,), timeout=WAIT_LIMIT)
-    started = time.monotonic()
-    sleeper = None
-    while sleeper is None:  # until it has reached rank 1 and blocks there (a fixed sleep was
-        sleeper = rpc.rpc_sync(1, cases.sleeper, timeout=WAIT_LIMIT)  # too short when loaded)
-        assert time.monotonic() - started < WAIT_LIMIT / 4, "sleep_until_woken never arrived"
+    blocked = rpc.rpc_async(1, block_until_woken, args=(WAIT_LIMIT,), timeout=2 * WAIT_LIMIT)
+    # until it has reached rank 1 and blocks there (a fixed sleep was too short when loaded)
+    sleeper = rpc.rpc_sync(1, blocked_thread, args=(WAIT_LIMIT / 2,), timeout=WAIT_LIMIT)
+    assert sleeper is not None, "block_until_woken never arrived"
     names = [rpc.rpc_sync(1, thread_name, timeout=WAIT_LIMIT) for _ in range(5)]
     assert not blocked.done()
     # Answered by threads other than the blocked one: the pool when the serving (main) thread
@@ -230,9 +259,8 @@ def test_a_serving_thread_that_blocks_does_not_stall_its_rank():
     assert sleeper not in names, (sleeper, names)
     if sleeper == "MainThread":
         assert all(name.startswith("hpcgrad-rpc-1") for name in names), names
-    rpc.rpc_sync(1, cases.wake, timeout=WAIT_LIMIT)
-    assert blocked.wait(WAIT_LIMIT) == "woke"
-    assert time.monotonic() - started < WAIT_LIMIT / 2  # nobody waited for the sleep to end
+    rpc.rpc_sync(1, wake_blocked, timeout=WAIT_LIMIT)
+    assert blocked.wait(2 * WAIT_LIMIT) is True, "the blocked call was never woken"
 
 
 _serving_in_test = []  # rank 1: set while the next test serves on its main thread

@@ -85,23 +85,127 @@ def test_work_future_before_completion():
     assert chained.wait() == 4.0  # waiting on the chain waits for the Work
 
 
-def test_wait_times_out_with_the_description():
+WAIT = 20  # s: bounds every wait on another thread below, so a failure never hangs
+
+
+class ThreadClock:
+    """The ``time`` module as hpcgrad.comm.work sees it, faked for one thread: ``monotonic()``
+    reads a clock that moves ``tick`` s per read and by whatever ``sleep()`` was asked (which
+    returns at once). Other threads (a watchdog, a progress thread) get the real module, so
+    nothing here depends on how fast the machine is."""
+
+    def __init__(self, tick):
+        self.thread = threading.current_thread()
+        self.tick = tick
+        self.now = self.first = None
+
+    def monotonic(self):
+        if threading.current_thread() is not self.thread:
+            return time.monotonic()
+        self.now = 1000.0 if self.now is None else self.now + self.tick
+        if self.first is None:
+            self.first = self.now
+        return self.now
+
+    def sleep(self, seconds):
+        if threading.current_thread() is not self.thread:
+            return time.sleep(seconds)
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("group_timeout, wait_timeout, gives_up_after", [
+    (30.0, 0.2, 0.2),   # the argument overrides the group's 30 s
+    (0.3, None, 0.3),   # without one, the group's
+])
+def test_wait_times_out_with_the_description(monkeypatch, group_timeout, wait_timeout,
+                                             gives_up_after):
+    """A wait that cannot complete gives up once its clock has passed the timeout (not
+    before, not at the other timeout), and says which call, with which limit, on which rank."""
+    from hpcgrad.comm import work as work_module
+    clock = ThreadClock(tick=0.01)
+    monkeypatch.setattr(work_module, "time", clock)
     box = np.zeros(1)
     request = MPI.COMM_SELF.Irecv(box, source=0, tag=12)  # nobody sends
-    work = Work([request], (box,), lambda: "recv with rank 0 #7 (1 x float64, shape [1])", 30.0)
-    start = time.monotonic()
-    with pytest.raises(CommTimeoutError, match=r"^recv with rank 0 #7 \(1 x float64, shape \[1\]\) "
-                                               rf"did not complete within 0.2 s on rank {MPI.COMM_WORLD.Get_rank()}: a peer "
-                                               r"rank never joined it"):
-        work.wait(timeout=0.2)  # overrides the group's 30 s
-    assert 0.2 <= time.monotonic() - start < 2
-    assert not work.is_completed()
-    request.Cancel()
-    request.Wait()
+    work = Work([request], (box,), lambda: "recv with rank 0 #7 (1 x float64, shape [1])",
+                group_timeout)
+    try:
+        with pytest.raises(CommTimeoutError, match=(
+                r"^recv with rank 0 #7 \(1 x float64, shape \[1\]\) did not complete within "
+                rf"{gives_up_after:g} s on rank {MPI.COMM_WORLD.Get_rank()}: a peer rank never "
+                r"joined it")):
+            work.wait(timeout=wait_timeout)
+        waited = clock.now - clock.first  # on the fake clock: a read every 0.01 s, sleeps added
+        assert gives_up_after < waited <= gives_up_after + clock.tick + work_module._MAX_SLEEP
+        assert not work.is_completed()
+    finally:
+        request.Cancel()
+        request.Wait()
 
 
-def test_watchdog_reports_a_blocking_call_past_its_deadline():
-    """Note [Blocking calls]: the report (normally followed by MPI_Abort) names the call."""
+class SteppedClock:
+    """hpcgrad.comm.work's ``time`` as one Watchdog's thread sees it: each ``sleep()`` of that
+    thread parks it until the test's ``step()``, and its ``monotonic()`` reads the test's
+    clock. So the test decides when the watchdog looks and what time it is then. Other
+    threads get the real module."""
+
+    def __init__(self, dog):
+        self.dog = dog
+        self.now = 0.0
+        self._parked = threading.Semaphore(0)  # the watchdog is in sleep(), its pass done
+        self._go = threading.Semaphore(0)
+        self._stopped = False
+
+    def _watchdog(self):
+        return threading.current_thread() is self.dog._thread
+
+    def sleep(self, seconds):
+        if not self._watchdog():
+            return time.sleep(seconds)
+        self._parked.release()
+        if not self._go.acquire(timeout=WAIT) or self._stopped:
+            raise SystemExit  # ends the watchdog's thread, quietly
+
+    def monotonic(self):
+        return self.now if self._watchdog() else time.monotonic()
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def started(self):
+        assert self._parked.acquire(timeout=WAIT), "the watchdog's thread never started"
+
+    def step(self, seconds):
+        """Move the clock on by ``seconds``, let the watchdog make one pass, and return once it
+        is done (parked in its next sleep)."""
+        self.now += seconds
+        self._go.release()
+        assert self._parked.acquire(timeout=WAIT), "the watchdog did not come round"
+
+    def stop(self, monkeypatch):
+        """End the watchdog's thread (SystemExit from its sleep, kept out of pytest's report of
+        exceptions in threads) and wait until it has."""
+        report = threading.excepthook
+
+        def quiet(args):
+            if not (args.exc_type is SystemExit and args.thread is self.dog._thread):
+                report(args)
+
+        monkeypatch.setattr(threading, "excepthook", quiet)
+        self._stopped = True
+        self._go.release()
+        self.dog._thread.join(WAIT)
+        assert not self.dog._thread.is_alive(), "the watchdog's thread did not end"
+
+
+def test_watchdog_reports_a_blocking_call_past_its_deadline(monkeypatch):
+    """Note [Blocking calls]: the report (normally followed by MPI_Abort) names the call, comes
+    once the call has been in flight past the group's timeout (timed from when the watchdog
+    first saw it), once per call; calls that each return in time are never reported, though
+    one or another is always in flight."""
+    from hpcgrad.comm import work as work_module
     from hpcgrad.comm.work import Watchdog
 
     class Group:  # what the watchdog reads of a ProcessGroup
@@ -110,20 +214,45 @@ def test_watchdog_reports_a_blocking_call_past_its_deadline():
     dog = Watchdog(interval=0.02)
     reports = []
     dog.on_expire = reports.append
+    clock = SteppedClock(dog)
+    monkeypatch.setattr(work_module, "time", clock)
     group = Group()
-    dog.watch(group)
-    group._inflight = ("allreduce", None, 4, np.zeros((2, 3), np.float32), 2)
-    time.sleep(0.4)  # a blocking MPI call that never returns, as far as the watchdog can tell
-    group._inflight = None
-    assert len(reports) == 1 and isinstance(reports[0], CommTimeoutError)
-    assert str(reports[0]).startswith("allreduce #4 (6 x float32, shape [2, 3]) in a group of 2 "
-                                      f"ranks did not complete within 0.1 s on rank {MPI.COMM_WORLD.Get_rank()}")
-    for seq in range(5, 25):  # calls that each return in time: nothing to report
-        group._inflight = ("barrier", None, seq, np.zeros(0), 2)
-        time.sleep(0.01)
-    group._inflight = None
-    time.sleep(0.2)
-    assert len(reports) == 1
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        dog.watch(group)
+        clock.started()
+        # a blocking MPI call that never returns, as far as the watchdog can tell
+        group._inflight = ("allreduce", None, 4, np.zeros((2, 3), np.float32), 2)
+        clock.step(0.04)  # first seen at 0.04
+        clock.step(0.04)
+        clock.step(0.04)  # 0.08 s in flight: not yet past 0.1
+        assert reports == []
+        clock.step(0.04)  # 0.12 s
+        assert len(reports) == 1 and isinstance(reports[0], CommTimeoutError)
+        assert str(reports[0]).startswith("allreduce #4 (6 x float32, shape [2, 3]) in a group "
+                                          f"of 2 ranks did not complete within 0.1 s on rank {rank}")
+        for _ in range(5):  # still in flight: reported once
+            clock.step(0.04)
+        assert len(reports) == 1
+        group._inflight = None
+        clock.step(0.04)
+        for seq in range(5, 25):  # calls that each return in time (0.08 s in flight each)
+            group._inflight = ("barrier", None, seq, np.zeros(0), 2)
+            clock.step(0.04)
+            clock.step(0.04)
+            clock.step(0.04)
+        group._inflight = None
+        clock.step(0.04)
+        assert len(reports) == 1
+        group._inflight = ("broadcast", 0, 30, np.zeros(5, np.int64), 2)  # another overrun
+        for _ in range(4):
+            clock.step(0.04)
+        assert len(reports) == 2
+        assert str(reports[1]).startswith("broadcast with rank 0 #30 (5 x int64, shape [5]) in a "
+                                          "group of 2 ranks did not complete within 0.1 s")
+    finally:
+        group._inflight = None
+        clock.stop(monkeypatch)
 
 
 def test_wait_requests_without_timeout_blocks_until_done():
