@@ -257,6 +257,21 @@ def gemms_alone(x, w, stride, k):
     return run
 
 
+def with_col2im(run):
+    """``run`` with the input gradient as col2im, the path Note [Input gradient as a
+    convolution] replaced at stride 1, for the two to be timed side by side."""
+    from hpcgrad.nn import _conv
+
+    def old_path():
+        kept = _conv._input_grad_geometry
+        _conv._input_grad_geometry = lambda geo: None
+        try:
+            run()
+        finally:
+            _conv._input_grad_geometry = kept
+    return old_path
+
+
 def layer_times(args):
     """Each distinct convolution's forward + backward (input and weight gradients), the
     libraries interleaved, and hpcgrad's three matrix products alone: prints ms, the ratios and
@@ -279,6 +294,8 @@ def layer_times(args):
                 out.backward(lib.ones_like(out))
             runs[name] = run
         runs["GEMMs"] = gemms_alone(x, w, stride, k)
+        if args.col2im:
+            runs["col2im"] = with_col2im(runs["hpcgrad"])
         found = {name: [] for name in runs}
         for run in runs.values():
             run(), run()
@@ -296,6 +313,9 @@ def layer_times(args):
             floor = statistics.median(a / b for a, b in zip(found["GEMMs"], found["torch"]))
             line += (f"; torch {1e3 * statistics.median(found['torch']):6.2f} ms; {ratio:.2f}x; "
                      f"hpcgrad's GEMMs alone {floor:.2f}x")
+        if "col2im" in found:
+            old = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["col2im"]))
+            line += f"; against col2im's input gradient {old:.2f}x"
         print(line, flush=True)
     print("  all convolutions of one step: " + "; ".join(
         f"{name} {1e3 * t:.1f} ms" for name, t in total.items()), flush=True)
@@ -323,6 +343,8 @@ def main(argv=None):
                         help="under mpiexec: the DDP step beside PyTorch DDP (gloo); no memory")
     parser.add_argument("--layers", action="store_true",
                         help="ResNet-18: each distinct convolution's forward + backward instead")
+    parser.add_argument("--col2im", action="store_true",
+                        help="--layers: also hpcgrad with col2im's input gradient, interleaved")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
