@@ -107,8 +107,9 @@ class FingerprintChecker:
         (request, buffer). Equal maxima of h and -h mean every rank's h was the same."""
         # Python's hash of a tuple of ints is the same in every process (only str and bytes
         # hashes are salted); halved so that its negation fits in 64 bits. Two int64 in an
-        # array.array: the first version's 12 numbers in numpy cost ~25 us per call, 12 in an
-        # array.array ~6 us, these two ~1 us; a mismatch then gathers the whole fingerprints.
+        # array.array cost ~1 us per call, the whole fingerprint in numpy ~25 us
+        # (`mpiexec -n 2 python benchmarks/checks.py`); a mismatch then gathers the whole
+        # fingerprints.
         h = hash(mine) >> 1
         both = pyarray("q", (h, -h))
         return self.comm.Iallreduce(_IN_PLACE, [both, MPI.INT64_T], MPI.MAX), both

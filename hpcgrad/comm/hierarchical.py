@@ -107,26 +107,25 @@ class Hierarchical:
     bytes) get their own three (Note [Wide elements on their own communicator]).
 
     Note [When hierarchical all-reduce pays]
-    Measured on simulated nodes (benchmarks/cluster_allreduce.py: network namespaces, each
-    node's link shaped to 1 Gbit/s, MPICH 5.0 ofi/tcp between nodes, shared memory within;
-    figures in docs/scaling.md). With the usual placement, each node's ranks a consecutive
-    block, MPICH's flat all-reduce already sends each byte across the network only once: its
-    reduce-scatter halves distances from 1 up, so the large early steps stay within the node
-    and only the last log2(nodes) steps, of n/ranks-per-node bytes at most, cross (the model's
-    ``flat_allreduce``). Hierarchical then adds the in-node reduce and broadcast (MPICH's
-    Ireduce is the slow stage) to the same network traffic, and lost or tied at every size
-    from 1 to 64 MB in two runs: 0.62-0.99x of flat's speed on 2 nodes x 2 ranks, 0.63-1.00x
-    on 4 x 2, 0.58-0.82x on 2 x 4. With ranks dealt out cyclically (rank r on node r % N:
-    Slurm's --distribution=cyclic, a hostfile of one slot per host) the large early steps
-    cross the network and every rank of a node sends its share through the node's link:
-    there hierarchical was faster from 4 MB in every run (1.03-1.57x at 4-64 MB on 2 x 2 and
-    4 x 2), and a coin flip at 1 MB (0.67-1.73x over three runs). So ``auto`` takes the
-    hierarchical path when the group spans nodes, its nodes are not consecutive equal blocks
-    of ranks, and the message has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB).
-    ``1`` still forces it (another MPI's flat algorithm may not suit the nodes: a ring pays
-    2(p-1) inter-node latencies per call where the leaders' pays 2(nodes-1)). The rule
-    assumes the network is the bottleneck: at 5 Gbit/s per node, where this 2-core machine's
-    copies were the slower part, hierarchical lost on cyclic layouts too (0.56-0.81x).
+    Measured on simulated nodes (``python benchmarks/cluster_allreduce.py``, ``--placement
+    cyclic`` for the second layout below: network namespaces, each node's link shaped to 1
+    Gbit/s, MPICH ofi/tcp between nodes, shared memory within; figures in docs/scaling.md). With
+    the usual placement, each node's ranks a consecutive block, MPICH's flat all-reduce already
+    sends each byte across the network only once: its reduce-scatter halves distances from 1 up,
+    so the large early steps stay within the node and only the last log2(nodes) steps, of
+    n/ranks-per-node bytes at most, cross (the model's ``flat_allreduce``). Hierarchical then
+    adds the in-node reduce and broadcast (MPICH's Ireduce is the slow stage) to the same
+    network traffic, and loses or ties at every size from 1 to 64 MB (down to ~0.6x of flat's
+    speed). With ranks dealt out cyclically (rank r on node r % N: Slurm's
+    --distribution=cyclic, a hostfile of one slot per host) the large early steps cross the
+    network and every rank of a node sends its share through the node's link: there hierarchical
+    is faster from 4 MB, and a coin flip at 1 MB. So ``auto`` takes the hierarchical path when
+    the group spans nodes, its nodes are not consecutive equal blocks of ranks, and the message
+    has at least HPCGRAD_HIERARCHICAL_MIN_BYTES (default 4 MiB). ``1`` still forces it (another
+    MPI's flat algorithm may not suit the nodes: a ring pays 2(p-1) inter-node latencies per
+    call where the leaders' pays 2(nodes-1)). The rule assumes the network is the bottleneck: at
+    5 Gbit/s per node, where a 2-core machine's copies are the slower part, hierarchical loses
+    on cyclic layouts too.
     """
 
     def __init__(self, comm, mode, min_bytes=None, fake=None):

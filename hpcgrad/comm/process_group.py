@@ -167,8 +167,7 @@ class ProcessGroup:
     # Note [A timed-out group]
     # MPI cannot cancel a collective, and a receive's cancel may lose the race with its message:
     # after a wait times out, its request stays posted, and the group's next call on any rank
-    # matches it. A user who caught the CommTimeoutError and carried on got sums of two calls
-    # (a retry returned 1101 instead of 101; the peer's next all_reduce 1001 instead of 1010).
+    # matches it: a user who catches the CommTimeoutError and carries on gets sums of two calls.
     # So the first CommTimeoutError of a wait on this group (Work.wait, the probe of a receive
     # from any rank, a debug check) marks the group failed, and every later call raises
     # GroupUnusableError at once, naming that timeout: a test of one attribute per call. The
@@ -197,19 +196,14 @@ class ProcessGroup:
     # Note [Cost per call]
     # What a call costs in Python is what it costs with cold caches: the data a collective moves
     # (or the compute between calls) evicts the interpreter's working set, and then every object
-    # built and every call made misses. `python benchmarks/comm.py --overhead` times a 4 KB
-    # all_reduce at size 1 over comm.Allreduce, in a loop (hot) and with a 4 MB array rewritten
-    # before each call (cold): as first written (a Work, its Lock and a describe closure per
-    # call, keyword arguments, the polling wait) +9.4 us hot, +26-27 us cold; then +0.8 us hot,
-    # +3.0-3.6 us cold. A blocking call builds no Work and waits in MPI (Note [Blocking calls]
-    # in work.py), an error describes its call from a tuple formatted only then, arguments go
-    # by position (a keyword call cost ~1 us cold), and the common all_reduce takes
-    # allreduce_now, a third of the Python steps of the general path (which stayed at
-    # +6.4-7.1 us cold). Posting the nonblocking MPI call for blocking calls too (MPI_Iallreduce
-    # + MPI_Wait, Note [Blocking calls]) and the test of Note [A timed-out group] moved it to
-    # +1.0-1.8 us hot, +2.0-7.2 us cold (three runs; +0.7-1.6 and +1.4-3.0 before, on the same
-    # shared 2-core machine, whose load spreads these figures). The debug checks are priced
-    # in debug.py.
+    # built and every call made misses. So a blocking call builds no Work (no Lock, no describe
+    # closure) and waits in MPI (Note [Blocking calls] in work.py), an error describes its call
+    # from a tuple formatted only then, arguments go by position (a keyword call costs ~1 us
+    # cold), and the common all_reduce takes allreduce_now, a third of the Python steps of the
+    # general path. `python benchmarks/comm.py --overhead` times a 4 KB all_reduce at size 1
+    # over comm.Allreduce, in a loop (hot) and with a 4 MB array rewritten before each call
+    # (cold): a few us cold, where a Work, its Lock and a closure per call cost ~26 us. The
+    # debug checks are priced in debug.py.
     def _work(self, name, array, requests, buffers, finish=None, result=None, peer=None):
         """Number the call and wrap its requests as Work (Note [Cost per call])."""
         if peer is None:
@@ -278,9 +272,8 @@ class ProcessGroup:
     # calls and the paths that run elsewhere (the communication thread, the hierarchical
     # chain) first post the data of every deferred call (``_settle``). Posting the data at once
     # beside the check, into a scratch buffer copied back only if the check agrees, would keep
-    # the data unmixed too, but it was slower, not faster: MPICH advances both calls in one
-    # progress engine (2 ranks, raw mpi4py, medians: 4 B 6.8 us alone, 13.4 us check first,
-    # 14.8 us side by side; 64 KB 41 / 48 / 95 us; 1 MB 291 / 281 / 355 us), and a mismatch
+    # the data unmixed too, but is slower, not faster: MPICH advances both calls in one
+    # progress engine (2 ranks, 64 KB: ~48 us check first, ~95 us side by side), and a mismatch
     # would leave the group unusable (the data call still posted). What the check costs per
     # call (benchmarks/checks.py) is in docs/reliability.rst; HPCGRAD_DISTRIBUTED_DEBUG=OFF
     # removes it, and with it the check.

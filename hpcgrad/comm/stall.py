@@ -33,7 +33,7 @@ Note [Diagnostics messages are data]
     anything able to send on it run code in every rank 0. A state is UTF-8 JSON of plain lists
     (``encode_state``), a dump request UTF-8 text; ``decode_state`` checks every field's type
     and refuses anything else (ValueError), and the inspector says so once per sending rank and
-    carries on. JSON costs a little more than the pickled tuples did, once a second per rank.
+    carries on. JSON costs a little more than pickle, once a second per rank.
 
 Note [Group names]
     A group is printed by the name it was registered under with the recorder ("group

@@ -3,10 +3,10 @@
 Note [Threads per rank]
 ~~~~~~~~~~~~~~~~~~~~~~~
 numpy's BLAS and numba's parallel loops each start a thread per core. Two ranks on a 2-core
-machine then run four BLAS threads, which spin while they wait, beside MPI's progress: the
-ResNet job of jobs/train_resnet.py took 5.7-12.7 s an epoch instead of 1.8 once its
-convolutions became one large product per chunk (nn/_conv.py) that OpenBLAS splits over its
-threads. ``init_process_group`` therefore gives each rank its share of the cores it may run
+machine then run four BLAS threads, which spin while they wait, beside MPI's progress: with
+convolutions as one large product per chunk (nn/_conv.py) that OpenBLAS splits over its
+threads, an epoch of jobs/train_resnet.py takes several times as long as with one thread per
+rank. ``init_process_group`` therefore gives each rank its share of the cores it may run
 on: the cores of its CPU affinity if a launcher bound it to fewer than the machine has (srun
 --cpus-per-task, mpiexec --bind-to), else the machine's cores divided by the ranks on the node.
 A variable the user set (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS,

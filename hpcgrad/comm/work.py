@@ -67,16 +67,14 @@ def wait_requests(requests, timeout, describe):
     MPI_Wait cannot time out, so we poll with Test. MPICH advances a nonblocking collective only
     while its ranks are inside MPI, so how a rank waits decides how fast its peers finish:
     - Sleeping between polls stalls the steps the peers need, and two ranks that sleep in turn
-      lock into that rhythm: a 64 KB all_reduce on 2 ranks went from 40 us to 3 ms per call
-      with a 1 ms spin, then 1 ms sleeps (as first written).
+      lock into that rhythm: with 1 ms sleeps a 64 KB all_reduce on 2 ranks takes ~3 ms a call,
+      not 40 us (``mpiexec -n 2 python benchmarks/comm.py``).
     - Never yielding the core is as bad when two ranks share one (3 ranks on 2 cores, or 2
       ranks that other processes' load pushed onto one core): the poller runs out its time
-      slice while the rank it waits for cannot run. 2 ranks pinned to one core
-      (``taskset -c 0 mpiexec -n 2``), 4 KB all_reduce: 13 ms with Test in a bare loop; 824 us
-      with a yield every 4096 polls; 171 us with 200 polls before yielding on every poll;
-      64 us yielding on every poll after the first 32; MPI_Allreduce itself 19 us. With a
-      core each, yielding on every poll costs ~0.3 us per poll and changed no figure of
-      benchmarks/comm.py beyond its noise.
+      slice while the rank it waits for cannot run: with 2 ranks pinned to one core
+      (``taskset -c 0 mpiexec -n 2 python benchmarks/comm.py``) a 4 KB all_reduce takes ~13 ms
+      with Test in a bare loop, ~64 us yielding on every poll after the first 32. With a core
+      each, yielding costs ~0.3 us per poll, within benchmarks/comm.py's noise.
     So: _HOT_POLLS polls back to back (~10 us: small operations finish there, with no system
     call), then sched_yield after every poll; once a wait has lasted _SPIN_SECONDS (a peer is
     computing, or stuck) it sleeps between polls, for at most 0.2% of the time waited so far
@@ -125,22 +123,17 @@ class Watchdog:
     One MPI form for both, because MPI never matches a blocking collective with a nonblocking
     one: rank 0's all_reduce(x) against rank 1's all_reduce(x, async_op=True).wait() hung
     until the timeout when the blocking call ran MPI_Allreduce; PyTorch lets users mix them.
-    MPI_Wait, because it waits better than any loop of ours when ranks share cores: 2 ranks
-    pinned to one core (taskset -c 0), medians of 25, MPI_Allreduce / MPI_Iallreduce +
-    MPI_Wait / MPI_Iallreduce + our polling wait: 4 KB 25 / 34 / 54 us, 64 KB 78 / 90 / 122
-    us, 1 MB 603 / 628 / 672 us, 4 MB 1727 / 1738 / 1797 us. The nonblocking algorithm costs
-    MPICH a little at small sizes (the raw-i column of benchmarks/comm.py: +1-4 us at 4-64 KB
-    on a quiet machine, nothing from 256 KB); `python benchmarks/comm.py --overhead` went from
-    +0.7-1.6 us hot, +1.4-3.0 us cold to +1.0-1.8 us hot, +2.0-7.2 us cold (one process,
-    three runs each on a 2-core machine shared with other test runs). An MPI wait cannot time
+    MPI_Wait, because it waits better than any loop of ours when ranks share cores (2 ranks
+    pinned to one core, 4 KB all_reduce: ~34 us with MPI_Wait, ~54 us with our polling wait).
+    The nonblocking algorithm costs MPICH a little at small sizes (a few us up to 64 KB: the
+    raw-i column of ``mpiexec -n 2 python benchmarks/comm.py``). An MPI wait cannot time
     out, so this thread watches it, like PyTorch's NCCL watchdog: the error names the
     operation, its size and call number, and since a collective some rank never joined leaves
     MPI unusable, the job ends (MPI_Abort) instead of raising. Waits on Work (async_op=True),
     debug checks and point-to-point keep the polling wait, whose CommTimeoutError can be
     caught (and then marks the group unusable, Note [A timed-out group] in process_group.py).
-    Arming is two attribute stores on the group: a first version that read the clock and kept
-    a per-thread table cost 9-15 us per call with cold caches (256 KB all_reduce, 2 ranks),
-    this one 1-2 us.
+    Arming is two attribute stores on the group, with no clock read and no per-thread table
+    (those cost 9-15 us per call with cold caches).
     """
 
     def __init__(self, interval=0.1):

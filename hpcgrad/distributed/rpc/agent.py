@@ -7,9 +7,8 @@ Note [RPC wire format]
     the envelope arrives its payloads are already on their way; messages with the same tag
     from one sender do not overtake each other, so payloads are received in order. Every
     Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
-    Payloads of at most INLINE_BYTES in all travel inside the envelope instead (one MPI message
-    per RPC instead of one per array): a 1x8 distributed-autograd round trip took 11 MPI
-    messages, 7 with them inline.
+    Payloads of at most INLINE_BYTES in all travel inside the envelope instead: one MPI message
+    per RPC instead of one per array.
 
 Note [Progress thread and the GIL]
     The progress thread sleeps between every two polls, also while messages are flowing. A
@@ -18,25 +17,23 @@ Note [Progress thread and the GIL]
     by its reply) only wins it when its 5 ms switch interval expires: hops cost milliseconds.
     Sleeping releases the GIL for real. Sleeps start at 10 us (the thread's timer slack is set
     to 1 ns, or Linux would round them up to 60 us), and double up to 0.5 ms once the agent has
-    been quiet for 2 ms. Measured on the 1x8 round trip of benchmarks/dist_autograd.py, 3,000
-    iterations, 2 ranks on 2 busy cores: 22-38 s wall before (polling loop), 9-13 s after.
+    been quiet for 2 ms. On 2 busy cores a polling loop makes the 1x8 round trip over twice as
+    slow (``mpiexec -n 2 python benchmarks/dist_autograd.py``).
 
 Note [A poll is several probes]
-    One ``Iprobe`` does not always see a message that has arrived: measured with MPICH 5.0
-    (ch4:ucx, shared memory), a receiver that sleeps 0.5 ms between single Iprobes first saw a
-    32-byte message 1.5 ms after it was sent, 0.95 ms with two Iprobes a poll and 0.35 ms with
-    three or more: each call moves the message one step further through the progress engine.
-    So a poll is up to ``_PROBES_PER_POLL`` Iprobes in a row (0.13 us each when nothing is
-    there). On benchmarks/dist_autograd.py's 256x1024 round trip the four hops went from
-    ~1.35 ms each to ~0.25 ms; on the 1x8 one, whose receivers poll every 10 us, by tens of us.
+    One ``Iprobe`` does not always see a message that has arrived: each call moves the message
+    one step further through MPICH's progress engine (ch4:ucx, shared memory), so a receiver
+    that sleeps 0.5 ms between single Iprobes sees a 32-byte message ~1.5 ms after it was sent,
+    ~0.35 ms with three or more Iprobes a poll. So a poll is up to ``_PROBES_PER_POLL`` Iprobes
+    in a row (0.13 us each when nothing is there); the 256x1024 round trip of
+    ``mpiexec -n 2 python benchmarks/dist_autograd.py`` shows the hops' latency.
 
 Note [Broadcast payloads]
     An array with broadcast axes (stride 0: ``np.broadcast_to``, ``expand``, the gradient
     of a ``sum`` or ``mean``) travels as its distinct elements and the shape to broadcast them
     to, and arrives as the same read-only broadcast view; as PyTorch's RPC sends an expanded
-    tensor's storage, not its elements. The gradient of ``y.sum()`` for a 256x1024 ``y`` was 1 MB
-    on the wire, copied once to make it contiguous and once more into a fresh receive buffer;
-    now it is 4 bytes inside the envelope.
+    tensor's storage, not its elements. The gradient of ``y.sum()`` for a 256x1024 ``y`` is then
+    4 bytes inside the envelope, not 1 MB copied to make it contiguous and again on receipt.
 
 Note [Replies on the callback pool]
     A reply completes its future on a small pool of its own (never on the request pool), unless
@@ -58,9 +55,9 @@ Note [Waiting threads receive]
     last 2 ms) the progress thread leaves receiving to it and sleeps until the 2 ms would be
     up (or its next deadline: a carried message, a request's timeout), and takes over when it
     wakes to find the waiter gone: so a waiter stuck in a long callback cannot stall the rank
-    for more than ~2 ms, nor can a message that comes while nobody waits. It used to look
-    every 0.5 ms meanwhile; each look took the GIL from the waiter at its next MPI call, for
-    the ~15 us of a loop, and on both ranks of a 1x8 round trip that cost ~0.1 ms of ~0.9. What
+    for more than ~2 ms, nor can a message that comes while nobody waits. It does not poll
+    meanwhile: each poll would take the GIL from the waiter at its next MPI call, for the
+    ~15 us of a loop, on both ranks of every round trip. What
     a waiter runs this way is what the progress thread runs: inline handlers and replies that
     are short and never block (Note [Replies on the callback pool]), so it never waits for
     itself. Decoding must therefore not depend on the receiving thread's state: a reply's
@@ -71,20 +68,18 @@ Note [How long a waiter sleeps]
     sleep between polls but yields its core (``sched_yield``, which also lets go of the GIL):
     the next message of an exchange (a reply, the next request of a round trip) usually comes
     within that, and a 10 us sleep on a virtual machine takes 15-30 us to come back from, once
-    per message; on benchmarks/dist_autograd.py's 1x8 round trip (4 messages) yielding took the
-    median from 0.71-0.74 ms to 0.58-0.69 ms (0.55x -> 0.48x PyTorch, taking turns). Any other
-    runnable thread on the core goes first, and Python threads of the rank that want the GIL
-    wait at most the window. Where a node has more ranks than cores (tests at 3 and 4 ranks on
-    2 cores) waiters do not yield but sleep: there the yielding made the 3-rank test run take
-    62 s instead of 58 s.
+    per message: yielding takes about a tenth of a millisecond off the 1x8 round trip's median
+    (4 messages; ``mpiexec -n 2 python benchmarks/dist_autograd.py``). Any other runnable
+    thread on the core goes first, and Python threads of the rank that want the GIL wait at
+    most the window. Where a node has more ranks than cores (tests at 3 and 4 ranks on 2
+    cores) waiters do not yield but sleep: there yielding slows the job down.
     After the window a waiter polls every 10 us until 2 ms have passed, then backs off,
     doubling, to 0.1 ms until it has waited 0.1 s, and only then to the progress thread's
     0.5 ms. A reply that takes a few milliseconds (a 256x1024 stage of
-    benchmarks/dist_autograd.py: 7 ms forward, 15 ms backward) was noticed ~0.3 ms late on
-    average with 0.5 ms sleeps, twice per round trip; with 0.1 ms at most it is ~0.05 ms, for
-    a poll (~5 us of a core) every 0.1 ms meanwhile. A thread that waits for long (a slow
-    remote function, a rank parked in ``rpc.shutdown()``) costs as little as the progress
-    thread.
+    benchmarks/dist_autograd.py) is then noticed ~0.05 ms late on average (~0.3 ms with 0.5 ms
+    sleeps), for a poll (~5 us of a core) every 0.1 ms meanwhile. A thread that waits for long
+    (a slow remote function, a rank parked in ``rpc.shutdown()``) costs as little as the
+    progress thread.
 
 Note [Serving threads]
     A thread with nothing else to do while it waits (``rpc.shutdown()`` waiting for every
@@ -93,17 +88,17 @@ Note [Serving threads]
     peer's part of a backward pass), instead of handing it to a pool thread. A rank that only
     serves (rank 1 of benchmarks/dist_autograd.py; every callee of PyTorch's RPC examples, its
     main thread parked in ``rpc.shutdown()``) then wakes no other thread per message: on a
-    2-core machine each of those hops cost ~100 us of a 1x8 round trip, and the woken pool
-    thread kept a core that the caller's poller needed. The work runs after the receive lock
+    2-core machine each such hop costs ~100 us of a 1x8 round trip, and the woken pool
+    thread keeps a core that the caller's poller needs. The work runs after the receive lock
     is released, and as for any waiter stuck in a callback, when it lasts longer than the
     grace (2 ms) the progress thread takes over receiving (handing what comes meanwhile to
-    the pools, as before): so work that blocks or runs long, even one waiting for a nested
+    the pools): so work that blocks or runs long, even one waiting for a nested
     RPC, stalls the rank's other messages by at most ~2 ms, and short work (a reply a few
     microseconds later) is not raced by a second receiver. Any other thread (a caller waiting
     for its reply, the progress thread) hands such work on. A user function (or a part of a
     backward pass) then runs on the main thread, where Ctrl-C lands: the caller gets the
     KeyboardInterrupt as the call's error (the pass's origin, as the pass's) and
-    ``rpc.shutdown()`` raises it, as it did when Ctrl-C met its wait.
+    ``rpc.shutdown()`` raises it, as when Ctrl-C meets its wait.
 
 Note [Quiet shutdown]
     ``rpc.shutdown()`` returns, as PyTorch's graceful one, once every rank has called it and
@@ -115,12 +110,12 @@ Note [Quiet shutdown]
     all-gather on the agent's communicator, serving meanwhile) in rounds until two rounds in a
     row find no work on any rank and each rank's counts unchanged with as many received as
     sent. Every rank's first-round numbers are taken before any rank's second, so nothing was
-    sent, received or running in between: the job was quiet. It used to be a barrier: a
-    request or reply still in flight when every rank had reached shutdown was never received,
-    its sender's stop() waited 10 s for the send to complete (4-cycle init_rpc/shutdown
-    programs skewed by 10 s), and a message of one cycle could be left on a freed
-    communicator. No limit by default (PyTorch's DEFAULT_SHUTDOWN_TIMEOUT, 0): a worker parked
-    in shutdown() serves while the master trains, for as long as that takes.
+    sent, received or running in between: the job was quiet. A barrier is not enough: a
+    request or reply still in flight when every rank has reached shutdown would never be
+    received, its sender's stop() would wait for the send to complete, and a message of one
+    init_rpc/shutdown cycle could be left on a freed communicator. No limit by default
+    (PyTorch's DEFAULT_SHUTDOWN_TIMEOUT, 0): a worker parked in shutdown() serves while the
+    master trains, for as long as that takes.
 
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
@@ -176,8 +171,8 @@ def _find_prctl():
         return None
 
 
-# Looked up once: CDLL() opens the library and builds a class each time, ~40 us that every
-# wait for a reply paid twice (it was 1/10 of rank 0's time in a 1x8 round trip).
+# Looked up once: CDLL() opens the library and builds a class each time, ~40 us, and every
+# wait for a reply needs it twice.
 _prctl = _find_prctl()
 
 
@@ -200,7 +195,7 @@ def run_here_later(fn, *args):
 def _allow_short_sleeps():
     """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60. Once
     per thread, and kept: it only makes the thread's sleeps end closer to when they were asked
-    to (setting and restoring it around every wait cost two system calls a reply)."""
+    to (setting and restoring it around every wait would cost two system calls a reply)."""
     if _prctl is not None and not getattr(_short_sleeps, "set", False):
         _prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
         _short_sleeps.set = True
