@@ -17,7 +17,7 @@ by a copy into a shared-memory window that the receiver reads in place. The step
 
 benchmarks/dist_autograd.py's 256x1024 "overhead" is made of such steps, each after a 6-13 ms
 matmul or a wait as long, and of three such receives: Note [The distributed-autograd round
-trip] in hpcgrad/distributed/autograd/engine.py quotes these figures. Medians of --repeats
+trip] in hpcgrad/dist_autograd/engine.py quotes these figures. Medians of --repeats
 trials, each one stretch then one timed step (minimum beside).
 """
 
@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import hpcgrad as hg  # noqa: E402
 from hpcgrad.distributed.rpc import message  # noqa: E402
-from hpcgrad.utils.memory import keep_freed_memory  # noqa: E402
+from hpcgrad.base.memory import keep_freed_memory  # noqa: E402
 
 try:
     import torch

@@ -32,7 +32,7 @@ import hpcgrad.distributed as dist  # noqa: E402
 import hpcgrad.nn as nn  # noqa: E402
 import hpcgrad.nn.functional as F  # noqa: E402
 from hpcgrad.nn.parallel import DistributedDataParallel  # noqa: E402
-from hpcgrad.timeline import TIMELINE, merge
+from hpcgrad.base.timeline import TIMELINE, merge
 
 COMM = MPI.COMM_WORLD
 

@@ -52,7 +52,7 @@ import hpcgrad as hg  # noqa: E402
 import hpcgrad.distributed.autograd as hg_autograd  # noqa: E402
 import hpcgrad.distributed.rpc as hg_rpc  # noqa: E402
 from hpcgrad.comm.mpi import comm_world  # noqa: E402
-from hpcgrad.utils.memory import keep_freed_memory  # noqa: E402
+from hpcgrad.base.memory import keep_freed_memory  # noqa: E402
 
 try:
     import torch

@@ -10,7 +10,7 @@ Without a usable GPU (cupy missing or no device) it prints "no GPU: ..." and exi
 kernel, torch DDP with gloo on CPU tensors), so that the script's pieces are exercised where no
 GPU is; its figures say nothing about a GPU and its lines say "(CPU dry run)".
 
-kernel: hpcgrad.kernels.cuda.scaled_copy on a 64 MB float32 array vs cudaMemcpyAsync
+kernel: hpcgrad.base.kernels.cuda.scaled_copy on a 64 MB float32 array vs cudaMemcpyAsync
 (device to device) of the same bytes; bandwidth = bytes read + written per second, timed with
 CUDA events on the current stream; ratio = kernel / copy (target >= 0.8).
 all-reduce: a 16 MB cupy array through hpcgrad.distributed.all_reduce, on the path the comm
@@ -114,9 +114,9 @@ def fmt_ms(times):
 def kernel_figures(device, repeats, megabytes):
     """scaled_copy vs a device-to-device memcpy of the same bytes (host: numba vs np.copyto)."""
     if device.cupy is not None:
-        from hpcgrad.kernels.cuda import scaled_copy
+        from hpcgrad.base.kernels.cuda import scaled_copy
     else:
-        from hpcgrad.kernels.cpu import scaled_copy
+        from hpcgrad.base.kernels.cpu import scaled_copy
     xp, cupy = device.xp, device.cupy
     n = megabytes * MB // 4
     src = xp.random.random(n).astype(xp.float32)

@@ -30,7 +30,7 @@ import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
 from hpcgrad.data import DataLoader, DistributedSampler, load_digits
-from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
+from hpcgrad.ddp.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.nn.parallel import DistributedDataParallel
 
 

@@ -22,7 +22,7 @@ suppress_warnings = ["autodoc.import_object"]
 
 
 class SettingsTable(Directive):
-    """``.. hpcgrad-settings::``: the table of every HPCGRAD_* setting, from hpcgrad/config.py
+    """``.. hpcgrad-settings::``: the table of every HPCGRAD_* setting, from hpcgrad/base/config.py
     (the one place the package reads them), so this page cannot fall behind the code."""
 
     def run(self):

@@ -301,7 +301,7 @@ def _public(obj):
 
 def _other_receivers_methods():
     """Method names of objects scripts commonly call methods on that are not tensors."""
-    from hpcgrad.futures import Future
+    from hpcgrad.base.futures import Future
     from hpcgrad.nn import Module
     from hpcgrad.optim import Optimizer
     names = set()

@@ -13,20 +13,12 @@ import sys
 from pathlib import Path
 
 import hpcgrad
-from hpcgrad import config, coverage
+from hpcgrad.base import config
+from hpcgrad import coverage
 from hpcgrad.comm import hierarchical
-from hpcgrad.comm.mpi import (  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
-    CUDA_AWARE_ENV,
-    MPI,
-    _intel_offload,
-    _loaded_mpi_libraries,
-    comm_world,
-    cuda_aware_decision,
-    cuda_aware_mpi,
-    mpix_query,
-    ompi_info_text,
-    thread_level,
-)
+from hpcgrad.comm.mpi import (CUDA_AWARE_ENV, MPI, _intel_offload, _loaded_mpi_libraries,  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
+                              comm_world, cuda_aware_decision, cuda_aware_mpi, mpix_query,
+                              ompi_info_text, thread_level)
 
 # (label, env var that proves it). Order matters: mpiexec inside a SLURM allocation still sees
 # SLURM_* variables, so the MPI launchers' own variables are checked first.
@@ -276,7 +268,7 @@ def format_report(reports):
 
 
 def print_config(as_json=False):
-    """``--config``: every HPCGRAD_* setting (Note [One place for settings] in hpcgrad/config.py)."""
+    """``--config``: every HPCGRAD_* setting (Note [One place for settings] in hpcgrad/base/config.py)."""
     rows = config.table()
     if as_json:
         keys = ("name", "value", "default", "read", "meaning", "audience")

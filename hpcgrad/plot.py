@@ -1,6 +1,6 @@
 """``python -m hpcgrad.plot RUN_DIR``: loss, accuracy and throughput curves of a run, as a PNG.
 
-Reads RUN_DIR/metrics.jsonl (Note [Metrics file] in hpcgrad/metrics.py) and writes
+Reads RUN_DIR/metrics.jsonl (Note [Metrics file] in hpcgrad/training/metrics.py) and writes
 RUN_DIR/metrics.png (or ``--out``) with matplotlib, which comes with the ``plot`` extra
 (``pip install -e ".[plot]"``).
 """
@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .metrics import read_metrics
+from hpcgrad.training.metrics import read_metrics
 
 # (panel title, y label, [(metric, kind, label)])
 _PANELS = [

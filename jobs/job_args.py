@@ -22,7 +22,7 @@ import os
 import sys
 
 from hpcgrad.comm.mpi import comm_world, exit_together
-from hpcgrad.training import agree
+from hpcgrad.training.loop import agree
 
 
 def parse_together(parser, argv=None):

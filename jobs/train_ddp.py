@@ -29,21 +29,10 @@ from hpcgrad import optim
 from hpcgrad.comm.mpi import MPI, cuda_aware_mpi, exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, load_digits
 from hpcgrad.nn.parallel import DistributedDataParallel
-from hpcgrad.timeline import TIMELINE
-from hpcgrad.training import (
-    CHECKPOINT,
-    EvaluationShard,
-    Job,
-    Loop,
-    Preemption,
-    counted,
-    evaluate,
-    hosts,
-    rank_places,
-    resume_extra,
-    check_setup,
-    stop_if_any,
-)
+from hpcgrad.base.timeline import TIMELINE
+from hpcgrad.training.loop import (CHECKPOINT, EvaluationShard, Job, Loop, Preemption, counted,
+                                   evaluate, hosts, rank_places, resume_extra, check_setup,
+                                   stop_if_any)
 
 PROG = "train_ddp.py"
 

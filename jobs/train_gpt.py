@@ -47,19 +47,10 @@ from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
-from hpcgrad.timeline import TIMELINE
-from hpcgrad.training import (
-    CHECKPOINT,
-    Job,
-    Loop,
-    Preemption,
-    counted,
-    rank_places,
-    resume_extra,
-    stop_if_any,
-    unwritable,
-)
-from hpcgrad.training import hosts as dist_hosts
+from hpcgrad.base.timeline import TIMELINE
+from hpcgrad.training.loop import (CHECKPOINT, Job, Loop, Preemption, counted, rank_places,
+                                   resume_extra, stop_if_any, unwritable)
+from hpcgrad.training.loop import hosts as dist_hosts
 from hpcgrad.utils.checkpoint import checkpoint as recompute
 
 PROG = "train_gpt.py"

@@ -17,7 +17,7 @@ Rank 0 prints a header and one line per epoch (train loss and accuracy, test los
 over every test sample once, epoch time, samples/s); the figures come from the last rank. It
 shows a progress bar on a terminal and appends to <checkpoint-dir>/metrics.jsonl. Every
 --checkpoint-every steps and at the end of each epoch the ranks save a multi-part checkpoint
-(Note [Multi-part commit] in hpcgrad/checkpoint.py): each rank its stage, then rank 0 commits a
+(Note [Multi-part commit] in hpcgrad/training/checkpoint.py): each rank its stage, then rank 0 commits a
 manifest naming every stage's file once all are durable; --resume continues from the newest
 complete commit, so a job killed at any moment loses at most the steps since it. On SIGTERM,
 SIGUSR1 or SIGINT (preemption, Ctrl-C) sent to any rank, all ranks stop at the next step after a
@@ -59,17 +59,11 @@ from hpcgrad import checkpoint, nn, optim
 from hpcgrad.comm.mpi import MPI, comm_world, exit_together
 from hpcgrad.data import load_digits
 from hpcgrad.distributed import rpc
-from hpcgrad.metrics import MetricsLog
+from hpcgrad.training.metrics import MetricsLog
 from hpcgrad.nn import init
-from hpcgrad.timeline import TIMELINE
-from hpcgrad.timeline import finish as finish_timeline
-from hpcgrad.training import (
-    Preemption,
-    counted,
-    stop_if_any,
-    stop_status,
-    unwritable,
-)
+from hpcgrad.base.timeline import TIMELINE
+from hpcgrad.base.timeline import finish as finish_timeline
+from hpcgrad.training.loop import (Preemption, counted, stop_if_any, stop_status, unwritable)
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
 PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed

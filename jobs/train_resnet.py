@@ -35,24 +35,12 @@ import hpcgrad.nn.functional as F
 from hpcgrad import nn, optim
 from hpcgrad.comm.mpi import exit_together
 from hpcgrad.data import DataLoader, DistributedSampler, TensorDataset, load_digits
-from hpcgrad.distributed.comm_hooks import PowerSGDState, powerSGD_hook
+from hpcgrad.ddp.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
-from hpcgrad.training import (
-    CHECKPOINT,
-    EvaluationShard,
-    Job,
-    Loop,
-    Preemption,
-    check_setup,
-    counted,
-    evaluate,
-    hosts,
-    rank_places,
-    resume_extra,
-    stop_if_any,
-)
+from hpcgrad.training.loop import (CHECKPOINT, EvaluationShard, Job, Loop, Preemption, check_setup,
+                                   counted, evaluate, hosts, rank_places, resume_extra, stop_if_any)
 
 
 class BasicBlock(nn.Module):

@@ -157,7 +157,7 @@ need=$(echo " $need " | sed 's/ mpi / an MPI library for mpi4py (the mpich wheel
     "folder, and run: bash tests/gpu.sh FOLDER"
 
 # --- everything imports, with or without a GPU --------------------------------------------------
-imports="import hpcgrad, hpcgrad.cuda, hpcgrad.distributed, hpcgrad.info, hpcgrad.kernels.cuda, hpcgrad.nn.parallel"
+imports="import hpcgrad, hpcgrad.cuda, hpcgrad.distributed, hpcgrad.info, hpcgrad.base.kernels.cuda, hpcgrad.nn.parallel"
 timeout -k 5 120 "$python" -c "$imports" || die "importing hpcgrad failed with $python (see above)"
 gpus=$(timeout -k 5 120 "$python" -c 'from hpcgrad.info import cupy_status; d, n = cupy_status(); print(n, d)') \
     || die "hpcgrad.info.cupy_status failed with $python"

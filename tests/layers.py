@@ -22,42 +22,39 @@ import ast
 import sys
 from pathlib import Path
 
+from hpcgrad._paths import resolve
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hpcgrad"
 
-# (layer, module prefixes, lower layers it must not import), bottom to top.
+# (layer, module prefixes, lower layers it must not import), bottom to top: one folder of
+# hpcgrad/ per layer (the models layer is four), the package root and its tools on top.
 LAYERS = (
-    ("base", ("hpcgrad.config", "hpcgrad.futures", "hpcgrad.backend", "hpcgrad.backends",
-              "hpcgrad.dtypes", "hpcgrad.devices", "hpcgrad.cuda", "hpcgrad.accelerator",
-              "hpcgrad.kernels", "hpcgrad.timeline", "hpcgrad.utils.memory"), ()),
+    ("base", ("hpcgrad.base",), ()),
     ("autograd", ("hpcgrad.autograd",), ()),
-    ("tensor", ("hpcgrad.tensor", "hpcgrad.ops", "hpcgrad.creation", "hpcgrad.sparse",
-                "hpcgrad.functional", "hpcgrad.testing", "hpcgrad.distributions",
-                "hpcgrad.compiler", "hpcgrad.utils.checkpoint"), ()),
-    ("models", ("hpcgrad.nn", "hpcgrad.optim", "hpcgrad.data", "hpcgrad.utils"), ()),
+    ("tensor", ("hpcgrad.tensor",), ()),
+    ("models", ("hpcgrad.nn", "hpcgrad.optim", "hpcgrad.data", "hpcgrad.distributions"), ()),
     ("comm", ("hpcgrad.comm",), ("autograd", "tensor", "models")),
-    ("collectives", ("hpcgrad.distributed",), ("models",)),
+    ("collectives", ("hpcgrad.collectives",), ("models",)),
     ("ddp", ("hpcgrad.ddp",), ()),
-    ("rpc", ("hpcgrad.distributed.rpc",), ("autograd", "models", "collectives", "ddp")),
-    ("dist autograd", ("hpcgrad.distributed.autograd",), ("models", "ddp")),
-    ("remote modules", ("hpcgrad.distributed.nn",), ("ddp",)),
-    ("dist optim", ("hpcgrad.distributed.optim",), ("ddp",)),
-    ("training", ("hpcgrad.checkpoint", "hpcgrad.serialization", "hpcgrad.utils.safetensors",
-                  "hpcgrad.metrics", "hpcgrad.multiprocessing", "hpcgrad.training"), ()),
-    ("root", ("hpcgrad",), ()),  # import hpcgrad: what PyTorch's torch namespace holds
+    ("rpc", ("hpcgrad.rpc",), ("autograd", "models", "collectives", "ddp")),
+    ("dist autograd", ("hpcgrad.dist_autograd",), ("models", "ddp")),
+    ("remote modules", ("hpcgrad.remote",), ("ddp",)),
+    ("dist optim", ("hpcgrad.dist_optim",), ("ddp",)),
+    ("training", ("hpcgrad.training",), ()),
+    ("root", ("hpcgrad", "hpcgrad._paths", "hpcgrad.utils"), ()),  # what torch's namespace holds
     ("tools", ("hpcgrad.info", "hpcgrad.flight", "hpcgrad.plot", "hpcgrad.coverage"), ()),
 )
 # PyTorch's names for things built above them: modules that only re-export.
-REEXPORTS = {"hpcgrad.nn.parallel", "hpcgrad.nn.utils.rnn", "hpcgrad.utils.data",
-             "hpcgrad.utils.data.distributed"}
+REEXPORTS = {"hpcgrad.nn.parallel", "hpcgrad.nn.utils.rnn", "hpcgrad.utils"}
 # Imports inside functions, allowed only in these modules, each for its reason.
 DEFERRED_IMPORTS = {
     "hpcgrad.autograd": "Tensor's methods call the engine and the engine's API builds Tensors",
     "hpcgrad.autograd.gradcheck": "the same Tensor <-> autograd cycle",
-    "hpcgrad.tensor": "the same Tensor <-> autograd cycle",
-    "hpcgrad.sparse": "SparseCOOTensor converts to and from Tensor, which knows it",
-    "hpcgrad.kernels": "numba CUDA is compiled only when a GPU array arrives",
-    "hpcgrad.ops.elementwise": "numba kernels compile only when first used",
-    "hpcgrad.ops.nn": "numba kernels (softmax's row loops) load only when first used",
+    "hpcgrad.tensor._tensor": "the same Tensor <-> autograd cycle",
+    "hpcgrad.tensor.sparse": "SparseCOOTensor converts to and from Tensor, which knows it",
+    "hpcgrad.base.kernels": "numba CUDA is compiled only when a GPU array arrives",
+    "hpcgrad.tensor.ops.elementwise": "numba kernels compile only when first used",
+    "hpcgrad.tensor.ops.nn": "numba kernels (softmax's row loops) load only when first used",
     "hpcgrad.nn._conv": "numba kernels (the convolution's column loops) load only when first used",
     "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
     "hpcgrad.nn._layernorm": "numba kernels (LayerNorm's row loops) load only when first used",
@@ -66,9 +63,11 @@ DEFERRED_IMPORTS = {
     "hpcgrad.data.distributed": "importing hpcgrad.data must not start MPI",
     "hpcgrad.coverage": "a tool beside the layers: it imports only what a script names "
                         "(hpcgrad.distributed starts MPI)",
-    "hpcgrad.checkpoint": "import hpcgrad imports checkpoint and must not start MPI; only a "
-                          "multi-part save or resume (collective) reaches hpcgrad.distributed",
-    "hpcgrad.metrics": "TensorBoard (tensorboardX, an extra) loads only when a run asks for it",
+    "hpcgrad.training.checkpoint": "import hpcgrad imports checkpoint and must not start MPI; "
+                                   "only a multi-part save or resume (collective) reaches "
+                                   "hpcgrad.collectives",
+    "hpcgrad.training.metrics": "TensorBoard (tensorboardX, an extra) loads only when a run asks "
+                                "for it",
     "hpcgrad.nn": "hpcgrad.nn.SyncBatchNorm, built above nn (hpcgrad/ddp), is reached through "
                   "hpcgrad.nn.parallel on first use, so importing hpcgrad.nn never starts MPI",
 }
@@ -149,6 +148,10 @@ def violations(modules):
         excluded = {names.index(layer) for layer in LAYERS[mine][2]}
         for target, line, deferred in targets:
             theirs = layer_of(target)
+            if resolve(target) is not None:
+                found.append(f"{name}:{line} imports {target}, an alias (Note [Import paths] in "
+                             f"hpcgrad/_paths.py): import {resolve(target)}")
+                continue
             if deferred:
                 if name not in DEFERRED_IMPORTS:
                     found.append(f"{name}:{line} imports {target} inside a function (explain it "

@@ -15,7 +15,7 @@ import pytest
 
 import hpcgrad
 from hpcgrad import checkpoint, nn
-from hpcgrad.checkpoint import CheckpointError
+from hpcgrad.training.checkpoint import CheckpointError
 from hpcgrad.data import DataLoader, synthetic_classification
 from hpcgrad.optim import SGD, Adam, AdamW
 

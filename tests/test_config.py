@@ -1,4 +1,4 @@
-"""hpcgrad/config.py: every HPCGRAD_* variable the package names is in its table and is read
+"""hpcgrad/base/config.py: every HPCGRAD_* variable the package names is in its table and is read
 only through it (Note [One place for settings]); ``python -m hpcgrad.info --config`` lists them."""
 
 import ast
@@ -67,14 +67,14 @@ def test_every_variable_the_package_names_is_in_the_table():
     unknown = sorted({(path.relative_to(PACKAGE.parent).as_posix(), name)
                       for path in PACKAGE.rglob("*.py")
                       for name in NAME.findall(path.read_text()) if name not in known})
-    assert not unknown, f"HPCGRAD_* names missing from hpcgrad/config.py's SETTINGS: {unknown}"
+    assert not unknown, f"HPCGRAD_* names missing from hpcgrad/base/config.py's SETTINGS: {unknown}"
 
 
 def test_no_module_reads_a_setting_around_the_table():
     around = [f"{path.relative_to(PACKAGE.parent).as_posix()}:{line} reads {variable}"
               for path in sorted(PACKAGE.rglob("*.py")) if path.name != "config.py"
               for line, variable in environment_reads(path.read_text())]
-    assert not around, "read these through hpcgrad.config.raw:\n" + "\n".join(around)
+    assert not around, "read these through hpcgrad.base.config.raw:\n" + "\n".join(around)
 
 
 @pytest.mark.parametrize("source", [
@@ -101,7 +101,7 @@ def test_every_name_is_documented_once_with_its_default_and_when_it_is_read():
 
 
 def test_raw_refuses_a_name_it_does_not_know():
-    with pytest.raises(KeyError, match="add it to SETTINGS in hpcgrad/config.py"):
+    with pytest.raises(KeyError, match="add it to SETTINGS in hpcgrad/base/config.py"):
         config.raw("HPCGRAD_NO_SUCH_SETTING")
     assert config.raw("HPCGRAD_TIMELINE", {"HPCGRAD_TIMELINE": "t.json"}) == "t.json"
     assert config.raw("HPCGRAD_TIMELINE", {}) == ""

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hpcgrad.metrics import MetricsLog, read_metrics
+from hpcgrad.training.metrics import MetricsLog, read_metrics
 
 
 def test_lines_round_trip_and_nan_becomes_null(tmp_path):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcgrad.metrics import MetricsLog
+from hpcgrad.training.metrics import MetricsLog
 
 pyplot = pytest.importorskip("matplotlib.pyplot", reason="the plot extra (matplotlib) is not installed")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
-from hpcgrad.ops.indexing import scatter
+from hpcgrad.tensor.ops.indexing import scatter
 
 INPUT = np.arange(12, dtype=np.float64).reshape(3, 4)
 SRC = np.arange(8, dtype=np.float64).reshape(2, 4) + 100

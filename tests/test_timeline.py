@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hpcgrad.timeline import Timeline, merge
+from hpcgrad.base.timeline import Timeline, merge
 
 
 def test_off_records_nothing_and_writes_nothing(tmp_path):

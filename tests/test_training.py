@@ -10,7 +10,7 @@ import pytest
 
 import hpcgrad.distributed as dist
 from hpcgrad import checkpoint, nn, optim
-from hpcgrad.training import CHECKPOINT, PREEMPTED, Job, Loop
+from hpcgrad.training.loop import CHECKPOINT, PREEMPTED, Job, Loop
 
 
 class Counting(Job):

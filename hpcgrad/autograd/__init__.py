@@ -2,16 +2,17 @@
 
 import numpy as np
 
-from ..backend import get_array_module
-from .engine import Engine, get_default_engine, set_backward_plan  # noqa: F401
-from .function import Function, once_differentiable  # noqa: F401
-from .graph import GradientEdge, make_edge
-from .grad_mode import (detect_anomaly, enable_grad, is_anomaly_enabled,  # noqa: F401
-                        is_grad_enabled, no_grad, set_detect_anomaly, set_grad_enabled)
+from hpcgrad.base.backend import get_array_module
+from hpcgrad.autograd.engine import Engine, get_default_engine, set_backward_plan  # noqa: F401
+from hpcgrad.autograd.function import Function, once_differentiable  # noqa: F401
+from hpcgrad.autograd.graph import GradientEdge, make_edge
+from hpcgrad.autograd.grad_mode import (detect_anomaly, enable_grad, is_anomaly_enabled,  # noqa: F401
+                                        is_grad_enabled, no_grad, set_detect_anomaly,
+                                        set_grad_enabled)
 
 
 def _tensors(x):
-    from ..tensor import Tensor
+    from hpcgrad.tensor._tensor import Tensor
     if isinstance(x, (Tensor, GradientEdge)):
         return (x,)
     if x is None:
@@ -28,7 +29,7 @@ def _edge_metadata(edge):
 
 
 def _make_grads(outputs, grad_outputs):
-    from ..tensor import Tensor
+    from hpcgrad.tensor._tensor import Tensor
     grads = []
     for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
         if isinstance(out, GradientEdge):
@@ -114,7 +115,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     ``allow_unused`` (default: ``materialize_grads``) returns None for an input the outputs do
     not depend on; ``materialize_grads=True`` returns zeros for it instead.
     """
-    from ..tensor import Tensor
+    from hpcgrad.tensor._tensor import Tensor
     if materialize_grads and allow_unused is False:
         raise ValueError("Expected allow_unused to be True or not passed when "
                          "materialize_grads=True, but got: allow_unused=False.")
@@ -150,4 +151,4 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     return tuple(result)
 
 
-from .gradcheck import gradcheck, gradgradcheck  # noqa: E402,F401
+from hpcgrad.autograd.gradcheck import gradcheck, gradgradcheck  # noqa: E402,F401

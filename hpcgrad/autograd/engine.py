@@ -11,15 +11,15 @@ import gc
 import threading
 import warnings
 
-from .. import backend
-from . import grad_mode, saved_hooks
-from . import plan as _plan
-from . import reference as _reference
-from .executor import accumulate, run_node, validate_outputs  # noqa: F401  (validate_outputs: dist engine)
-from .graph import GraphRoot
-from .graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
-from .ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
-from .thread_state import CPU_DEVICE, NO_DEVICE, _tls
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode, saved_hooks
+from hpcgrad.autograd import plan as _plan
+from hpcgrad.autograd import reference as _reference
+from hpcgrad.autograd.executor import accumulate, run_node, validate_outputs  # noqa: F401  (validate_outputs: dist engine)
+from hpcgrad.autograd.graph import GraphRoot
+from hpcgrad.autograd.graph_task import Capture, ExecInfo, GraphTask  # noqa: F401  (the engine's public pieces)
+from hpcgrad.autograd.ready_queue import InputBuffer, NodeTask, ReadyQueue  # noqa: F401
+from hpcgrad.autograd.thread_state import CPU_DEVICE, NO_DEVICE, _tls
 
 _anomaly = grad_mode._anomaly
 

@@ -19,9 +19,9 @@ device), post-hooks, then (unless the graph is kept) its saved tensors released,
 
 import numpy as np
 
-from .. import backend
-from . import grad_mode
-from .function import BackwardNode
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import BackwardNode
 
 Tensor = None  # set by hpcgrad.tensor, which imports this package first
 

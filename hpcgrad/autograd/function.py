@@ -5,13 +5,13 @@ import weakref
 
 import numpy as np
 
-from .. import backend
-from . import grad_mode, saved_hooks, version_counter
-from .graph import Node
-from .saved_hooks import PackedSaved
-from .version_counter import _counters as _version_counters
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode, saved_hooks, version_counter
+from hpcgrad.autograd.graph import Node
+from hpcgrad.autograd.saved_hooks import PackedSaved
+from hpcgrad.autograd.version_counter import _counters as _version_counters
 
-# Set by hpcgrad.ops.views: ``_rebase(tensor, node, output_nr)`` points a tensor written in place
+# Set by hpcgrad.tensor.ops.views: ``_rebase(tensor, node, output_nr)`` points a tensor written in place
 # by node's op (and its views, or its base) at node (Note [Views and in-place ops]).
 _rebase = None
 
@@ -407,7 +407,7 @@ def _wrap_plain(out):
 # gradients on as undefined (Note [Undefined gradients]). Every other Function (a user's, the
 # differentiable collectives, reentrant checkpointing) gets zeros, as a Python autograd.Function
 # does in PyTorch; a collective's backward must run on every rank.
-_BUILTIN_MODULES = ("hpcgrad.ops", "hpcgrad.nn")
+_BUILTIN_MODULES = ("hpcgrad.tensor.ops", "hpcgrad.nn")
 
 
 class _FunctionMeta(type):

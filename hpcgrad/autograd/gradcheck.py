@@ -23,7 +23,7 @@ def _as_tuple(x):
 
 
 def _is_tensor(x):
-    from ..tensor import Tensor
+    from hpcgrad.tensor._tensor import Tensor
     return isinstance(x, Tensor)
 
 
@@ -141,8 +141,8 @@ def _numerical_jvps(fn, inputs, i, outputs, u, eps):
 
 def _vjp(out, diff_inputs, v, check_grad_dtypes):
     """v^T J for each differentiable input, as flat float64 arrays (zeros for an unused input)."""
-    from . import grad
-    from ..tensor import Tensor
+    from hpcgrad.autograd import grad
+    from hpcgrad.tensor._tensor import Tensor
     grads = grad(out, diff_inputs, Tensor(v.reshape(out.shape).astype(out.array.dtype)),
                  retain_graph=True, allow_unused=True)
     rows = []
@@ -277,8 +277,8 @@ def _slow_mode_report(fn, inputs, outputs, diff_in, o, i, eps, atol, rtol):
 
 def _test_backward_mul_by_grad_output(outputs, inputs, diff_in):
     """Zero output gradients must give zero (or no) input gradients, of the inputs' shape."""
-    from . import grad
-    from ..tensor import Tensor
+    from hpcgrad.autograd import grad
+    from hpcgrad.tensor._tensor import Tensor
     diff_inputs = [inputs[i] for i in diff_in]
     zeros = [Tensor(np.zeros(o.shape, dtype=o.array.dtype)) for o in outputs]
     grads = grad(outputs, diff_inputs, zeros, allow_unused=True)
@@ -300,8 +300,8 @@ def _test_backward_mul_by_grad_output(outputs, inputs, diff_in):
 def _test_undefined_backward_mode(fn, inputs, diff_in):
     """Backward must cope with undefined (None) output gradients: all of them at once, and, with
     several outputs, each one alone (the others zero); input gradients are then None or zero."""
-    from ..tensor import Tensor
-    from .engine import get_default_engine
+    from hpcgrad.tensor._tensor import Tensor
+    from hpcgrad.autograd.engine import get_default_engine
     diff_inputs = [inputs[i] for i in diff_in]
 
     def undefined_support(outputs, undefined):
@@ -395,8 +395,8 @@ def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3,
     ``grad_outputs`` default: random values in [-1, 1) (from ``seed``) that require grad, one
     per differentiable output (non-contiguous with ``gen_non_contig_grad_outputs``).
     """
-    from . import grad
-    from ..tensor import Tensor
+    from hpcgrad.autograd import grad
+    from hpcgrad.tensor._tensor import Tensor
     if check_fwd_over_rev:
         raise NotImplementedError("gradgradcheck: hpcgrad has no forward-mode AD to check; call "
                                   "it with check_fwd_over_rev=False")

@@ -5,8 +5,8 @@ import sys
 import traceback
 from collections import namedtuple
 
-from . import grad_mode
-from .saved_hooks import disable_saved_tensors_hooks, saved_tensors_hooks  # noqa: F401  (PyTorch's autograd.graph names)
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.saved_hooks import disable_saved_tensors_hooks, saved_tensors_hooks  # noqa: F401  (PyTorch's autograd.graph names)
 
 Edge = namedtuple("Edge", ["node", "input_nr"])
 Edge.__doc__ = "Where a gradient goes: input ``input_nr`` of ``node``."

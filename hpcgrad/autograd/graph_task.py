@@ -5,8 +5,8 @@ import itertools
 import threading
 import warnings
 
-from ..futures import Future
-from .thread_state import NO_DEVICE, _tls
+from hpcgrad.base.futures import Future
+from hpcgrad.autograd.thread_state import NO_DEVICE, _tls
 
 
 class Capture:

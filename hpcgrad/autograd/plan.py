@@ -51,7 +51,7 @@ and where the rest goes.
 import heapq
 import threading
 
-from .. import config
+from hpcgrad.base import config
 
 MODES = ("on", "off", "reference")  # reference: Note [The reference order] (reference.py)
 _MAX_PLANS_PER_ROOT = 4  # per root type: a loop alternating a few graphs keeps all of them

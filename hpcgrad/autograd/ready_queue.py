@@ -6,9 +6,9 @@ import itertools
 import sys
 import threading
 
-from .. import backend
-from .executor import accumulate
-from .thread_state import CPU_DEVICE
+from hpcgrad.base import backend
+from hpcgrad.autograd.executor import accumulate
+from hpcgrad.autograd.thread_state import CPU_DEVICE
 
 NodeTask = collections.namedtuple("NodeTask", ["graph_task", "fn", "inputs", "is_shutdown"],
                                   defaults=(False,))

@@ -13,7 +13,7 @@ or plans: ``backward()`` without ``inputs=`` on a process without GPUs, as a pla
 import heapq
 import itertools
 
-from .executor import accumulate, run_node
+from hpcgrad.autograd.executor import accumulate, run_node
 
 
 def count_dependencies(root):

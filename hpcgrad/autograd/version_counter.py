@@ -9,7 +9,7 @@ kept per owning array, in a dict from its id, created by the first in-place op o
 is stored on a Tensor: ``Tensor._make`` and the ops that never write in place pay nothing, and
 views share their base's counter without being told (``x.data`` is a view whose chain of
 ``base`` does not lead back, so writes through it are not counted, as in PyTorch: Note
-[Tensor.data] in hpcgrad/tensor.py).
+[Tensor.data] in hpcgrad/tensor/_tensor.py).
 An array that was never written in place is at version 0, so saving a tensor records nothing
 unless some counter exists (``_counters`` empty is the common case).
 """

@@ -28,9 +28,9 @@ Note [Device buffers before MPI]
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
-from .mpi import cuda_aware_mpi
-from .staging import STAGING
+from hpcgrad.base import backend
+from hpcgrad.comm.mpi import cuda_aware_mpi
+from hpcgrad.comm.staging import STAGING
 
 
 def _mpi_type(name):

@@ -29,10 +29,10 @@ from array import array as pyarray
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
+from hpcgrad.base import config
 
-from .buffers import dtype_code, dtype_name
-from .work import wait_requests
+from hpcgrad.comm.buffers import dtype_code, dtype_name
+from hpcgrad.comm.work import wait_requests
 
 _IN_PLACE = MPI.IN_PLACE
 

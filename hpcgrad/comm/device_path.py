@@ -5,8 +5,8 @@ import threading
 
 from mpi4py import MPI
 
-from .. import backend, config
-from .work import CommTimeoutError, GroupUnusableError
+from hpcgrad.base import backend, config
+from hpcgrad.comm.work import CommTimeoutError, GroupUnusableError
 
 ENV = "HPCGRAD_DEVICE_COLLECTIVES"
 PATHS = ("direct", "thread", "staged")

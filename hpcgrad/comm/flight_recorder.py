@@ -16,7 +16,7 @@ Note [Flight recorder]
     ``python -m hpcgrad.flight DIR`` merges the ranks' dumps, names the rank that diverged and
     the ranks that left no dump (the world size in each dump says which ranks to expect).
 
-    Where the calls go (hpcgrad/comm/process_group.py, work.py, mpi.py, distributed/api.py):
+    Where the calls go (hpcgrad/comm/process_group.py, work.py, mpi.py, collectives/api.py):
     - Groups: ``gid = RECORDER.register_group(world_ranks, name)`` on EVERY rank, in the same
       order, for every group whose calls are recorded: in ProcessGroup.__init__ for the default
       group, and in new_group BEFORE the Split, on members and non-members alike (ids must agree
@@ -81,9 +81,9 @@ import time
 
 import numpy as np
 
-from .. import config
-from ..config import whole_number
-from .mpi import before_abort, comm_world
+from hpcgrad.base import config
+from hpcgrad.base.config import whole_number
+from hpcgrad.comm.mpi import before_abort, comm_world
 
 CAPACITY_ENV = "HPCGRAD_FLIGHT_RECORDER"
 DIR_ENV = "HPCGRAD_FLIGHT_DIR"

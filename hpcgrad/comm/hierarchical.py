@@ -6,8 +6,8 @@ import threading
 
 from mpi4py import MPI
 
-from .. import config
-from ..config import whole_number
+from hpcgrad.base import config
+from hpcgrad.base.config import whole_number
 
 MODE_ENV = "HPCGRAD_HIERARCHICAL_ALLREDUCE"
 MIN_BYTES_ENV = "HPCGRAD_HIERARCHICAL_MIN_BYTES"

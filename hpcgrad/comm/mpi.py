@@ -21,7 +21,7 @@ _already_initialized = "mpi4py.MPI" in sys.modules
 mpi4py.rc.thread_level = "multiple"
 from mpi4py import MPI  # noqa: E402
 
-from .. import config  # noqa: E402
+from hpcgrad.base import config  # noqa: E402
 
 
 _THREAD_LEVEL_NAMES = {

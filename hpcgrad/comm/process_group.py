@@ -9,13 +9,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
-from . import buffers, debug, device_path, progress
-from . import hierarchical as hierarchical_module
-from . import work as work_module
-from .buffers import MessageBuffer, dtype_code, dtype_name, is_floating
-from .flight_recorder import RECORDER
-from .work import CommTimeoutError, GroupUnusableError, Work, wait_requests, watchdog
+from hpcgrad.base import backend
+from hpcgrad.comm import buffers, debug, device_path, progress
+from hpcgrad.comm import hierarchical as hierarchical_module
+from hpcgrad.comm import work as work_module
+from hpcgrad.comm.buffers import MessageBuffer, dtype_code, dtype_name, is_floating
+from hpcgrad.comm.flight_recorder import RECORDER
+from hpcgrad.comm.work import CommTimeoutError, GroupUnusableError, Work, wait_requests, watchdog
 
 
 class ReduceOp(enum.Enum):

@@ -51,7 +51,7 @@ import os
 import threading
 import time
 
-from .. import config
+from hpcgrad.base import config
 
 PROGRESS_ENV = "HPCGRAD_PROGRESS_THREAD"
 DEFAULT_INTERVAL = 200e-6

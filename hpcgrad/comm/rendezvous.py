@@ -8,9 +8,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import stall
-from .mpi import abort_job
-from .work import CommTimeoutError, wait_requests
+from hpcgrad.comm import stall
+from hpcgrad.comm.mpi import abort_job
+from hpcgrad.comm.work import CommTimeoutError, wait_requests
 
 
 # Note [Bounded start-up]

@@ -67,9 +67,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
+from hpcgrad.base import config
 
-from .flight_recorder import RECORDER
+from hpcgrad.comm.flight_recorder import RECORDER
 
 WARNING_ENV = "HPCGRAD_STALL_WARNING"
 DEFAULT_WARNING = 60.0

@@ -19,7 +19,7 @@ import sys
 
 from threadpoolctl import threadpool_limits
 
-from ..config import whole_number
+from hpcgrad.base.config import whole_number
 
 USER_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                   "NUMBA_NUM_THREADS")

@@ -7,11 +7,11 @@ import weakref
 
 from mpi4py import MPI
 
-from .. import config
-from . import mpi as _mpi  # mpi.py imports this module: call through the module
+from hpcgrad.base import config
+from hpcgrad.comm import mpi as _mpi  # mpi.py imports this module: call through the module
 
-from ..futures import (
-    Future,  # the one Future type (Note [One Future] in hpcgrad/futures.py)
+from hpcgrad.base.futures import (
+    Future,  # the one Future type (Note [One Future] in hpcgrad/base/futures.py)
 )
 
 DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"

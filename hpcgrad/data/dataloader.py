@@ -10,11 +10,11 @@ import threading
 
 import numpy as np
 
-from .. import backend
-from ..tensor import Tensor
-from .dataset import TensorDataset
-from . import workers as _workers
-from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.data.dataset import TensorDataset
+from hpcgrad.data import workers as _workers
+from hpcgrad.data.sampler import BatchSampler, RandomSampler, SequentialSampler
 
 
 def default_collate(batch):

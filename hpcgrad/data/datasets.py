@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from .dataset import TensorDataset
+from hpcgrad.data.dataset import TensorDataset
 
 _DIGITS_EXTRA = "pip install 'hpcgrad[datasets]'"
 

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from .sampler import Sampler
+from hpcgrad.data.sampler import Sampler
 
 
 class DistributedSampler(Sampler):
@@ -22,7 +22,7 @@ class DistributedSampler(Sampler):
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False):
         if num_replicas is None or rank is None:
-            from ..comm.mpi import comm_world  # only here: importing hpcgrad.data must not start MPI
+            from hpcgrad.comm.mpi import comm_world  # only here: importing hpcgrad.data must not start MPI
             num_replicas = comm_world().Get_size() if num_replicas is None else num_replicas
             rank = comm_world().Get_rank() if rank is None else rank
         if num_replicas < 1:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..creation import default_generator
+from hpcgrad.tensor.creation import default_generator
 
 
 class Sampler:

@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from ..creation import default_generator
-from .dataset import Dataset
+from hpcgrad.tensor.creation import default_generator
+from hpcgrad.data.dataset import Dataset
 
 
 class Subset(Dataset):

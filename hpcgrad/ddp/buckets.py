@@ -1,7 +1,7 @@
 """Group parameters into gradient buckets by size, per dtype and device (as reducer.cpp does)."""
 
-from .. import backend
-from ..tensor import Tensor
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early
 

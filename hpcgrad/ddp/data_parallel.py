@@ -12,23 +12,23 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from .. import backend
-from .. import distributed as dist
-from ..autograd import grad_mode
-from ..autograd.function import Function
-from ..comm import progress
-from ..comm.flight_recorder import RECORDER
-from ..comm.process_group import ProcessGroup
-from ..comm.work import CommTimeoutError, wait_requests
-from ..distributed import api as dist_api
-from ..distributed.algorithms.join import (Join, JoinHook, Joinable, _JoinConfig,
-                                           raise_if_a_rank_exhausted)
-from ..distributed.grad_bucket import GradBucket
-from ..futures import Future
-from ..nn.module import Module
-from ..tensor import Tensor
-from . import buckets as bucket_rules
-from .reducer import Reducer
+from hpcgrad.base import backend
+from hpcgrad import collectives as dist
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import Function
+from hpcgrad.comm import progress
+from hpcgrad.comm.flight_recorder import RECORDER
+from hpcgrad.comm.process_group import ProcessGroup
+from hpcgrad.comm.work import CommTimeoutError, wait_requests
+from hpcgrad.collectives import api as dist_api
+from hpcgrad.collectives.join import (Join, JoinHook, Joinable, _JoinConfig,
+                                      raise_if_a_rank_exhausted)
+from hpcgrad.collectives.grad_bucket import GradBucket
+from hpcgrad.base.futures import Future
+from hpcgrad.nn.module import Module
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.ddp import buckets as bucket_rules
+from hpcgrad.ddp.reducer import Reducer
 
 
 def _children(item):
@@ -274,7 +274,7 @@ class DistributedDataParallel(Module, Joinable):
                  process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                  gradient_as_bucket_view=False, static_graph=False, forward_sync_buffers=None):
         super().__init__()
-        Joinable.__init__(self)  # join(): Note [Join] in hpcgrad/distributed/algorithms/join.py
+        Joinable.__init__(self)  # join(): Note [Join] in hpcgrad/collectives/join.py
         if static_graph and find_unused_parameters:
             warnings.warn("You passed find_unused_parameters=true to DistributedDataParallel, "
                           "static_graph=True will detect unused parameters automatically, so you "

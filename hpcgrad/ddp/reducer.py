@@ -17,7 +17,7 @@ Note [DDP timeline]
     write-back). Every span's args carry its bucket. Off, each site costs one attribute test.
     The all-reduce spans overlap each other and finalize on the rank's one thread: Chrome's
     format wants duration events nested per thread, so they belong on a track of their own
-    (asynchronous events), which hpcgrad.timeline does not write yet.
+    (asynchronous events), which hpcgrad.base.timeline does not write yet.
 
 Note [DDP logging data]
     PyTorch's c10d Logger, cheaply: ``perf_counter`` at five points of a synced iteration
@@ -37,18 +37,18 @@ import weakref
 
 import numpy as np
 
-from .. import backend, kernels
-from ..autograd.engine import Engine, current_graph_task
-from ..comm import buffers
-from ..comm.process_group import ReduceOp
-from ..distributed import api
-from ..distributed.grad_bucket import GradBucket
-from ..distributed.sparse_reduce import SparseAllGather
-from ..futures import Future
-from ..sparse import SparseCOOTensor
-from ..tensor import Tensor
-from ..timeline import TIMELINE
-from . import buckets as bucket_rules
+from hpcgrad.base import backend, kernels
+from hpcgrad.autograd.engine import Engine, current_graph_task
+from hpcgrad.comm import buffers
+from hpcgrad.comm.process_group import ReduceOp
+from hpcgrad.collectives import api
+from hpcgrad.collectives.grad_bucket import GradBucket
+from hpcgrad.collectives.sparse_reduce import SparseAllGather
+from hpcgrad.base.futures import Future
+from hpcgrad.tensor.sparse import SparseCOOTensor
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.base.timeline import TIMELINE
+from hpcgrad.ddp import buckets as bucket_rules
 
 
 def _memory_order(array):

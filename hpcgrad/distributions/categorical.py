@@ -4,11 +4,12 @@ import math
 
 import numpy as np
 
-from .. import backend, creation
-from ..functional import log_softmax
-from ..tensor import Tensor
-from . import constraints
-from .distribution import Distribution, lazy_property
+from hpcgrad.base import backend
+from hpcgrad.tensor import creation
+from hpcgrad.tensor.functional import log_softmax
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.distributions import constraints
+from hpcgrad.distributions.distribution import Distribution, lazy_property
 
 
 def _const(array):

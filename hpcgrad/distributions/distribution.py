@@ -4,9 +4,9 @@ import warnings
 
 import numpy as np
 
-from ..autograd import enable_grad
-from ..tensor import Tensor
-from . import constraints
+from hpcgrad.autograd import enable_grad
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.distributions import constraints
 
 # Note [Validated distributions]
 # As PyTorch, parameters are checked against ``arg_constraints`` when a distribution is built,

@@ -16,12 +16,12 @@ import math
 
 import numpy as np
 
-from .. import backend
-from ..autograd import grad_mode
-from ..autograd.function import Function
-from ..ops.nn import softmax_array, softmax_backward_array
-from ..tensor import Tensor
-from . import functional as F  # (functional imports this module last, when it is complete)
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor.ops.nn import softmax_array, softmax_backward_array
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F  # (functional imports this module last, when it is complete)
 
 
 def _const(array):

@@ -7,11 +7,11 @@ both poolings can be differentiated twice.
 
 import numpy as np
 
-from .. import backend
-from ..autograd.function import Function
-from ..tensor import Tensor
-from . import _functions, _maxpool
-from ._window import offsets, out_size
+from hpcgrad.base import backend
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import _functions, _maxpool
+from hpcgrad.nn._window import offsets, out_size
 
 
 def _const(array):

@@ -43,12 +43,12 @@ import threading
 
 import numpy as np
 
-from .. import backend
-from ..autograd import grad_mode
-from ..autograd.function import Function
-from ..ops.shape import cat
-from ._functions import ConstantPad
-from ._window import Col2Im, Im2Col, offsets, out_size, windows
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor.ops.shape import cat
+from hpcgrad.nn._functions import ConstantPad
+from hpcgrad.nn._window import Col2Im, Im2Col, offsets, out_size, windows
 
 # Columns of at most this many elements at once (float32: 2 MB, cache-sized: on ResNet-18's
 # layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch.
@@ -75,7 +75,7 @@ def _column_loops(*arrays):
     or float64), else None: numpy's strided copy and adds, the reference they are tested on."""
     if not all(type(a) is np.ndarray for a in arrays):
         return None
-    from ..kernels import cpu  # numba: imported on first use
+    from hpcgrad.base.kernels import cpu  # numba: imported on first use
     return cpu if cpu.contiguous_floats(*arrays) else None
 
 

@@ -2,12 +2,12 @@
 
 import math
 
-from ..ops.shape import cat
-from . import functional as F
-from . import init
-from ._factory import parameter
-from ._window import Col2Im
-from .module import Module
+from hpcgrad.tensor.ops.shape import cat
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn._window import Col2Im
+from hpcgrad.nn.module import Module
 
 
 def _output_padding_check(output_padding, stride, dilation):

@@ -2,9 +2,10 @@
 
 import warnings
 
-from .. import backend, creation
-from ..tensor import Tensor
-from .module import Module
+from hpcgrad.base import backend
+from hpcgrad.tensor import creation
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn.module import Module
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):

@@ -9,13 +9,13 @@ zeros. Gradients come from the ops used (embedding's row gradient, gather, scatt
 
 import numpy as np
 
-from .. import backend
-from ..tensor import Tensor
-from . import functional as F
-from . import init
-from ._factory import parameter
-from .module import Module
-from .parameter import Parameter
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn.module import Module
+from hpcgrad.nn.parameter import Parameter
 
 
 def _host(x):

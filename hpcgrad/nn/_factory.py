@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from .. import backend
-from ..tensor import DEFAULT_FLOAT, Tensor
-from .parameter import Parameter
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import DEFAULT_FLOAT, Tensor
+from hpcgrad.nn.parameter import Parameter
 
 
 def empty(shape, dtype=None, device=None):

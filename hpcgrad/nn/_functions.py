@@ -77,13 +77,13 @@ differentiable ops (so ``create_graph=True`` works), except the sparse embedding
 
 import numpy as np
 
-from .. import backend
-from ..autograd import grad_mode
-from ..autograd.function import Function
-from ..ops import GetItem, IndexAdd
-from ..ops.linalg import matmul_arrays
-from ..sparse import SparseCOOTensor
-from ..tensor import Tensor
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor.ops import GetItem, IndexAdd
+from hpcgrad.tensor.ops.linalg import matmul_arrays
+from hpcgrad.tensor.sparse import SparseCOOTensor
+from hpcgrad.tensor._tensor import Tensor
 
 
 def _const(array):
@@ -285,7 +285,7 @@ def _batch_norm_loops(a, weight=None, bias=None, g=None):
     arrays += [g] if g is not None else []
     if not all(type(v) is np.ndarray for v in arrays):
         return None
-    from ..kernels import batchnorm  # numba: imported on first use
+    from hpcgrad.base.kernels import batchnorm  # numba: imported on first use
     batch = [a] + ([g] if g is not None else [])  # (weight and bias are only read by numpy)
     if not batchnorm.typed(*batch) or any(v.dtype != a.dtype for v in arrays):
         return None

@@ -1,8 +1,8 @@
 """GroupNorm: normalise each sample over groups of channels, then a per-channel scale and shift."""
 
-from . import init
-from ._factory import parameter
-from .module import Module
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn.module import Module
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):

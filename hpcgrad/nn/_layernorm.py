@@ -14,9 +14,9 @@ here its reference.
 
 import numpy as np
 
-from .. import backend
-from ..autograd import grad_mode
-from ..autograd.function import Function
+from hpcgrad.base import backend
+from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd.function import Function
 
 
 def layer_norm_reference(input, dims, weight, bias, eps):
@@ -40,7 +40,7 @@ def _loops(a, weight, bias, g=None):
     arrays += [g] if g is not None else []
     if not all(type(v) is np.ndarray for v in arrays):
         return None
-    from ..kernels import layernorm  # numba: imported on first use
+    from hpcgrad.base.kernels import layernorm  # numba: imported on first use
     return layernorm if layernorm.typed(*arrays) else None
 
 

@@ -8,10 +8,10 @@ step vectorised over all windows.
 
 import numpy as np
 
-from .. import backend
-from ..autograd.function import Function
-from ..ops import GetItem
-from ._window import offsets, windows
+from hpcgrad.base import backend
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor.ops import GetItem
+from hpcgrad.nn._window import offsets, windows
 
 
 def extra_padding(size, kernel, stride, padding, dilation, ceil_mode):

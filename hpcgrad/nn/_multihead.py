@@ -4,15 +4,15 @@ import math
 
 import numpy as np
 
-from .. import backend
-from ..ops.shape import cat
-from ..tensor import Tensor
-from . import functional as F
-from . import init
-from ._attention import scaled_dot_product_attention
-from ._factory import parameter
-from .linear import Linear
-from .module import Module
+from hpcgrad.base import backend
+from hpcgrad.tensor.ops.shape import cat
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._attention import scaled_dot_product_attention
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn.linear import Linear
+from hpcgrad.nn.module import Module
 
 
 class NonDynamicallyQuantizableLinear(Linear):

@@ -10,9 +10,10 @@ from collections import namedtuple
 
 import numpy as np
 
-from .. import backend, ops
-from ..ops.split import split
-from ..tensor import Tensor
+from hpcgrad.base import backend
+from hpcgrad.tensor import ops
+from hpcgrad.tensor.ops.split import split
+from hpcgrad.tensor._tensor import Tensor
 
 __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pack_sequence",
            "pad_sequence"]

@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 
-from .. import backend
-from ..tensor import Tensor
-from . import functional as F
-from .module import Module
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn.module import Module
 
 
 def _const(array):

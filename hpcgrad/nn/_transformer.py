@@ -5,16 +5,16 @@ import math
 
 import numpy as np
 
-from .. import backend
-from ..tensor import DEFAULT_FLOAT, Tensor
-from . import functional as F
-from . import init
-from ._multihead import MultiheadAttention
-from .container import ModuleList
-from .dropout import Dropout
-from .linear import Linear
-from .module import Module
-from .normalization import LayerNorm
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import DEFAULT_FLOAT, Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._multihead import MultiheadAttention
+from hpcgrad.nn.container import ModuleList
+from hpcgrad.nn.dropout import Dropout
+from hpcgrad.nn.linear import Linear
+from hpcgrad.nn.module import Module
+from hpcgrad.nn.normalization import LayerNorm
 
 
 def _activation(activation):

@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 
-from .. import backend
-from ..tensor import Tensor
-from .module import Module
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn.module import Module
 
 _LINEAR = {"linear": 3, "bilinear": 4, "trilinear": 5}
 

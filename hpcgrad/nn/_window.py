@@ -7,8 +7,8 @@ backward, so a convolution built on them can be differentiated twice.
 
 import numpy as np
 
-from .. import backend
-from ..autograd.function import Function
+from hpcgrad.base import backend
+from hpcgrad.autograd.function import Function
 
 
 def out_size(size, kernel, stride, dilation):

@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from . import functional as F
-from . import init
-from ._factory import buffer, empty, parameter
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import buffer, empty, parameter
+from hpcgrad.nn.module import Module
 
 
 class _BatchNorm(Module):

@@ -4,9 +4,9 @@ import collections
 import collections.abc
 import operator
 
-from ..tensor import Tensor
-from .module import Module
-from .parameter import Parameter
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn.module import Module
+from hpcgrad.nn.parameter import Parameter
 
 
 def _index(index, length):

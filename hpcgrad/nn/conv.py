@@ -3,10 +3,10 @@ matrix product (Conv1d is Conv2d over a height of 1)."""
 
 import math
 
-from . import functional as F
-from . import init
-from ._factory import parameter
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn.module import Module
 
 
 class _ConvNd(Module):

@@ -1,7 +1,7 @@
 """Distances as modules: CosineSimilarity and PairwiseDistance (see nn.functional)."""
 
-from . import functional as F
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn.module import Module
 
 
 class CosineSimilarity(Module):

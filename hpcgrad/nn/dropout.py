@@ -1,7 +1,7 @@
 """Dropout: zero elements with probability p while training (seeded); the identity in eval mode."""
 
-from . import functional as F
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn.module import Module
 
 
 class Dropout(Module):

@@ -1,11 +1,11 @@
 """Embedding: a lookup table of rows; ``sparse=True`` gives the table a row-sparse gradient."""
 
-from ..tensor import Tensor
-from . import functional as F
-from . import init
-from ._factory import parameter
-from .module import Module
-from .parameter import Parameter
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn.module import Module
+from hpcgrad.nn.parameter import Parameter
 
 
 class Embedding(Module):

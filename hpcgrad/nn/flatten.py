@@ -1,6 +1,6 @@
 """Flatten (merge the axes start_dim..end_dim, by default all but the batch axis) and Unflatten."""
 
-from .module import Module
+from hpcgrad.nn.module import Module
 
 
 class Flatten(Module):

@@ -5,13 +5,14 @@ import warnings
 
 import numpy as np
 
-from .. import backend, creation, ops
-from ..autograd import grad_mode, version_counter
-from ..autograd.function import Function
-from ..ops.shape import wrap_dim
-from ..tensor import Tensor
-from . import _avgpool, _conv, _functions, _layernorm, _maxpool
-from ._window import Im2Col, out_size
+from hpcgrad.base import backend
+from hpcgrad.tensor import creation, ops
+from hpcgrad.autograd import grad_mode, version_counter
+from hpcgrad.autograd.function import Function
+from hpcgrad.tensor.ops.shape import wrap_dim
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import _avgpool, _conv, _functions, _layernorm, _maxpool
+from hpcgrad.nn._window import Im2Col, out_size
 
 __all__ = ["scaled_dot_product_attention", "group_norm", "conv_transpose2d", "interpolate",
            "pixel_shuffle", "pixel_unshuffle", "adaptive_max_pool2d", "max_pool1d",
@@ -902,10 +903,10 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
 
 
 # Built on this module's functions, so imported last (they import it).
-from ._dropout2d import dropout2d  # noqa: E402
-from ._embedding_bag import embedding_bag  # noqa: E402
-from ._attention import scaled_dot_product_attention  # noqa: E402
-from ._groupnorm import group_norm  # noqa: E402
-from ._conv_transpose import conv_transpose2d  # noqa: E402
-from ._upsample import interpolate, pixel_shuffle, pixel_unshuffle  # noqa: E402
-from ._pool_more import adaptive_max_pool2d, max_pool1d  # noqa: E402
+from hpcgrad.nn._dropout2d import dropout2d  # noqa: E402
+from hpcgrad.nn._embedding_bag import embedding_bag  # noqa: E402
+from hpcgrad.nn._attention import scaled_dot_product_attention  # noqa: E402
+from hpcgrad.nn._groupnorm import group_norm  # noqa: E402
+from hpcgrad.nn._conv_transpose import conv_transpose2d  # noqa: E402
+from hpcgrad.nn._upsample import interpolate, pixel_shuffle, pixel_unshuffle  # noqa: E402
+from hpcgrad.nn._pool_more import adaptive_max_pool2d, max_pool1d  # noqa: E402

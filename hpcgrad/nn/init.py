@@ -1,6 +1,6 @@
 """nn.init: fill tensors in place (kaiming, xavier, uniform, normal, constants), seeded.
 
-Random fills draw from ``hpcgrad.creation.default_generator()`` (reseeded by
+Random fills draw from ``hpcgrad.tensor.creation.default_generator()`` (reseeded by
 ``hpcgrad.manual_seed``) unless a numpy ``generator`` is passed; each returns its tensor.
 """
 
@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from .. import backend, creation
+from hpcgrad.base import backend
+from hpcgrad.tensor import creation
 
 
 def _fill(tensor, values):

@@ -1,7 +1,7 @@
 """Loss modules: CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, BCELoss ... (see nn.functional)."""
 
-from . import functional as F
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn.module import Module
 
 
 class _WeightedLoss(Module):

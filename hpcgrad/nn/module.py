@@ -4,11 +4,11 @@ import collections
 
 import numpy as np
 
-from .. import backend
-from .. import devices as _device
-from ..autograd.graph import RemovableHandle
-from ..tensor import Tensor
-from .parameter import Parameter
+from hpcgrad.base import backend
+from hpcgrad.base import devices as _device
+from hpcgrad.autograd.graph import RemovableHandle
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn.parameter import Parameter
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 

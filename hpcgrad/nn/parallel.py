@@ -5,5 +5,5 @@ first use of the name ``hpcgrad.nn.SyncBatchNorm`` (its module ``__getattr__``),
 import, so ``import hpcgrad.nn`` never starts MPI.
 """
 
-from ..ddp.data_parallel import DistributedDataParallel  # noqa: F401
-from ..ddp.sync_batchnorm import SyncBatchNorm  # noqa: F401  (hpcgrad.nn.SyncBatchNorm)
+from hpcgrad.ddp.data_parallel import DistributedDataParallel  # noqa: F401
+from hpcgrad.ddp.sync_batchnorm import SyncBatchNorm  # noqa: F401  (hpcgrad.nn.SyncBatchNorm)

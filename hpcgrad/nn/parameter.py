@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..tensor import Tensor
+from hpcgrad.tensor._tensor import Tensor
 
 
 class Parameter(Tensor):

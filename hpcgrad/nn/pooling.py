@@ -1,7 +1,7 @@
 """Pooling modules: MaxPool2d, AvgPool2d and AdaptiveAvgPool2d over the last two axes."""
 
-from . import functional as F
-from .module import Module
+from hpcgrad.nn import functional as F
+from hpcgrad.nn.module import Module
 
 
 class MaxPool2d(Module):

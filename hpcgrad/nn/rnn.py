@@ -13,14 +13,15 @@ import warnings
 
 import numpy as np
 
-from .. import backend, ops
-from ..ops.split import chunk, split
-from ..tensor import Tensor
-from . import functional as F
-from . import init
-from ._factory import parameter
-from ._packed import PackedSequence
-from .module import Module
+from hpcgrad.base import backend
+from hpcgrad.tensor import ops
+from hpcgrad.tensor.ops.split import chunk, split
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import functional as F
+from hpcgrad.nn import init
+from hpcgrad.nn._factory import parameter
+from hpcgrad.nn._packed import PackedSequence
+from hpcgrad.nn.module import Module
 
 __all__ = ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNBase", "RNNCell", "RNNCellBase"]
 

@@ -1,12 +1,12 @@
 """Optimizers with PyTorch's names, options, update rules and state_dict layout."""
 
-from . import lr_scheduler
-from .adadelta import Adadelta
-from .adagrad import Adagrad
-from .adam import Adam
-from .adamw import AdamW
-from .optimizer import Optimizer
-from .rmsprop import RMSprop
-from .sgd import SGD
+from hpcgrad.optim import lr_scheduler
+from hpcgrad.optim.adadelta import Adadelta
+from hpcgrad.optim.adagrad import Adagrad
+from hpcgrad.optim.adam import Adam
+from hpcgrad.optim.adamw import AdamW
+from hpcgrad.optim.optimizer import Optimizer
+from hpcgrad.optim.rmsprop import RMSprop
+from hpcgrad.optim.sgd import SGD
 
 __all__ = ["SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "RMSprop", "Optimizer", "lr_scheduler"]

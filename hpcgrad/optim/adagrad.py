@@ -1,8 +1,8 @@
 """Adagrad (lr decay, maximize, L2 weight decay, sparse gradients): PyTorch's update rule."""
 
-from .. import backend
-from .optimizer import (Optimizer, check_lr, check_nonnegative, refuse_unsupported, scalar,
-                        update_direction)
+from hpcgrad.base import backend
+from hpcgrad.optim.optimizer import (Optimizer, check_lr, check_nonnegative, refuse_unsupported,
+                                     scalar, update_direction)
 
 
 class Adagrad(Optimizer):

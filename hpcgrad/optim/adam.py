@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 
-from .. import backend
-from .optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction
+from hpcgrad.base import backend
+from hpcgrad.optim.optimizer import Optimizer, check_lr, check_nonnegative, scalar, update_direction
 
 
 # The dtypes numba compiles adam_step for (float16 and longdouble take the numpy path).
@@ -100,7 +100,7 @@ class Adam(Optimizer):
                 type(a) is np.ndarray and a.dtype == p.array.dtype and a.flags.c_contiguous
                 for a in arrays):
             return False  # (amsgrad switched on after the first steps: numpy's first copy)
-        from ..kernels.cpu import adam_step
+        from hpcgrad.base.kernels.cpu import adam_step
         lr, (beta1, beta2), wd = scalar(group["lr"]), group["betas"], group["weight_decay"]
         decay = 1 - lr * wd if self._decoupled_weight_decay and wd != 0 else 1
         g, _ = update_direction(p.array, p.grad.array, 0 if self._decoupled_weight_decay else wd,

@@ -1,6 +1,6 @@
 """AdamW: Adam with decoupled weight decay (p *= 1 - lr * weight_decay before the Adam step)."""
 
-from .adam import Adam
+from hpcgrad.optim.adam import Adam
 
 
 class AdamW(Adam):

@@ -21,8 +21,8 @@ from bisect import bisect_right
 from collections import Counter
 from functools import partial, wraps
 
-from ..tensor import Tensor
-from .optimizer import Optimizer
+from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.optim.optimizer import Optimizer
 
 __all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
            "CyclicLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
@@ -270,7 +270,7 @@ class MultiStepLR(LRScheduler):
                 for group in self.optimizer.param_groups]
 
     def load_state_dict(self, state_dict):
-        """Also from a JSON round trip (hpcgrad.checkpoint's ``extra``), whose keys are strings."""
+        """Also from a JSON round trip (hpcgrad.training.checkpoint's ``extra``), whose keys are strings."""
         super().load_state_dict(state_dict)
         self.milestones = Counter({int(k): v for k, v in self.milestones.items()})
 

@@ -18,9 +18,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from .. import backend
-from ..autograd import enable_grad, version_counter
-from ..tensor import Tensor
+from hpcgrad.base import backend
+from hpcgrad.autograd import enable_grad, version_counter
+from hpcgrad.tensor._tensor import Tensor
 
 
 class _RequiredParameter:

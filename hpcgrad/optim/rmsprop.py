@@ -1,8 +1,8 @@
 """RMSprop (with momentum, centering, maximize and L2 weight decay): PyTorch's update rule."""
 
-from .. import backend
-from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, refuse_sparse,
-                        refuse_unsupported, scalar, update_direction)
+from hpcgrad.base import backend
+from hpcgrad.optim.optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative,
+                                     refuse_sparse, refuse_unsupported, scalar, update_direction)
 
 
 class RMSprop(Optimizer):

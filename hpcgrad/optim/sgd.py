@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from .. import backend
-from .optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative, dense_grad, scalar,
-                        update_direction, written)
+from hpcgrad.base import backend
+from hpcgrad.optim.optimizer import (Optimizer, add_scaled, check_lr, check_nonnegative,
+                                     dense_grad, scalar, update_direction, written)
 
 
 # The dtypes numba compiles sgd_step for (float16 and longdouble take the numpy path).
@@ -93,7 +93,7 @@ class SGD(Optimizer):
             if not (type(buf) is np.ndarray and buf.dtype == p.array.dtype
                     and buf.flags.c_contiguous):
                 return False  # e.g. loaded in Fortran order: reshape(-1) would write a copy
-        from ..kernels.cpu import sgd_step
+        from hpcgrad.base.kernels.cpu import sgd_step
         sgd_step(p.array, grad, buf, scalar(group["lr"]), group["momentum"], group["dampening"])
         return True
 

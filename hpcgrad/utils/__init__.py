@@ -1,3 +1,4 @@
-"""Training utilities (activation checkpointing)."""
+"""``torch.utils``: its submodules (checkpoint, data, tensorboard) are aliases of the modules that
+build them (Note [Import paths] in hpcgrad/_paths.py)."""
 
-from . import data  # noqa: E402,F401  (torch.utils.data after import hpcgrad)
+from hpcgrad import data  # noqa: F401  (hpcgrad.utils.data after import hpcgrad)

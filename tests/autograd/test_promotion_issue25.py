@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
-from hpcgrad.ops.promotion import promote_types, result_type
+from hpcgrad.tensor.ops.promotion import promote_types, result_type
 from hpcgrad.tensor import Tensor
 
 torch = pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """DDP posts its collectives in one order on every rank, when buckets wait for host copies or a comm thread.
 
-Note [Sparse gathers in the group's order] (hpcgrad/distributed/sparse_reduce.py): a sparse
+Note [Sparse gathers in the group's order] (hpcgrad/collectives/sparse_reduce.py): a sparse
 bucket's gather and the used-parameter map's all-reduce must not overtake earlier buckets'
 all-reduces. Two roads can post those late, and both are driven here without a GPU:
 

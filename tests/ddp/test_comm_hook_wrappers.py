@@ -17,7 +17,7 @@ import hpcgrad.distributed as dist
 from hpcgrad import nn
 from hpcgrad.distributed import comm_hooks
 from hpcgrad.distributed.algorithms.ddp_comm_hooks import default_hooks
-from hpcgrad.distributed.grad_bucket import GradBucket
+from hpcgrad.collectives.grad_bucket import GradBucket
 from hpcgrad.futures import Future
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
 

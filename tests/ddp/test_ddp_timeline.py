@@ -13,7 +13,7 @@ from hpcgrad.ddp import buckets
 from hpcgrad.ddp import reducer as reducer_module
 from hpcgrad.distributed import comm_hooks
 from hpcgrad.nn.parallel import DistributedDataParallel as DDP
-from hpcgrad.timeline import Timeline, merge
+from hpcgrad.base.timeline import Timeline, merge
 
 STEPS = 3  # the buckets are rebuilt at the second
 

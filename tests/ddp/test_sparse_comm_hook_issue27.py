@@ -101,6 +101,6 @@ def test_a_hook_returning_no_future_raises_torchs_phrase(world):
     model.register_comm_hook(None, lambda state, bucket: bucket.buffer())
     with pytest.raises(RuntimeError, match=r"DDP communication hook's callback must return a "
                                            r"torch.futures.Future object, but got "
-                                           r"SparseCOOTensor \(hpcgrad.sparse.SparseCOOTensor\)"):
+                                           r"SparseCOOTensor \(hpcgrad.tensor.sparse.SparseCOOTensor\)"):
         model(hg.tensor(np.array([[1, 2]]))).sum().backward()
     assert issubclass(Future, object)

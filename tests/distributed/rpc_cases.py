@@ -450,7 +450,7 @@ class _ListHandler(logging.Handler):
 
 def capture_rpc_log():
     """Keep this rank's RPC error log in a list (``rpc_log``) from now on."""
-    logger = logging.getLogger("hpcgrad.distributed.rpc")
+    logger = logging.getLogger("hpcgrad.rpc")
     if not any(isinstance(h, _ListHandler) for h in logger.handlers):
         logger.addHandler(_ListHandler())
     _log_records.clear()

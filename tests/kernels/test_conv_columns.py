@@ -5,7 +5,7 @@ bits on shapes, strides, dilations, channel groups and sample ranges drawn from 
 import numpy as np
 import pytest
 
-from hpcgrad.kernels import cpu
+from hpcgrad.base.kernels import cpu
 from hpcgrad.nn._window import offsets, windows
 
 

@@ -5,8 +5,8 @@ import pytest
 
 import hpcgrad as hg
 from hpcgrad.autograd import gradcheck, gradgradcheck
-from hpcgrad.kernels.cpu import threshold_backward
-from hpcgrad.ops.elementwise import ThresholdBackward
+from hpcgrad.base.kernels.cpu import threshold_backward
+from hpcgrad.tensor.ops.elementwise import ThresholdBackward
 
 EDGES = [-np.inf, -1.0, -0.0, 0.0, 1e-30, 1.0, np.inf, np.nan]
 

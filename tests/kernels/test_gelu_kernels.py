@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from hpcgrad.kernels import cpu
-from hpcgrad.ops import elementwise
+from hpcgrad.base.kernels import cpu
+from hpcgrad.tensor.ops import elementwise
 
 
 def _values(dtype, seed):

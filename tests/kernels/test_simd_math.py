@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hpcgrad.kernels.simd_math import erf_float32, exp_float32
+from hpcgrad.base.kernels.simd_math import erf_float32, exp_float32
 
 
 @njit(error_model="numpy")

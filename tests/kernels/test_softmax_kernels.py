@@ -8,7 +8,7 @@ import pytest
 
 import hpcgrad as hg
 import hpcgrad.nn.functional as F
-from hpcgrad.ops import nn as ops_nn
+from hpcgrad.tensor.ops import nn as ops_nn
 
 SEEDS = range(12)
 

@@ -307,7 +307,7 @@ def test_relu_backward_matches_the_select(seed):
     assert xt.grad.dtype == dtype
     np.testing.assert_array_equal(xt.grad.array, want)  # a select: the same bits
     # the kernel itself, and the np.where path a non-contiguous gradient takes
-    from hpcgrad.kernels.cpu import threshold_backward
+    from hpcgrad.base.kernels.cpu import threshold_backward
     np.testing.assert_array_equal(threshold_backward(g, y), want)
     if x.ndim >= 2 and x.size:  # F-ordered: relu's backward takes np.where, same bits
         xt2 = hg.tensor(np.asfortranarray(x.T), requires_grad=True)

@@ -1,4 +1,4 @@
-"""The everyday ops of hpcgrad/ops/common.py (issue 27) against PyTorch: values, gradients,
+"""The everyday ops of hpcgrad/tensor/ops/common.py (issue 27) against PyTorch: values, gradients,
 gradcheck, errors."""
 
 import numpy as np

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hpcgrad
-import hpcgrad.kernels.cpu as cpu
+import hpcgrad.base.kernels.cpu as cpu
 from hpcgrad.optim import Adam, AdamW
 
 

@@ -408,7 +408,7 @@ def test_cyclic_lr_errors_as_torch():
 
 
 # --- the fused SGD step against the plain formula -----------------------------------------------
-# SGD._fused_step (one numba pass, hpcgrad/kernels/cpu.py sgd_step) replaces the numpy path for
+# SGD._fused_step (one numba pass, hpcgrad/base/kernels/cpu.py sgd_step) replaces the numpy path for
 # float32/float64 C-contiguous numpy parameters without weight decay, maximize or Nesterov (with
 # momentum: from the second step). Each random program runs three ways: the default (fused where
 # it applies), the numpy path alone (fused switched off: the same operations, so the same bits),
@@ -558,7 +558,7 @@ def test_fused_sgd_step_equals_the_plain_formula(seed):
 
 def test_the_fused_sgd_step_runs_and_is_bit_equal(monkeypatch):
     """The programs above do reach the numba kernel (else they compare the numpy path twice)."""
-    import hpcgrad.kernels.cpu as cpu
+    import hpcgrad.base.kernels.cpu as cpu
     calls = []
     kernel = cpu.sgd_step
     monkeypatch.setattr(cpu, "sgd_step", lambda *args: calls.append(1) or kernel(*args))

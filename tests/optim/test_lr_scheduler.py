@@ -208,7 +208,7 @@ def test_state_dict_round_trip_resumes_the_sequence(name):
 
 @pytest.mark.parametrize("name", sorted(set(SCHEDULERS) - {"lambda", "multiplicative"}))
 def test_state_dict_survives_json(name):
-    """hpcgrad.checkpoint keeps extra state as JSON: keys become strings, tuples lists."""
+    """hpcgrad.training.checkpoint keeps extra state as JSON: keys become strings, tuples lists."""
     make = SCHEDULERS[name]
     opt = _hg_optimizer("sgd")
     sched = make(lr_scheduler, opt)

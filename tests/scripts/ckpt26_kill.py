@@ -1,5 +1,5 @@
 """Run jobs/train_pipeline.py with one rank SIGKILLed at a phase of one multi-part save
-(Note [Multi-part commit] in hpcgrad/checkpoint.py), through checkpoint._reached.
+(Note [Multi-part commit] in hpcgrad/training/checkpoint.py), through checkpoint._reached.
 
     mpiexec -n 2 python tests/scripts/ckpt26_kill.py PHASE RANK STEP [job arguments]
 

@@ -5,7 +5,7 @@
 
 import time
 
-from hpcgrad.timeline import TIMELINE
+from hpcgrad.base.timeline import TIMELINE
 
 with TIMELINE.span("forward", "step", step=1):
     time.sleep(0.01)

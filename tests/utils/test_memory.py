@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from hpcgrad.utils.memory import _glibc, keep_freed_memory
+from hpcgrad.base.memory import _glibc, keep_freed_memory
 
 # Frees 18 MB at the heap's top each step, then allocates it again: glibc (its thresholds raised
 # to 8 / 16 MB by the first free) trims it and faults it back in every step.
@@ -14,7 +14,7 @@ _STEPS = textwrap.dedent("""
     import resource, sys
     import numpy as np
     if sys.argv[1] == "keep":
-        from hpcgrad.utils.memory import keep_freed_memory
+        from hpcgrad.base.memory import keep_freed_memory
         assert keep_freed_memory()
     first = np.ones(8 << 18, np.float32); del first  # 8 MB, mmap'd, freed
     def step():

@@ -1,4 +1,4 @@
-"""hpcgrad.utils.safetensors (issue 27) against the safetensors package and PyTorch."""
+"""hpcgrad.training.safetensors (issue 27) against the safetensors package and PyTorch."""
 
 import json
 import struct

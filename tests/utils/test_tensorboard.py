@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hpcgrad as hg
-from hpcgrad.metrics import MetricsLog
+from hpcgrad.training.metrics import MetricsLog
 
 pytest.importorskip("tensorboardX")
 from tensorboardX.proto import event_pb2  # noqa: E402

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ... import backend
-from ...tensor import Tensor
+from hpcgrad.base import backend
+from hpcgrad.tensor._tensor import Tensor
 
 
 def _parameters(parameters):

@@ -1,3 +1,0 @@
-"""hpcgrad.distributed.nn.api: RemoteModule (torch.distributed.nn.api's layout)."""
-
-from .remote_module import RemoteModule  # noqa: F401

@@ -1,4 +1,0 @@
-"""hpcgrad.distributed.optim: DistributedOptimizer (RPC, per-owner steps) and ZeroRedundancyOptimizer (ZeRO-1)."""
-
-from .distributed_optimizer import DistributedOptimizer  # noqa: F401
-from .zero_redundancy_optimizer import ZeroRedundancyOptimizer  # noqa: F401

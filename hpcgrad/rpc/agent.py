@@ -1,0 +1,748 @@
+"""The RPC agent: MPI point-to-point transport, a progress thread, and a pool running requests.
+
+Note [RPC wire format]
+    A message is an envelope (pickled dict: kind, id, reply-to id, payload shapes and dtypes,
+    the pickled argument skeleton) sent with tag ENVELOPE_TAG, preceded by one MPI message per
+    array payload with a tag derived from the message id. Payloads are posted first, so when
+    the envelope arrives its payloads are already on their way; messages with the same tag
+    from one sender do not overtake each other, so payloads are received in order. Every
+    Isend keeps its buffer in ``_pending_sends`` until MPI reports it complete.
+    Payloads of at most INLINE_BYTES in all travel inside the envelope instead: one MPI message
+    per RPC instead of one per array.
+
+Note [Progress thread and the GIL]
+    The progress thread sleeps between every two polls, also while messages are flowing. A
+    thread that polls in a Python loop keeps the GIL except for the instant of each MPI call,
+    and a thread waiting for the GIL (the pool thread that must run a request, the caller woken
+    by its reply) only wins it when its 5 ms switch interval expires: hops cost milliseconds.
+    Sleeping releases the GIL for real. Sleeps start at 10 us (the thread's timer slack is set
+    to 1 ns, or Linux would round them up to 60 us), and double up to 0.5 ms once the agent has
+    been quiet for 2 ms. On 2 busy cores a polling loop makes the 1x8 round trip over twice as
+    slow (``mpiexec -n 2 python benchmarks/dist_autograd.py``).
+
+Note [A poll is several probes]
+    One ``Iprobe`` does not always see a message that has arrived: each call moves the message
+    one step further through MPICH's progress engine (ch4:ucx, shared memory), so a receiver
+    that sleeps 0.5 ms between single Iprobes sees a 32-byte message ~1.5 ms after it was sent,
+    ~0.35 ms with three or more Iprobes a poll. So a poll is up to ``_PROBES_PER_POLL`` Iprobes
+    in a row (0.13 us each when nothing is there); the 256x1024 round trip of
+    ``mpiexec -n 2 python benchmarks/dist_autograd.py`` shows the hops' latency.
+
+Note [Broadcast payloads]
+    An array with broadcast axes (stride 0: ``np.broadcast_to``, ``expand``, the gradient
+    of a ``sum`` or ``mean``) travels as its distinct elements and the shape to broadcast them
+    to, and arrives as the same read-only broadcast view; as PyTorch's RPC sends an expanded
+    tensor's storage, not its elements. The gradient of ``y.sum()`` for a 256x1024 ``y`` is then
+    4 bytes inside the envelope, not 1 MB copied to make it contiguous and again on receipt.
+
+Note [Replies on the callback pool]
+    A reply completes its future on a small pool of its own (never on the request pool), unless
+    its request said the reply is cheap to complete (``request(..., inline_reply=...)``): its
+    callbacks decode the result and may do real work (a user's ``then``), so one slow callback
+    must not stall every RPC of the rank; and requests that block waiting for a nested RPC's
+    reply can fill the request pool without starving the replies they wait for. The pool costs
+    one thread handoff per reply, so a reply whose only callbacks are known to be short (an
+    ``rpc_sync`` nobody chained a callback to, a distributed-autograd "done") is completed on
+    the progress thread itself, and its waiter wakes straight from there.
+
+Note [Waiting threads receive]
+    A thread that waits for a reply (``RpcFuture.wait``, the thread that runs a backward pass)
+    receives and dispatches the rank's messages itself meanwhile (``progress_until``), exactly
+    as the progress thread does, instead of sleeping on an event that the progress thread
+    sets: the reply then wakes one thread, not two (the progress thread from its poll sleep,
+    then the waiter from the event), and on a loaded machine each wake-up waits for a core. A
+    lock keeps Iprobe and its Recv together on one thread. While a waiter polls (it did in the
+    last 2 ms) the progress thread leaves receiving to it and sleeps until the 2 ms would be
+    up (or its next deadline: a carried message, a request's timeout), and takes over when it
+    wakes to find the waiter gone: so a waiter stuck in a long callback cannot stall the rank
+    for more than ~2 ms, nor can a message that comes while nobody waits. It does not poll
+    meanwhile: each poll would take the GIL from the waiter at its next MPI call, for the
+    ~15 us of a loop, on both ranks of every round trip. What
+    a waiter runs this way is what the progress thread runs: inline handlers and replies that
+    are short and never block (Note [Replies on the callback pool]), so it never waits for
+    itself. Decoding must therefore not depend on the receiving thread's state: a reply's
+    tensors join their sender's context, not the receiving thread's current one.
+
+Note [How long a waiter sleeps]
+    For its first 0.5 ms, and 0.5 ms after each message it handled, a waiting thread does not
+    sleep between polls but yields its core (``sched_yield``, which also lets go of the GIL):
+    the next message of an exchange (a reply, the next request of a round trip) usually comes
+    within that, and a 10 us sleep on a virtual machine takes 15-30 us to come back from, once
+    per message: yielding takes about a tenth of a millisecond off the 1x8 round trip's median
+    (4 messages; ``mpiexec -n 2 python benchmarks/dist_autograd.py``). Any other runnable
+    thread on the core goes first, and Python threads of the rank that want the GIL wait at
+    most the window. Where a node has more ranks than cores (tests at 3 and 4 ranks on 2
+    cores) waiters do not yield but sleep: there yielding slows the job down.
+    After the window a waiter polls every 10 us until 2 ms have passed, then backs off,
+    doubling, to 0.1 ms until it has waited 0.1 s, and only then to the progress thread's
+    0.5 ms. A reply that takes a few milliseconds (a 256x1024 stage of
+    benchmarks/dist_autograd.py) is then noticed ~0.05 ms late on average (~0.3 ms with 0.5 ms
+    sleeps), for a poll (~5 us of a core) every 0.1 ms meanwhile. A thread that waits for long
+    (a slow remote function, a rank parked in ``rpc.shutdown()``) costs as little as the
+    progress thread.
+
+Note [Serving threads]
+    A thread with nothing else to do while it waits (``rpc.shutdown()`` waiting for every
+    rank: ``join``) serves: it receives the rank's messages (Note [Waiting threads receive])
+    and runs what they ask for itself (a request's user function, a reply's callbacks, a
+    peer's part of a backward pass), instead of handing it to a pool thread. A rank that only
+    serves (rank 1 of benchmarks/dist_autograd.py; every callee of PyTorch's RPC examples, its
+    main thread parked in ``rpc.shutdown()``) then wakes no other thread per message: on a
+    2-core machine each such hop costs ~100 us of a 1x8 round trip, and the woken pool
+    thread keeps a core that the caller's poller needs. The work runs after the receive lock
+    is released, and as for any waiter stuck in a callback, when it lasts longer than the
+    grace (2 ms) the progress thread takes over receiving (handing what comes meanwhile to
+    the pools): so work that blocks or runs long, even one waiting for a nested
+    RPC, stalls the rank's other messages by at most ~2 ms, and short work (a reply a few
+    microseconds later) is not raced by a second receiver. Any other thread (a caller waiting
+    for its reply, the progress thread) hands such work on. A user function (or a part of a
+    backward pass) then runs on the main thread, where Ctrl-C lands: the caller gets the
+    KeyboardInterrupt as the call's error (the pass's origin, as the pass's) and
+    ``rpc.shutdown()`` raises it, as when Ctrl-C meets its wait.
+
+Note [Quiet shutdown]
+    ``rpc.shutdown()`` returns, as PyTorch's graceful one, once every rank has called it and
+    no work is left anywhere: no message in flight, none being served, no request waiting for
+    its reply. Each rank counts the envelopes it sent and received and its work in progress
+    (handed to a pool or a serving thread and not done, replies that an async function still
+    owes (Note [Async execution] in functions.py), requests waiting for a reply, calls queued
+    for the progress thread, carried messages); shutdown gathers those (a nonblocking
+    all-gather on the agent's communicator, serving meanwhile) in rounds until two rounds in a
+    row find no work on any rank and each rank's counts unchanged with as many received as
+    sent. Every rank's first-round numbers are taken before any rank's second, so nothing was
+    sent, received or running in between: the job was quiet. A barrier is not enough: a
+    request or reply still in flight when every rank has reached shutdown would never be
+    received, its sender's stop() would wait for the send to complete, and a message of one
+    init_rpc/shutdown cycle could be left on a freed communicator. No limit by default
+    (PyTorch's DEFAULT_SHUTDOWN_TIMEOUT, 0): a worker parked in shutdown() serves while the
+    master trains, for as long as that takes.
+
+Note [Carried messages]
+    Some messages need not leave at once: a context release (nothing waits for it). ``carry``
+    queues such a message for a peer; it rides inside the envelope of the next message to that
+    peer (no MPI message of its own), and the receiver handles it, inline and in order, before
+    the message that carried it. One that finds no ride within ``within`` seconds is sent on
+    its own by the progress thread, and ``join`` (shutdown) sends every one still queued, so
+    none waits unboundedly.
+"""
+
+import collections
+import ctypes
+import heapq
+import itertools
+import os
+import pickle
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcgrad.comm.buffers import MessageBuffer
+from hpcgrad.comm.rendezvous import rendezvous
+from hpcgrad.base.futures import Future
+
+ENVELOPE_TAG = 1
+INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
+_PAYLOAD_TAG_BASE = 2
+_IDLE_SPIN_SECONDS = 2e-3   # poll at the shortest interval this long after the last message
+_MIN_SLEEP_SECONDS = 1e-5   # then back off, doubling, to the longest
+_MAX_SLEEP_SECONDS = 5e-4
+_YIELD_SECONDS = 5e-4          # a waiter yields instead of sleeping this long after a message
+_WAITER_SLEEP_SECONDS = 1e-4  # a waiting thread's longest sleep in its first _WAITER_WATCH_SECONDS
+_WAITER_WATCH_SECONDS = 0.1   # of quiet: Note [How long a waiter sleeps]
+_POLLER_GRACE_SECONDS = 2e-3  # a waiting thread that polled this recently receives alone
+_PROBES_PER_POLL = 4        # Iprobes in a row that make one poll: Note [A poll is several probes]
+MAX_NAME_LEN = 128          # PyTorch's WorkerInfo limit on a worker name
+
+
+def _valid_name(name):
+    """PyTorch's WorkerInfo rule: 1 to 127 characters out of [A-Za-z0-9-_:]."""
+    return (isinstance(name, str) and 0 < len(name) < MAX_NAME_LEN
+            and all(c.isascii() and (c.isalnum() or c in "-_:") for c in name))
+
+
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+# Looked up once: CDLL() opens the library and builds a class each time, ~40 us, and every
+# wait for a reply needs it twice.
+_prctl = _find_prctl()
+
+
+_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))  # (not every platform has it)
+_short_sleeps = threading.local()
+_serving = threading.local()  # .work: a serving thread's list of deferred work, while it receives
+
+
+def run_here_later(fn, *args):
+    """On a serving thread that is receiving a message: queue ``fn(*args)`` to run on it once it
+    has stopped receiving, and return True; elsewhere False (the caller hands it to a pool).
+    Note [Serving threads]."""
+    work = getattr(_serving, "work", None)
+    if work is None:
+        return False
+    work.append((fn, args))
+    return True
+
+
+def _allow_short_sleeps():
+    """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60. Once
+    per thread, and kept: it only makes the thread's sleeps end closer to when they were asked
+    to (setting and restoring it around every wait would cost two system calls a reply)."""
+    if _prctl is not None and not getattr(_short_sleeps, "set", False):
+        _prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+        _short_sleeps.set = True
+
+
+def unbroadcast(array):
+    """(``array`` without its broadcast axes, the shape it had), or (``array``, None) when no
+    axis of it is broadcast (stride 0): Note [Broadcast payloads]."""
+    strides = array.strides
+    if 0 not in strides or array.size <= 1:
+        return array, None
+    small = array[tuple(slice(0, 1) if stride == 0 else slice(None)
+                        for stride in strides)]
+    return small, tuple(array.shape)
+
+
+class RpcError(RuntimeError):
+    """An RPC failed on the remote side or could not be delivered."""
+
+
+class RpcTimeoutError(RpcError, TimeoutError):
+    """An RPC did not complete within its timeout."""
+
+
+class RpcFuture(Future):
+    """The eventual result of an RPC: hpcgrad's one Future (Note [One Future] in
+    hpcgrad/base/futures.py) whose wait raises RpcTimeoutError and which carries its RPC's timeout."""
+
+    timeout_error = RpcTimeoutError
+
+    def __init__(self, describe="", timeout=None, wait_fn=None, agent=None):
+        super().__init__(wait_fn=wait_fn, describe=describe)
+        self.timeout = timeout
+        self._agent = agent  # whose messages the waiting thread receives itself
+
+    def wait(self, timeout=None):
+        """As Future.wait; meanwhile the waiting thread receives the agent's messages itself
+        (Note [Waiting threads receive])."""
+        agent = self._agent
+        if (agent is not None and not self.done() and not agent.progress_until(self.done, timeout)
+                and agent.running):
+            raise self.timeout_error(f"{self.describe or 'Future'} timed out after "
+                                     f"{timeout:g} s")
+        return super().wait(timeout)  # (a stopped agent's: as Future.wait)
+
+    result = wait
+
+    def has_callbacks(self):
+        """Whether callbacks wait for its completion (a reply with none is completed inline:
+        Note [Replies on the callback pool])."""
+        return bool(self._callbacks)
+
+    def _chained(self):
+        return RpcFuture(self.describe, self.timeout)
+
+
+class MPIRpcAgent:
+    """Sends and serves RPCs for one rank over a private duplicate of COMM_WORLD."""
+
+    def __init__(self, name, comm, num_worker_threads=8, num_callback_threads=4, init_timeout=0,
+                 allowed=None):
+        """Collective over ``comm``; past ``init_timeout`` s (0: none) without every rank, the
+        job ends naming the missing ranks (Note [Bounded start-up] in comm/rendezvous.py).
+        ``allowed``: None (every peer trusted) or a message.Allowed policy that every message
+        received is unpickled with (Note [What a worker unpickles] in message.py)."""
+        self.allowed = allowed
+        self.loads = pickle.loads if allowed is None else allowed.loads
+        self._envelope_loads = pickle.loads if allowed is None else allowed.envelope_loads
+        rendezvous(comm, init_timeout, "init_rpc",
+                   "every rank must call init_rpc(); check the missing ranks' output (an "
+                   "error, an exit or a long step before it), or give it more time: "
+                   "rpc_backend_options=TensorPipeRpcBackendOptions(rpc_timeout=...)")
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.name = name
+        self.names = self.comm.allgather(name)
+        # Note [How long a waiter sleeps]: yield only where every rank of the node has a core
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self._yield_seconds = _YIELD_SECONDS if node.Get_size() <= (os.cpu_count() or 1) else 0.0
+        node.Free()
+        # Checked on the gathered names, so every rank raises together (none is left waiting)
+        invalid = [n for n in self.names if not _valid_name(n)]
+        if invalid:
+            self.comm.Free()
+            raise RuntimeError(f"Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty "
+                               f"and shorter than {MAX_NAME_LEN} chars, but got {invalid[0]!r} "
+                               f"(names by rank: {self.names}); as PyTorch, init_rpc takes "
+                               f"letters, digits, '-', '_' and ':' only")
+        if len(set(self.names)) != self.size:
+            repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+            self.comm.Free()
+            raise RuntimeError(f"init_rpc: worker name {repeated[0]!r} is not unique (names by "
+                               f"rank: {self.names}); give every rank its own name")
+        self._ids = itertools.count(1)
+        self._tag_window = max(min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767, 1 << 30)
+                               - _PAYLOAD_TAG_BASE, 1)
+        self._send_lock = threading.Lock()
+        self._pending_sends = []      # (requests, buffers) alive until MPI completes them
+        self._waiting = {}            # message id -> RpcFuture of its reply
+        self._deadlines = []          # heap of (deadline, message id) of requests with a timeout
+        self._waiting_lock = threading.Lock()
+        self._handlers = {}           # kind -> handler(src, envelope, obj) run on the pool
+        self._pool = ThreadPoolExecutor(num_worker_threads,
+                                        thread_name_prefix=f"hpcgrad-rpc-{self.rank}")
+        # Note [Replies on the callback pool]
+        self._callback_pool = ThreadPoolExecutor(num_callback_threads,
+                                                 thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
+        self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
+        self._envelopes = [0, 0]      # envelopes sent, received: Note [Quiet shutdown]
+        self._dispatched = 0          # work handed to a pool or a serving thread, not yet done
+        self._dispatched_lock = threading.Lock()
+        self.sent_by_kind = collections.Counter()  # envelopes per kind; "+kind": carried ones
+        self._carried = {}            # dst -> [(kind, fields)]: Note [Carried messages]
+        self._carried_lock = threading.Lock()
+        self._next_carry_deadline = None
+        self._soon = collections.deque()  # functions for the progress thread (call_soon)
+        self._running = False
+        self._receive_lock = threading.Lock()  # one receiver at a time: Iprobe, then its Recv
+        self._polled_at = 0.0  # when a waiting thread last polled (Note [Waiting threads receive])
+        self._thread = threading.Thread(target=self._progress, daemon=True,
+                                        name=f"hpcgrad-rpc-progress-{self.rank}")
+
+    @property
+    def running(self):
+        return self._running
+
+    def start(self):
+        """Start serving: call after every handler is registered (a message that arrives
+        earlier waits inside MPI, instead of meeting a rank that cannot handle it yet)."""
+        self._running = True
+        self._thread.start()
+
+    # --- sending --------------------------------------------------------------------------------
+    def _payload_tag(self, message_id):
+        return _PAYLOAD_TAG_BASE + message_id % self._tag_window
+
+    def send(self, dst, kind, body=b"", payloads=(), **fields):
+        """Post a message (nonblocking); returns its id. The agent owns the buffers until sent."""
+        message_id = next(self._ids)
+        self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
+        return message_id
+
+    def request(self, dst, kind, body=b"", payloads=(), describe="", timeout=None,
+                inline_reply=None, **fields):
+        """Send and return an RpcFuture completed by the reply (set before the send: no race).
+
+        Past ``timeout`` seconds (None or 0: never) the future fails with RpcTimeoutError and
+        the request is forgotten: a late reply is dropped. ``inline_reply``: True when the
+        future's callbacks are short and never block, or a function saying so when the reply
+        comes; the reply then completes the future on the progress thread (Note [Replies on
+        the callback pool]).
+        """
+        future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout,
+                           agent=self)
+        future.inline_reply = inline_reply
+        message_id = future.message_id = next(self._ids)
+        future.deadline = time.monotonic() + timeout if timeout else None
+        with self._waiting_lock:
+            self._waiting[message_id] = future
+            if timeout:
+                heapq.heappush(self._deadlines, (future.deadline, message_id))
+        try:
+            self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
+        except BaseException:
+            with self._waiting_lock:
+                self._waiting.pop(message_id, None)
+            raise
+        return future
+
+    def _send_with_id(self, message_id, dst, kind, body, payloads, reply_to, fields):
+        if not 0 <= dst < self.size:
+            raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        specs = []
+        if payloads:  # Note [Broadcast payloads]: a broadcast array sends its distinct elements
+            sent = []
+            for a in payloads:
+                small, shape = unbroadcast(a)
+                if shape is not None and not small.flags.c_contiguous:
+                    small = np.ascontiguousarray(small)
+                sent.append(small)
+                specs.append((small.shape, small.dtype.str, shape))
+            payloads = sent
+        envelope = dict(fields, kind=kind, id=message_id, reply_to=reply_to, body=body,
+                        specs=specs)
+        if self._carried:
+            carried = self._take_carried(dst)
+            if carried:
+                envelope["carried"] = carried
+        if payloads and sum(a.nbytes for a in payloads) <= INLINE_BYTES:
+            envelope["inline"] = [a.tobytes() for a in payloads]
+            payloads = ()
+        data = np.frombuffer(pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        buffers = [MessageBuffer(a) for a in payloads]
+        tag = self._payload_tag(message_id)
+        with self._send_lock:
+            requests = [self.comm.Isend(b.spec, dest=dst, tag=tag) for b in buffers]
+            requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
+            self._pending_sends.append((requests, (buffers, data)))
+            self.messages_sent += len(requests)
+            self._envelopes[0] += 1
+            self.sent_by_kind[kind] += 1
+            for carried_kind, _ in envelope.get("carried", ()):
+                self.sent_by_kind["+" + carried_kind] += 1
+
+    def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
+        self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
+
+    def carry(self, dst, kind, within=5e-3, **fields):
+        """Send a message of ``kind`` (no body, no payloads, no reply) to ``dst`` on the next
+        message that goes there anyway, or on its own after ``within`` seconds: Note [Carried
+        messages]. Its handler must be registered ``inline`` on the receiver."""
+        if not 0 <= dst < self.size:
+            raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        deadline = time.monotonic() + within
+        with self._carried_lock:
+            self._carried.setdefault(dst, []).append((kind, fields))
+            if self._next_carry_deadline is None or deadline < self._next_carry_deadline:
+                self._next_carry_deadline = deadline
+
+    def _take_carried(self, dst):
+        with self._carried_lock:
+            return self._carried.pop(dst, None)
+
+    def flush_carried(self):
+        """Send every carried message still waiting for a ride, each peer's in one message."""
+        with self._carried_lock:
+            destinations = list(self._carried)
+            self._next_carry_deadline = None
+        for dst in destinations:  # an empty envelope picks them up
+            with self._carried_lock:
+                if dst not in self._carried:
+                    continue
+            self.send(dst, "carrier")
+
+    def call_soon(self, fn):
+        """Run ``fn()`` on the progress thread soon. Safe from anywhere, also from ``__del__``
+        or a signal handler (deque.append takes no lock that its caller might hold)."""
+        self._soon.append(fn)
+
+    def _run_soon(self):
+        while self._soon:
+            fn = self._soon.popleft()
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001  (a bug in fn: report it, keep serving)
+                traceback.print_exc()
+
+    def fail_pending(self, error):
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            future.try_set_exception(error)  # a reply may have won the race
+
+    def cancel(self, future, error):
+        """Forget the request of ``future`` (a reply is dropped) and fail it with ``error``."""
+        with self._waiting_lock:
+            self._waiting.pop(getattr(future, "message_id", None), None)
+        future.try_set_exception(error)
+
+    def work_started(self):
+        """Count one piece of work that runs outside the pools (a reply an async function owes:
+        Note [Async execution] in functions.py) as outstanding until ``work_done``, so a
+        graceful shutdown waits for it (Note [Quiet shutdown])."""
+        with self._dispatched_lock:
+            self._dispatched += 1
+
+    def work_done(self):
+        with self._dispatched_lock:
+            self._dispatched -= 1
+
+    def pending_count(self):
+        """Requests still waiting for their reply."""
+        with self._waiting_lock:
+            return len(self._waiting)
+
+    def _expire_requests(self):
+        now = time.monotonic()
+        expired = []
+        with self._waiting_lock:
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][0] <= now:
+                future = self._waiting.pop(heapq.heappop(deadlines)[1], None)
+                if future is not None:
+                    expired.append(future)
+            if len(deadlines) > 2 * len(self._waiting) + 1024:  # drop answered requests
+                self._deadlines = [d for d in deadlines if d[1] in self._waiting]
+                heapq.heapify(self._deadlines)
+        for future in expired:
+            future.try_set_exception(self._timed_out(future))
+
+    @staticmethod
+    def _timed_out(future):
+        # PyTorch's phrase first (what users search for), then which call and its limit
+        return RpcTimeoutError(f"RPC ran for more than set timeout ({future.timeout * 1e3:g} ms) "
+                               f"and will now be marked with an error: {future.describe} timed "
+                               f"out after {future.timeout:g} s")
+
+    # --- receiving ------------------------------------------------------------------------------
+    def register_handler(self, kind, handler, inline=False):
+        """``handler(src, envelope, payloads)`` for each message of ``kind``: on the pool, or
+        ``inline`` on the progress thread (quick handlers that must keep arrival order).
+        Register before ``start()``."""
+        self._handlers[kind] = (handler, inline)
+
+    def _progress(self):
+        """Poll for messages and complete sends until stopped; Note [Progress thread and the GIL]."""
+        _allow_short_sleeps()
+        status = MPI.Status()
+        last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+        while self._running:
+            if self._soon:
+                self._run_soon()
+            # Reaping sent buffers is bookkeeping, not activity: MPI moves the data inside any
+            # call of any thread, so it does not keep this thread polling at the short interval
+            self._complete_sends()
+            now = time.monotonic()
+            if self._deadlines and self._deadlines[0][0] <= now:
+                self._expire_requests()
+            if self._next_carry_deadline is not None and self._next_carry_deadline <= now:
+                self.flush_carried()
+            if now - self._polled_at <= _POLLER_GRACE_SECONDS:
+                # a waiting thread receives: sleep until it might need relief, or the next
+                # deadline (Note [Waiting threads receive])
+                wake = self._polled_at + _POLLER_GRACE_SECONDS
+                if self._next_carry_deadline is not None:
+                    wake = min(wake, self._next_carry_deadline)
+                if self._deadlines:
+                    wake = min(wake, self._deadlines[0][0])
+                delay = min(max(wake - now, _MIN_SLEEP_SECONDS), _POLLER_GRACE_SECONDS)
+            elif self._poll_once(status):
+                last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+            elif now - last_activity > _IDLE_SPIN_SECONDS:
+                delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+            time.sleep(delay)  # even when busy: Note [Progress thread and the GIL]
+
+    def _poll_once(self, status, work=None):
+        """Receive and dispatch one message if one is there (and no other thread is at it).
+        ``work``: a list, on a serving thread, that gets the work the message asks for instead
+        of a pool (Note [Serving threads])."""
+        if not self._receive_lock.acquire(blocking=False):
+            return False
+        try:
+            for _ in range(_PROBES_PER_POLL):  # Note [A poll is several probes]
+                if self.comm.Iprobe(MPI.ANY_SOURCE, ENVELOPE_TAG, status):
+                    outer, _serving.work = getattr(_serving, "work", None), work
+                    try:
+                        self._receive(status.Get_source(), status.Get_count(MPI.BYTE))
+                    finally:
+                        _serving.work = outer
+                    return True
+            return False
+        finally:
+            self._receive_lock.release()
+
+    def progress_until(self, done, timeout=None, serve=False):
+        """On a thread waiting for ``done()``: receive and dispatch this rank's messages itself
+        until then, or for ``timeout`` s (None: no limit; 0: one look); returns ``done()``.
+        Note [Waiting threads receive]. ``serve``: also run the work they ask for, on this
+        thread (Note [Serving threads])."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
+        status = MPI.Status()
+        work = [] if serve else None
+        _allow_short_sleeps()
+        try:
+            started = last = time.monotonic()
+            delay = _MIN_SLEEP_SECONDS
+            while not done():
+                if not self._running:  # stopping: nothing will arrive any more
+                    return done()
+                self._polled_at = time.monotonic()
+                if self._poll_once(status, work):
+                    if work:  # past the grace the progress thread receives meanwhile
+                        self._run_work(work)
+                    last, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+                    continue
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return done()
+                quiet = now - max(started, last)
+                if quiet < self._yield_seconds:  # Note [How long a waiter sleeps]
+                    _yield_core()
+                    continue
+                if quiet > _IDLE_SPIN_SECONDS:  # Note [How long a waiter sleeps]
+                    delay = min(delay * 2, _WAITER_SLEEP_SECONDS
+                                if quiet < _WAITER_WATCH_SECONDS else _MAX_SLEEP_SECONDS)
+                time.sleep(delay if deadline is None else min(delay, max(deadline - now, 0)))
+            return True
+        finally:
+            self._polled_at = 0.0  # the progress thread receives again when it next wakes
+
+    @staticmethod
+    def _run_work(work):
+        while work:
+            fn, args = work.pop(0)
+            try:
+                fn(*args)
+            except KeyboardInterrupt:  # Ctrl-C on a serving main thread: stop serving
+                raise
+            except BaseException:  # noqa: BLE001  (as a pool thread would: print, keep serving)
+                traceback.print_exc()
+
+    def _complete_sends(self):
+        with self._send_lock:
+            if not self._pending_sends:
+                return False
+            still = [(reqs, bufs) for reqs, bufs in self._pending_sends
+                     if not MPI.Request.Testall(reqs)]
+            done = len(still) != len(self._pending_sends)
+            self._pending_sends = still
+            return done
+
+    def _receive(self, src, nbytes):
+        data = np.empty(nbytes, np.uint8)
+        self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
+        self._envelopes[1] += 1  # (under the receive lock)
+        try:
+            envelope = self._envelope_loads(data.tobytes())
+        except pickle.UnpicklingError as exc:  # a refused global: no id to answer to
+            print(f"rank {self.rank}: dropped a message from rank {src}: {exc}", flush=True)
+            return
+        carried = envelope.pop("carried", None)
+        if carried:  # Note [Carried messages]: handled before the message that carried them
+            for kind, fields in carried:
+                handler, _ = self._handlers.get(kind, (None, False))
+                if handler is None:  # a bug: carry() names inline handlers only
+                    print(f"rank {self.rank}: no handler for carried {kind!r} messages")
+                    continue
+                self._run_handler(handler, src, dict(fields, kind=kind), [])
+        if envelope["kind"] == "carrier":
+            return
+        inline = envelope.pop("inline", None)
+        if inline is not None:  # writable arrays of their own (bytearray), like received ones
+            payloads = [np.frombuffer(bytearray(raw), np.dtype(dtype)).reshape(shape)
+                        for raw, (shape, dtype, _) in zip(inline, envelope["specs"])]
+        else:
+            tag = self._payload_tag(envelope["id"])
+            payloads = []
+            for shape, dtype, _ in envelope["specs"]:
+                array = np.empty(shape, np.dtype(dtype))
+                self.comm.Recv(MessageBuffer(array, writable=True).spec, source=src, tag=tag)
+                payloads.append(array)
+        for i, (_, _, shape) in enumerate(envelope["specs"]):
+            if shape is not None:  # Note [Broadcast payloads]
+                payloads[i] = np.broadcast_to(payloads[i], shape)
+        reply_to = envelope.get("reply_to")
+        if reply_to is not None:
+            with self._waiting_lock:
+                future = self._waiting.pop(reply_to, None)
+            if future is None:
+                return
+            if future.deadline is not None and time.monotonic() >= future.deadline:
+                # Past its deadline the request has timed out, whether or not the progress
+                # thread has looked at the heap yet: a late reply is dropped, never used.
+                future.try_set_exception(self._timed_out(future))
+                return
+            inline_reply = future.inline_reply  # Note [Replies on the callback pool]
+            if inline_reply is True or (inline_reply is not None and inline_reply()):
+                self._resolve(future, src, envelope, payloads)
+            else:
+                self._dispatch(self._callback_pool, self._resolve, future, src, envelope, payloads)
+            return
+        handler, inline = self._handlers.get(envelope["kind"], (None, False))
+        if handler is None:
+            self.reply(src, envelope["id"], "error", error_type="RpcError", worker=self.name,
+                       rank=self.rank, traceback="",
+                       error=f"rank {self.rank} has no handler for {envelope['kind']!r} messages")
+            return
+        if inline:
+            self._run_handler(handler, src, envelope, payloads)
+        else:
+            self._dispatch(self._pool, self._run_handler, handler, src, envelope, payloads)
+
+    def _dispatch(self, pool, fn, *args):
+        """Run ``fn(*args)`` on this serving thread once it stops receiving, else on ``pool``;
+        counted until done (Note [Quiet shutdown])."""
+        with self._dispatched_lock:
+            self._dispatched += 1
+
+        def counted():
+            try:
+                fn(*args)
+            finally:
+                with self._dispatched_lock:
+                    self._dispatched -= 1
+
+        if not run_here_later(counted):
+            pool.submit(counted)
+
+    def _resolve(self, future, src, envelope, payloads):
+        future.try_set_result((envelope, payloads))  # may have been cancelled meanwhile
+
+    def _run_handler(self, handler, src, envelope, payloads):
+        try:
+            handler(src, envelope, payloads)
+        except KeyboardInterrupt:  # Ctrl-C on a serving main thread (Note [Serving threads])
+            raise
+        except BaseException:
+            traceback.print_exc()  # handlers reply with errors themselves; this is a bug
+
+    # --- shutdown -------------------------------------------------------------------------------
+    def join(self, timeout):
+        """Every rank reaches this point (others' requests keep being served meanwhile)."""
+        self.flush_carried()  # Note [Carried messages]: nothing is left behind at shutdown
+        request = self.comm.Ibarrier()
+        # Note [Serving threads]: meanwhile this thread runs the rank's requests itself
+        if not self.progress_until(request.Test, timeout or None, serve=True):
+            raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
+                                  f"within {timeout:g} s")
+
+    def quiesce(self, timeout):
+        """Return once every rank calls this and no work is left anywhere: Note [Quiet
+        shutdown]. Serves meanwhile (Note [Serving threads]). Past ``timeout`` s (0 or None:
+        no limit) raise RpcTimeoutError saying which ranks still had work, if all came."""
+        deadline = time.monotonic() + timeout if timeout else None
+        previous = None
+        rows = np.empty((self.size, 3), np.int64)
+        while True:
+            self.flush_carried()  # Note [Carried messages]: nothing is left behind
+            with self._dispatched_lock, self._waiting_lock, self._carried_lock:
+                busy = (self._dispatched + len(self._waiting) + len(self._soon)
+                        + len(self._carried))
+            mine = np.array([self._envelopes[0], self._envelopes[1], busy], np.int64)
+            request = self.comm.Iallgather(mine, rows)
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not self.progress_until(request.Test, left, serve=True):
+                if previous is None:
+                    raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
+                                          f"within {timeout:g} s")
+                working = [r for r in range(self.size) if previous[r, 2]]
+                raise RpcTimeoutError(
+                    f"rpc.shutdown(): every worker reached shutdown, but work was still "
+                    f"running within {timeout:g} s (RPCs waiting for a reply or being served "
+                    f"on rank{'s' if len(working) != 1 else ''} "
+                    f"{', '.join(map(str, working)) or '(messages in flight)'})")
+            totals = rows.sum(axis=0)
+            if (previous is not None and not totals[2] and not previous[:, 2].any()
+                    and totals[0] == totals[1] and (rows[:, :2] == previous[:, :2]).all()):
+                return
+            previous = rows.copy()
+
+    def stop(self):
+        self._running = False
+        self._thread.join()
+        deadline = time.monotonic() + 10
+        while self._pending_sends and time.monotonic() < deadline:
+            self._complete_sends()
+            time.sleep(1e-4)
+        self._pool.shutdown(wait=True)
+        self._callback_pool.shutdown(wait=True)
+        self.comm.Free()

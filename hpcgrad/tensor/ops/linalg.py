@@ -1,0 +1,54 @@
+"""Matrix product with numpy's rules: 1-D operands, and batched (broadcast) leading axes."""
+
+from hpcgrad.autograd.function import Function
+
+
+def matmul_arrays(x, y):
+    """``x @ y``; a stack of matrices times one matrix as one 2-D product over the merged rows.
+
+    numpy multiplies a stack (..., m, k) by a matrix one slice at a time, and not with BLAS
+    where the matrix is a transposed view (``w.T``): a GPT's (8, 128, 256) @ (768, 256).T took
+    32 ms where the same rows as one (1024, 256) product took 8 ms. Each output element is
+    the same sum of the same k products either way."""
+    if x.ndim > 2 and y.ndim == 2:
+        rows = x.reshape(-1, x.shape[-1])
+        return (rows @ y).reshape(x.shape[:-1] + (y.shape[-1],))
+    return x @ y
+
+
+class MatMul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        needs = ctx.needs_input_grad
+        if needs:  # each gradient uses the other operand only (PyTorch's mm saves per input)
+            ctx.ndims = (a.array.ndim, b.array.ndim)
+            ctx.save_for_backward(a if needs[1] else None, b if needs[0] else None)
+        return matmul_arrays(a.array, b.array)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        a_ndim, b_ndim = ctx.ndims
+        grad_a = grad_b = None
+        if a_ndim == 1 and b_ndim == 1:
+            return (g * b if need_a else None), (g * a if need_b else None)
+        if a_ndim == 1:  # (k) @ (..., k, n) -> (..., n)
+            if need_a:
+                grad_a = (g.unsqueeze(-2) @ b.mT).squeeze(-2)
+            if need_b:
+                grad_b = a.unsqueeze(-1) @ g.unsqueeze(-2)
+        elif b_ndim == 1:  # (..., m, k) @ (k) -> (..., m)
+            if need_a:
+                grad_a = g.unsqueeze(-1) @ b.unsqueeze(-2)
+            if need_b:
+                grad_b = (a.mT @ g.unsqueeze(-1)).squeeze(-1)
+        else:
+            if need_a:
+                grad_a = g @ b.mT
+            if need_b and a_ndim > 2 and b_ndim == 2:
+                # one product over the merged rows, not one per matrix of the stack summed after
+                grad_b = a.reshape(-1, a.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
+            elif need_b:
+                grad_b = a.mT @ g
+        return grad_a, grad_b  # broadcast batch axes are summed back by the engine
