@@ -83,3 +83,16 @@ def test_the_package_root_reaches_former_submodules_as_attributes():
     assert hpcgrad.ops is importlib.import_module("hpcgrad.tensor.ops")
     with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
         hpcgrad.no_such_thing
+
+
+def test_the_rpc_unpickling_allowlist_names_where_pickle_finds_things():
+    """pickle writes an object's ``__module__``: the allowlist of what a worker unpickles
+    (Note [What a worker unpickles] in hpcgrad/rpc/message.py) must name that module, not an
+    alias, or an RRef sent to a worker with ``init_rpc(allowed=...)`` is refused."""
+    from hpcgrad.rpc import message
+    ours = [(module, name) for module, name in message._BUILT_IN_GLOBALS
+            if module.startswith("hpcgrad")]
+    assert ours
+    for module, name in ours:
+        obj = getattr(importlib.import_module(module), name)
+        assert obj.__module__ == module, (module, name, obj.__module__)

@@ -186,7 +186,7 @@ def main(argv=None):
     try:
         ranks = merge(args.path)
     except (FileNotFoundError, ValueError, KeyError) as error:
-        print(f"hpcgrad.base.timeline: {error}", file=sys.stderr)
+        print(f"hpcgrad.timeline: {error}", file=sys.stderr)
         return 2
     print(f"{args.path}: {ranks} ranks merged")
     return 0

@@ -130,9 +130,9 @@ def host_array(array):
 #     OrderedDict). An envelope (Note [RPC wire format] in agent.py) gets only those.
 _BUILT_IN_GLOBALS = frozenset([
     ("hpcgrad.rpc.message", "ArrayRef"),
-    ("hpcgrad.distributed.rpc", "_rref_handle"),
-    ("hpcgrad.distributed.rpc", "WorkerInfo"),
-    ("hpcgrad.distributed.rpc", "_invoke_on_owner"),  # RRef proxies (checks the policy itself)
+    ("hpcgrad.rpc", "_rref_handle"),
+    ("hpcgrad.rpc", "WorkerInfo"),
+    ("hpcgrad.rpc", "_invoke_on_owner"),  # RRef proxies (checks the policy itself)
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
     ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
     ("collections", "OrderedDict"),
