@@ -1,6 +1,5 @@
 """Work handles for pending MPI requests, their futures, and the timeout that ends a stuck wait."""
 
-import os
 import threading
 import time
 import weakref
@@ -9,6 +8,7 @@ from mpi4py import MPI
 
 from hpcgrad.base import config
 from hpcgrad.comm import mpi as _mpi  # mpi.py imports this module: call through the module
+from hpcgrad.comm import waiting
 
 from hpcgrad.base.futures import (
     Future,  # the one Future type (Note [One Future] in hpcgrad/base/futures.py)
@@ -18,9 +18,6 @@ DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
 _HOT_POLLS = 32
 _POLLS_PER_CLOCK = 64
-_SPIN_SECONDS = 0.05
-_MAX_SLEEP = 1e-3
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class CommTimeoutError(RuntimeError):
@@ -76,10 +73,11 @@ def wait_requests(requests, timeout, describe):
       with Test in a bare loop, ~64 us yielding on every poll after the first 32. With a core
       each, yielding costs ~0.3 us per poll, within benchmarks/comm.py's noise.
     So: _HOT_POLLS polls back to back (~10 us: small operations finish there, with no system
-    call), then sched_yield after every poll; once a wait has lasted _SPIN_SECONDS (a peer is
+    call), then sched_yield after every poll; once a wait has lasted 50 ms (a peer is
     computing, or stuck) it sleeps between polls, for at most 0.2% of the time waited so far
-    (capped at _MAX_SLEEP), which bounds what a step arriving late can lose. The clock is read
-    once per _POLLS_PER_CLOCK polls. ``timeout`` 0 (or None) means no limit: MPI Waitall.
+    (and 1 ms), which bounds what a step arriving late can lose: waiting.collective(), Note
+    [One waiting policy]. The clock is read once per _POLLS_PER_CLOCK polls. ``timeout`` 0 (or
+    None) means no limit: MPI Waitall.
     """
     if len(requests) == 1:
         test = requests[0].Test
@@ -97,20 +95,19 @@ def wait_requests(requests, timeout, describe):
     if not timeout and all(isinstance(r, MPI.Request) for r in requests):
         MPI.Request.Waitall(requests)
         return
-    start = time.monotonic()
+    backoff = waiting.collective()
     while True:
         for _ in range(_POLLS_PER_CLOCK):
             if test():
                 return
-            _yield()
-        elapsed = time.monotonic() - start
-        if timeout and elapsed > timeout:
+            waiting.yield_core()
+        now = time.monotonic()
+        if timeout and backoff.quiet(now) > timeout:
             raise CommTimeoutError(f"{describe_call(describe)} did not complete within "
                                    f"{timeout:g} s on rank {MPI.COMM_WORLD.Get_rank()}: a peer "
                                    f"rank never joined it, or joined a different operation"
                                    f"{_detail_hint()}")
-        if elapsed >= _SPIN_SECONDS:
-            time.sleep(min(_MAX_SLEEP, elapsed * 2e-3))
+        backoff.pause(now)
 
 
 class Watchdog:

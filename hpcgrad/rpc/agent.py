@@ -79,7 +79,8 @@ Note [How long a waiter sleeps]
     benchmarks/dist_autograd.py) is then noticed ~0.05 ms late on average (~0.3 ms with 0.5 ms
     sleeps), for a poll (~5 us of a core) every 0.1 ms meanwhile. A thread that waits for long
     (a slow remote function, a rank parked in ``rpc.shutdown()``) costs as little as the
-    progress thread.
+    progress thread. These numbers are ``waiting.rpc_waiter()`` (Note [One waiting policy] in
+    hpcgrad/comm/waiting.py: the one Backoff every polling wait uses).
 
 Note [Serving threads]
     A thread with nothing else to do while it waits (``rpc.shutdown()`` waiting for every
@@ -127,10 +128,8 @@ Note [Carried messages]
 """
 
 import collections
-import ctypes
 import heapq
 import itertools
-import os
 import pickle
 import threading
 import time
@@ -140,6 +139,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
+from hpcgrad.comm import waiting
 from hpcgrad.comm.buffers import MessageBuffer
 from hpcgrad.comm.rendezvous import rendezvous
 from hpcgrad.base.futures import Future
@@ -147,12 +147,8 @@ from hpcgrad.base.futures import Future
 ENVELOPE_TAG = 1
 INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
 _PAYLOAD_TAG_BASE = 2
-_IDLE_SPIN_SECONDS = 2e-3   # poll at the shortest interval this long after the last message
-_MIN_SLEEP_SECONDS = 1e-5   # then back off, doubling, to the longest
-_MAX_SLEEP_SECONDS = 5e-4
-_YIELD_SECONDS = 5e-4          # a waiter yields instead of sleeping this long after a message
-_WAITER_SLEEP_SECONDS = 1e-4  # a waiting thread's longest sleep in its first _WAITER_WATCH_SECONDS
-_WAITER_WATCH_SECONDS = 0.1   # of quiet: Note [How long a waiter sleeps]
+# How long threads sleep between polls: waiting.rpc_waiter() and rpc_progress(), Note [One
+# waiting policy] in hpcgrad/comm/waiting.py.
 _POLLER_GRACE_SECONDS = 2e-3  # a waiting thread that polled this recently receives alone
 _PROBES_PER_POLL = 4        # Iprobes in a row that make one poll: Note [A poll is several probes]
 MAX_NAME_LEN = 128          # PyTorch's WorkerInfo limit on a worker name
@@ -164,20 +160,6 @@ def _valid_name(name):
             and all(c.isascii() and (c.isalnum() or c in "-_:") for c in name))
 
 
-def _find_prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-
-# Looked up once: CDLL() opens the library and builds a class each time, ~40 us, and every
-# wait for a reply needs it twice.
-_prctl = _find_prctl()
-
-
-_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))  # (not every platform has it)
-_short_sleeps = threading.local()
 _serving = threading.local()  # .work: a serving thread's list of deferred work, while it receives
 
 
@@ -190,15 +172,6 @@ def run_here_later(fn, *args):
         return False
     work.append((fn, args))
     return True
-
-
-def _allow_short_sleeps():
-    """Linux: 1 ns timer slack for this thread, so a 10 us sleep lasts ~10 us, not 60. Once
-    per thread, and kept: it only makes the thread's sleeps end closer to when they were asked
-    to (setting and restoring it around every wait would cost two system calls a reply)."""
-    if _prctl is not None and not getattr(_short_sleeps, "set", False):
-        _prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
-        _short_sleeps.set = True
 
 
 def unbroadcast(array):
@@ -274,7 +247,7 @@ class MPIRpcAgent:
         self.names = self.comm.allgather(name)
         # Note [How long a waiter sleeps]: yield only where every rank of the node has a core
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self._yield_seconds = _YIELD_SECONDS if node.Get_size() <= (os.cpu_count() or 1) else 0.0
+        self._yield_seconds = waiting.rpc_yield_seconds(node.Get_size())
         node.Free()
         # Checked on the gathered names, so every rank raises together (none is left waiting)
         invalid = [n for n in self.names if not _valid_name(n)]
@@ -502,9 +475,9 @@ class MPIRpcAgent:
 
     def _progress(self):
         """Poll for messages and complete sends until stopped; Note [Progress thread and the GIL]."""
-        _allow_short_sleeps()
+        waiting.allow_short_sleeps()
         status = MPI.Status()
-        last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+        backoff = waiting.rpc_progress()
         while self._running:
             if self._soon:
                 self._run_soon()
@@ -524,12 +497,12 @@ class MPIRpcAgent:
                     wake = min(wake, self._next_carry_deadline)
                 if self._deadlines:
                     wake = min(wake, self._deadlines[0][0])
-                delay = min(max(wake - now, _MIN_SLEEP_SECONDS), _POLLER_GRACE_SECONDS)
+                time.sleep(min(max(wake - now, waiting.FIRST_SLEEP), _POLLER_GRACE_SECONDS))
             elif self._poll_once(status):
-                last_activity, delay = time.monotonic(), _MIN_SLEEP_SECONDS
-            elif now - last_activity > _IDLE_SPIN_SECONDS:
-                delay = min(delay * 2, _MAX_SLEEP_SECONDS)
-            time.sleep(delay)  # even when busy: Note [Progress thread and the GIL]
+                backoff.restart(time.monotonic())
+                time.sleep(waiting.FIRST_SLEEP)  # even when busy: Note [Progress thread and the GIL]
+            else:
+                backoff.pause(now)
 
     def _poll_once(self, status, work=None):
         """Receive and dispatch one message if one is there (and no other thread is at it).
@@ -558,10 +531,9 @@ class MPIRpcAgent:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0)
         status = MPI.Status()
         work = [] if serve else None
-        _allow_short_sleeps()
+        waiting.allow_short_sleeps()
         try:
-            started = last = time.monotonic()
-            delay = _MIN_SLEEP_SECONDS
+            backoff = waiting.rpc_waiter(self._yield_seconds)
             while not done():
                 if not self._running:  # stopping: nothing will arrive any more
                     return done()
@@ -569,19 +541,12 @@ class MPIRpcAgent:
                 if self._poll_once(status, work):
                     if work:  # past the grace the progress thread receives meanwhile
                         self._run_work(work)
-                    last, delay = time.monotonic(), _MIN_SLEEP_SECONDS
+                    backoff.restart(time.monotonic())
                     continue
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return done()
-                quiet = now - max(started, last)
-                if quiet < self._yield_seconds:  # Note [How long a waiter sleeps]
-                    _yield_core()
-                    continue
-                if quiet > _IDLE_SPIN_SECONDS:  # Note [How long a waiter sleeps]
-                    delay = min(delay * 2, _WAITER_SLEEP_SECONDS
-                                if quiet < _WAITER_WATCH_SECONDS else _MAX_SLEEP_SECONDS)
-                time.sleep(delay if deadline is None else min(delay, max(deadline - now, 0)))
+                backoff.pause(now, deadline)  # Note [How long a waiter sleeps]
             return True
         finally:
             self._polled_at = 0.0  # the progress thread receives again when it next wakes

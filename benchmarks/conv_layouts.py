@@ -1,0 +1,146 @@
+"""Where a small-channel convolution's time goes, and the layouts tried against it (issue 28).
+
+    python benchmarks/conv_layouts.py            # ResNet-18's 3x3 stride-1 layers at width 16
+    python benchmarks/conv_layouts.py --batch 16 --rounds 31
+
+One thread (OPENBLAS_NUM_THREADS=1, set before numpy loads), float32, medians of interleaved
+rounds. Per layer, the forward pass (``hpcgrad/nn/_conv.py``) in parts: the padding copy, the
+columns (im2col), the product and the transposed store; the product's GF/s in three layouts
+(weight @ columns as built, columns.T @ weight.T on a transposed view, and on a contiguous
+copy); and two whole-forward alternatives that avoid the columns: nine products with a shifted
+view of the padded input (one per kernel offset, K = channels), and columns taken as whole
+shifted rows of a padded grid (longer copies, a wider product). See Note [Convolution columns].
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import as_strided  # noqa: E402
+
+from hpcgrad.nn import _conv  # noqa: E402
+
+LAYERS = ((16, 32), (32, 16), (64, 8), (128, 4))  # (channels, side) at width 16
+
+
+def median_ms(fn, rounds):
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def forward(a, w):
+    geo = _conv._Geometry(a.shape, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    return _conv._forward_arrays(a, w, geo).reshape(geo.n, geo.o, geo.ho, geo.wo)
+
+
+def shifted_products(a, w, block=4096):
+    """Nine products of (O, C) with a shifted view of the input padded as (C, N*Hp*Wp)."""
+    n, c, h, width = a.shape
+    o = w.shape[0]
+    hp, wp = h + 2, width + 2
+    padded = np.zeros((c, n, hp, wp), a.dtype)
+    padded[:, :, 1:h + 1, 1:width + 1] = a.transpose(1, 0, 2, 3)
+    flat = padded.reshape(c, n * hp * wp)
+    bases = n * hp * wp - (2 * wp + 2)
+    acc = np.empty((o, n * hp * wp), a.dtype)
+    offsets = [ky * wp + kx for ky in range(3) for kx in range(3)]
+    taps = [np.ascontiguousarray(w[:, :, ky, kx]) for ky in range(3) for kx in range(3)]
+    scratch = np.empty((o, block), a.dtype)
+    for b0 in range(0, bases, block):
+        b1 = min(b0 + block, bases)
+        dst = acc[:, b0:b1]
+        np.matmul(taps[0], flat[:, b0 + offsets[0]:b1 + offsets[0]], out=dst)
+        for tap, off in zip(taps[1:], offsets[1:]):
+            part = scratch[:, :b1 - b0]
+            np.matmul(tap, flat[:, b0 + off:b1 + off], out=part)
+            dst += part
+    return np.ascontiguousarray(acc.reshape(o, n, hp, wp)[:, :, :h, :width].transpose(1, 0, 2, 3))
+
+
+def grid_columns(a, w, chunk=1 << 19):
+    """Columns as whole shifted rows of the padded grid: Ho*Wp positions, garbage columns cut."""
+    n, c, h, width = a.shape
+    o = w.shape[0]
+    hp, wp = h + 2, width + 2
+    plane, length, rows = hp * wp, h * wp, c * 9
+    buf = np.zeros(n * c * plane + 2, a.dtype)  # +2: the last row's reach past its plane
+    buf[:n * c * plane].reshape(n, c, hp, wp)[:, :, 1:h + 1, 1:width + 1] = a
+    step = max(1, min(n, chunk // (rows * length)))
+    out = np.empty((n, o, h, width), a.dtype)
+    size = a.itemsize
+    space = np.empty(rows * step * length, a.dtype)
+    for s in range(0, n, step):
+        m = min(step, n - s)
+        cols = space[:rows * m * length].reshape(c, 3, 3, m, length)
+        cols[...] = as_strided(buf[s * c * plane:], shape=(c, 3, 3, m, length),
+                               strides=(plane * size, wp * size, size, c * plane * size, size))
+        product = w.reshape(o, rows) @ cols.reshape(rows, m * length)
+        out[s:s + m] = product.reshape(o, m, h, wp)[:, :, :, :width].transpose(1, 0, 2, 3)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print(f"3x3 stride-1 convolutions, batch {args.batch}, float32, one thread; medians of "
+          f"{args.rounds} rounds (ms)")
+    print(f"{'C=O':>4} {'side':>4} | {'pad':>5} {'im2col':>6} {'GEMM':>6} {'store':>5} "
+          f"{'fwd':>6} | GF/s: {'W@cols':>6} {'view':>5} {'copy':>5} | "
+          f"{'shifted':>7} {'grid':>6}")
+    for channels, side in LAYERS:
+        a = rng.standard_normal((args.batch, channels, side, side)).astype(np.float32)
+        w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
+        want = forward(a, w)
+        for alternative in (shifted_products, grid_columns):
+            np.testing.assert_allclose(alternative(a, w), want, rtol=1e-4, atol=1e-3)
+        geo = _conv._Geometry(a.shape, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+        source, loops = _conv._unfold_source(a, geo)
+        chunks = list(geo.chunks())
+        cols = [geo.columns(source, s, e, 0, loops).copy() for s, e in chunks]
+        w2 = w.reshape(channels, -1)
+        products = [w2 @ c for c in cols]
+        out = np.empty((geo.n, geo.o, geo.positions), np.float32)
+
+        def store():
+            for (s, e), p in zip(chunks, products):
+                out[s:e] = p.reshape(channels, e - s, geo.positions).transpose(1, 0, 2)
+
+        def unfold():
+            for s, e in chunks:
+                geo.columns(source, s, e, 0, loops)
+
+        whole = np.concatenate(cols, axis=1)
+        whole_t, w_t = np.ascontiguousarray(whole.T), np.ascontiguousarray(w2.T)
+        timed = {
+            "pad": lambda: _conv._unfold_source(a, geo), "im2col": unfold,
+            "gemm": lambda: [w2 @ c for c in cols], "store": store,
+            "fwd": lambda: forward(a, w), "W@cols": lambda: w2 @ whole,
+            "view": lambda: whole.T @ w_t, "copy": lambda: whole_t @ w_t,
+            "shifted": lambda: shifted_products(a, w), "grid": lambda: grid_columns(a, w),
+        }
+        times = {name: [] for name in timed}
+        for _ in range(args.rounds):  # interleaved: the machine's drift hits every variant
+            for name, fn in timed.items():
+                times[name].append(median_ms(fn, 1))
+        ms = {name: float(np.median(t)) for name, t in times.items()}
+        gflop = 2 * channels * whole.shape[0] * whole.shape[1] / 1e9
+        rate = {name: gflop / (ms[name] * 1e-3) for name in ("W@cols", "view", "copy")}
+        print(f"{channels:>4} {side:>4} | {ms['pad']:5.2f} {ms['im2col']:6.2f} {ms['gemm']:6.2f} "
+              f"{ms['store']:5.2f} {ms['fwd']:6.2f} | {rate['W@cols']:>12.0f} "
+              f"{rate['view']:>5.0f} {rate['copy']:>5.0f} | {ms['shifted']:7.2f} "
+              f"{ms['grid']:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
