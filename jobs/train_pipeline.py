@@ -44,9 +44,8 @@ Note [Pipeline job's learning]
 
 import math
 import os
-import signal
 import sys
-import time
+from functools import partial
 
 import numpy as np
 from job_args import add_run_arguments, parse_together, real, training_parser
@@ -55,18 +54,16 @@ import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.distributed.autograd as dist_autograd
 import hpcgrad.nn.functional as F
-from hpcgrad import checkpoint, nn, optim
-from hpcgrad.comm.mpi import MPI, comm_world, exit_together
+from hpcgrad import nn, optim
+from hpcgrad.comm.mpi import MPI, comm_world
 from hpcgrad.data import load_digits
 from hpcgrad.distributed import rpc
-from hpcgrad.training.metrics import MetricsLog
 from hpcgrad.nn import init
 from hpcgrad.base.timeline import TIMELINE
-from hpcgrad.base.timeline import finish as finish_timeline
-from hpcgrad.training.loop import (Preemption, counted, stop_if_any, stop_status, unwritable)
+from hpcgrad.training.loop import (Commits, Job, LatePreemption, Loop, counted, exit_job, say,
+                                   start, stop_if_any, unwritable)
 
 WIDTHS = (64, 128, 128, 64, 10)  # 4 Linear layers: one stage each on 4 ranks
-PREEMPTED = "PREEMPTED"  # marker file: the last run stopped early and should be resumed
 PROG = "train_pipeline.py"
 
 
@@ -121,41 +118,6 @@ def parse_args(argv=None):
                       resume_help="continue from the newest complete commit in <checkpoint-dir> "
                                   "(same number of ranks)")
     return parse_together(p, argv)
-
-
-class PipelinedPreemption(Preemption):
-    """hpcgrad.training's Preemption, agreed one step late: the ranks' agreement (one tiny
-    all-reduce per step on the world, which also brings the last rank's step loss to rank 0)
-    for step k is waited for after step k + 1 (``exchange``). In a pipeline the ranks finish a
-    step at different times, and a blocking agreement had rank 0 spin in MPI_Wait through the
-    other stages' backward; on 3 ranks sharing 2 cores that doubled the epoch time. By then
-    every rank has posted it, so the wait returns at once. A signal thus stops the job one
-    step later, on every rank alike."""
-
-    def __init__(self):
-        super().__init__()
-        self._pending = None  # (step, values, work) of the last step's all-reduce
-
-    def exchange(self, step, loss):
-        """Post ``step``'s agreement (this rank's largest stop signal; the last rank's loss,
-        the others' 0: a loss is >= 0, so the maximum is the last rank's) and return the
-        previous one's (step, the largest signal any rank received or 0, loss), or None.
-        Every rank calls it."""
-        values = np.array([float(self.signum), loss])
-        work = dist.all_reduce(values, op=dist.ReduceOp.MAX, async_op=True)
-        previous, self._pending = self.settle(), (step, values, work)
-        return previous
-
-    def settle(self):
-        """Wait for the agreement in flight, if any: (step, signal or 0, loss), or None."""
-        if self._pending is None:
-            return None
-        step, values, work = self._pending
-        self._pending = None
-        work.wait()
-        signum = int(values[0])
-        self.stopped_by = max(self.stopped_by, signum)
-        return step, signum, float(values[1])
 
 
 def train_step(stage, optimizer, images, labels, rank, last, timeout, step):
@@ -222,19 +184,20 @@ def check_setup(args, train_size):
     return unwritable(args.checkpoint_dir)
 
 
-def resume_problem(args, world, commit):
-    """Why ``commit`` (checkpoint.find_commit's) cannot continue this run, or None."""
+def resume_problem(args, commit, directory, world):
+    """Why ``commit`` (Commits.find's, None where there is none) cannot continue this run, or
+    None."""
     if commit is None:
-        legacy = os.path.exists(os.path.join(args.checkpoint_dir, "stage0.npz"))
+        legacy = os.path.exists(os.path.join(directory, "stage0.npz"))
         hint = (" (its stage<R>.npz files were written by an hpcgrad without commits, which "
                 "cannot tell whether they belong together; start afresh)" if legacy else "")
-        return (f"--resume: no checkpoint (commit-*.json) in {args.checkpoint_dir}{hint}; run "
+        return (f"--resume: no checkpoint (commit-*.json) in {directory}{hint}; run "
                 "without --resume first, or point --checkpoint-dir at a pipeline run")
     saved_world = commit.world_size
     if saved_world != world:
         layers = [list(stage_layers(r, saved_world)) for r in range(saved_world)] \
             if 2 <= saved_world <= len(WIDTHS) - 1 else "?"
-        return (f"{args.checkpoint_dir} holds a pipeline of {saved_world} stages (saved by "
+        return (f"{directory} holds a pipeline of {saved_world} stages (saved by "
                 f"{saved_world} ranks; Linear layers per rank {layers}), but this job has "
                 f"{world} ranks, whose stages hold other layers: it cannot continue. Resume "
                 f"with {saved_world} ranks (mpiexec -n {saved_world} ... --resume), or start "
@@ -242,197 +205,101 @@ def resume_problem(args, world, commit):
     return None
 
 
-def resumable_commit(args, world):
-    """Every rank: the newest complete commit, which can continue this run, or every rank
-    exits together with one line on rank 0 (status 2 where there is nothing to resume at this
-    size, 1 where the checkpoints are damaged)."""
-    commit, problem = None, None
-    try:
-        commit = checkpoint.find_commit(args.checkpoint_dir)
-    except checkpoint.CheckpointError as exc:
-        problem = str(exc)
-    stop_if_any(problem, PROG, "reading the checkpoint", status=1)
-    stop_if_any(resume_problem(args, world, commit), PROG, "checking the checkpoint")
-    return commit
+def world_problem():
+    """Why this job cannot run at this number of ranks (the same on every rank), or None."""
+    world = comm_world().Get_size()
+    if 2 <= world <= len(WIDTHS) - 1:
+        return None
+    return (f"run with 2 to {len(WIDTHS) - 1} ranks (one stage each), e.g. mpiexec -n 3 "
+            f"python jobs/train_pipeline.py; got {world}")
 
 
-def resume(args, commit, rank, stage, optimizer):
-    """Every rank restores its stage from ``commit`` (resumable_commit's); returns its
-    ``extra`` values, or exits every rank together with one line on rank 0 (status 1)."""
-    meta, problem = None, None
-    try:
-        meta = checkpoint.load_commit(commit, stage, optimizer)
-    except checkpoint.CheckpointError as exc:
-        problem = str(exc)
-    stop_if_any(problem, PROG, "loading the checkpoint", status=1)
-    if rank == 0:
-        where = os.path.join(args.checkpoint_dir, commit.name)
-        for skipped in commit.skipped:
-            print(f"note: skipped a newer commit, {skipped}", flush=True)
-        newer = checkpoint.newer_uncommitted_steps(args.checkpoint_dir, commit)
-        if newer:
-            print(f"note: ignored the parts of step(s) {', '.join(map(str, newer))}: a save "
-                  "stopped before every stage had committed it", flush=True)
-        print(f"resumed from {where}: epoch {meta['epoch']}, step {meta['step']}", flush=True)
-    return meta
+class Pipeline(Job):
+    """The MLP's stages, one per rank: a batch through the pipeline and back per step, each
+    rank's part of a multi-part commit, the stop agreed one step late (LatePreemption), the
+    epoch's figures from the last rank, kept across a resume."""
+
+    prog = PROG
+    preemption = LatePreemption
+
+    def __init__(self, args, stage, optimizer, train, test):
+        self.args, self.stage, self.optimizer = args, stage, optimizer
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.last = self.world - 1
+        (self.train_x, self.train_y), (self.test_x, self.test_y) = \
+            ((t.array for t in data.tensors) for data in (train, test))
+        self.steps_per_epoch = -(-len(self.train_y) // args.batch_size)
+        self.sums = np.zeros(3)  # the last rank's loss sum, correct and samples of the epoch
+
+    def begin(self):
+        # The world group carries the barriers and the per-step agreement; the RPC agent
+        # talks on a communicator of its own.
+        rpc.init_rpc(f"stage{self.rank}")
+
+    def batches(self, epoch):
+        order = np.random.default_rng(self.args.seed + epoch).permutation(len(self.train_y))
+        return (order[start:start + self.args.batch_size]
+                for start in range(0, len(order), self.args.batch_size))
+
+    def step(self, rows, step):
+        """The loss and the samples reach the loop from the last rank (0 elsewhere)."""
+        rank, last, args = self.rank, self.last, self.args
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(args.lr, step - 1, args.epochs * self.steps_per_epoch)
+        result = train_step(self.stage, self.optimizer,
+                            hg.tensor(self.train_x[rows]) if rank == 0 else None,
+                            hg.tensor(self.train_y[rows]) if rank == last else None,
+                            rank, last, args.timeout, step)
+        if result is None:
+            return 0.0, 0, {}
+        self.sums += [result[0] * len(rows), result[1], len(rows)]
+        return result[0], len(rows), {}
+
+    def end_epoch(self, epoch):
+        rank, last = self.rank, self.last
+        test = evaluate(self.stage, hg.tensor(self.test_x) if rank == 0 else None,
+                        hg.tensor(self.test_y) if rank == last else None, rank, last,
+                        self.args.timeout)
+        figures = np.zeros(4)
+        if rank == last:
+            figures[:] = [self.sums[0] / self.sums[2], self.sums[1] / self.sums[2], *test]
+        dist.broadcast(figures, src=last)
+        self.sums[:] = 0
+        loss, train_accuracy, test_loss, accuracy = figures.tolist()
+        return ({"loss": loss, "train_accuracy": train_accuracy, "test_loss": test_loss,
+                 "test_accuracy": accuracy},
+                f"train accuracy {train_accuracy:.4f}  test loss {test_loss:.4f}  test "
+                f"accuracy {accuracy:.4f}")
+
+    def checkpoint_state(self):
+        state = {"layers": list(stage_layers(self.rank, self.world))}
+        if self.rank == self.last:
+            state["epoch_sums"] = self.sums.tolist()
+        return state
+
+    def restore(self, meta):
+        self.sums[:] = meta.get("epoch_sums", self.sums)
+
+    def finish(self):
+        rpc.shutdown()
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rank, world = comm_world().Get_rank(), comm_world().Get_size()
-    if not 2 <= world <= len(WIDTHS) - 1:
-        if rank == 0:
-            print(f"{PROG}: error: run with 2 to {len(WIDTHS) - 1} ranks (one stage "
-                  f"each), e.g. mpiexec -n 3 python jobs/train_pipeline.py; got {world}",
-                  file=sys.stderr, flush=True)
-        return 2  # every rank: the world size is the same everywhere
-    # The world group carries the barriers and the per-step agreement; the RPC agent (started
-    # below) talks on a communicator of its own.
-    dist.init_process_group(timeout=args.timeout)
-    last = world - 1
-    commit = None
-    if args.resume:
-        # A checkpoint that cannot continue this run is refused before the data are loaded
-        # (load_digits imports scikit-learn: seconds per rank); a directory it cannot use
-        # (unreadable too) as before.
-        stop_if_any(unwritable(args.checkpoint_dir), PROG, "checking the set-up")
-        commit = resumable_commit(args, world)
+    problem = world_problem()
+    if problem:  # before the process group: the world size is the same everywhere
+        say(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
+    rank, world, checkpoints = start(args, PROG, partial(resume_problem, args), Commits,
+                                     timeout=args.timeout)
     train, test = load_digits("train", flatten=True), load_digits("test", flatten=True)
-    train_x, train_y = (t.array for t in train.tensors)
-    test_x, test_y = (t.array for t in test.tensors)
-    steps_per_epoch = -(-len(train_y) // args.batch_size)
-    stop_if_any(check_setup(args, len(train_y)), PROG, "checking the set-up")
-    lines = header(args, world, len(train_y), len(test_y), steps_per_epoch)
-    if rank == 0:
-        print(lines, flush=True)
+    stop_if_any(check_setup(args, len(train)), PROG, "checking the set-up")
     stage = build_stage(rank, world, args.seed)
     optimizer = optim.SGD(stage.parameters(), lr=args.lr, momentum=args.momentum)
-    marker = os.path.join(args.checkpoint_dir, PREEMPTED)
-    step, start_epoch, skip = 0, 0, 0
-    sums = np.zeros(3)  # the last rank's loss sum, correct and samples of the epoch so far
-    if args.resume:
-        meta = resume(args, commit, rank, stage, optimizer)
-        step, start_epoch, skip = meta["step"], meta["epoch"], meta["batches_done"]
-        sums[:] = meta.get("epoch_sums", sums)
-        if start_epoch >= args.epochs:
-            if rank == 0:
-                print(f"the run in {args.checkpoint_dir} is complete ({start_epoch} of "
-                      f"{args.epochs} epochs); nothing to train. Raise --epochs to train on, "
-                      "or use a new --checkpoint-dir for a new run", flush=True)
-                if os.path.exists(marker):
-                    os.remove(marker)
-            return 0
-    if rank == 0 and os.path.exists(marker):
-        os.remove(marker)  # this run continues the preempted one
-    rpc.init_rpc(f"stage{rank}")
-    preemption = PipelinedPreemption()
-    metrics = MetricsLog(args.checkpoint_dir, rank, tensorboard=args.tensorboard,
-                         purge_step=step or None)
-    total_steps = args.epochs * steps_per_epoch
-
-    def save(epoch, batches_done):
-        """A multi-part commit (collective); a failure, found by every rank alike, ends the
-        job with one line (status 1), the last commit standing."""
-        with TIMELINE.span("checkpoint", "step", step=step):
-            extra = {"epoch_sums": sums.tolist()} if rank == last else {}
-            try:
-                return checkpoint.save_parts(
-                    args.checkpoint_dir, stage, optimizer, step=step, epoch=epoch,
-                    batches_done=batches_done, world_size=world,
-                    layers=list(stage_layers(rank, world)), args=vars(args), **extra)
-            except checkpoint.CheckpointError as exc:
-                failed = str(exc)
-        if rank == 0:
-            print(f"{PROG}: error: {failed}", file=sys.stderr, flush=True)
-        exit_together(1)  # every rank raised: as a stop, without rpc.shutdown
-
-    progress = None
-    # A bar only on a terminal: in a SLURM log its carriage returns are noise.
-    if rank == 0 and not args.no_progress and sys.stdout.isatty():
-        from tqdm import tqdm
-        progress = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True,
-                        file=sys.stdout)
-    started = time.perf_counter()
-    try:
-        for epoch in range(start_epoch, args.epochs):
-            order = np.random.default_rng(args.seed + epoch).permutation(len(train_y))
-            samples, epoch_started = 0, time.perf_counter()
-            resumed_at = skip
-            for batch, start in enumerate(range(0, len(order), args.batch_size)):
-                if batch < skip:
-                    continue  # already trained before the checkpoint we resumed from
-                rows = order[start:start + args.batch_size]
-                x = hg.tensor(train_x[rows]) if rank == 0 else None
-                y = hg.tensor(train_y[rows]) if rank == last else None
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(args.lr, step, total_steps)
-                result = train_step(stage, optimizer, x, y, rank, last, args.timeout, step + 1)
-                step += 1
-                samples += len(rows)
-                if result is not None:
-                    sums += [result[0] * len(rows), result[1], len(rows)]
-                agreed = [preemption.exchange(step, 0.0 if result is None else result[0])]
-                stop = bool(args.max_steps and step >= args.max_steps)
-                if stop or (agreed[0] and agreed[0][1]) or batch + 1 == steps_per_epoch:
-                    agreed.append(preemption.settle())  # this step's too: none left in flight
-                for done in filter(None, agreed):
-                    stop = stop or bool(done[1])
-                    metrics.write("step", done[0], epoch, time.perf_counter() - started,
-                                  loss=done[2])
-                    if progress is not None:
-                        progress.update(1)
-                        progress.set_postfix(epoch=epoch, loss=f"{done[2]:.3f}")
-                committed = None
-                if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                    committed = save(epoch, batch + 1)
-                if stop:
-                    status = stop_status(preemption.stopped_by)
-                    if rank == 0:
-                        if status or not args.max_steps or step < args.max_steps:
-                            open(marker, "w").close()  # the next run should --resume
-                        why = (f" by {signal.Signals(preemption.stopped_by).name} (exit status "
-                               f"{status})" if status else "")
-                        print(f"\nstopped at step {step}{why}; checkpoint "
-                              f"{os.path.join(args.checkpoint_dir, committed)}; continue with "
-                              "--resume", flush=True)
-                    finish_timeline(dist.barrier, rank)
-                    return status
-            elapsed = time.perf_counter() - epoch_started
-            figures = evaluate(stage, hg.tensor(test_x) if rank == 0 else None,
-                               hg.tensor(test_y) if rank == last else None, rank, last,
-                               args.timeout)
-            if rank == last:  # the figures travel to rank 0, which reports
-                dist_autograd.send(hg.tensor([sums[0] / sums[2], sums[1] / sums[2], *figures,
-                                              elapsed]), 0)
-            sums[:] = 0
-            save(epoch + 1, 0)
-            skip = 0
-            if rank == 0:
-                train_loss, train_accuracy, test_loss, accuracy, elapsed = \
-                    dist_autograd.recv(last, timeout=args.timeout).array.tolist()
-                samples_per_s = samples / elapsed if elapsed > 0 else float("nan")
-                metrics.write("epoch", step, epoch + 1, time.perf_counter() - started,
-                              loss=train_loss, train_accuracy=train_accuracy,
-                              test_loss=test_loss, test_accuracy=accuracy,
-                              samples_per_s=samples_per_s, epoch_seconds=elapsed)
-                resumed = (f" (resumed after step {resumed_at} of {steps_per_epoch}: figures "
-                           "over the whole epoch, time over this run's part)"
-                           if resumed_at else "")
-                message = (f"epoch {epoch + 1}/{args.epochs}  loss {train_loss:.4f}  train "
-                           f"accuracy {train_accuracy:.4f}  test loss {test_loss:.4f}  test "
-                           f"accuracy {accuracy:.4f}  {elapsed:.2f} s  {samples_per_s:,.0f} "
-                           f"samples/s  ({time.perf_counter() - started:.1f} s){resumed}")
-                (progress.write if progress is not None else print)(message, flush=True)
-    finally:
-        metrics.close()
-        if progress is not None:
-            progress.close()
-    rpc.shutdown()
-    finish_timeline(dist.barrier, rank)  # every rank's part, merged by rank 0
-    return 0
+    job = Pipeline(args, stage, optimizer, train, test)
+    say(header(args, world, len(train), len(test), job.steps_per_epoch))
+    return Loop(job, args, stage, optimizer, job.steps_per_epoch, checkpoints).run()
 
 
 if __name__ == "__main__":
-    status = main()
-    Preemption.ignore_from_now()
-    exit_together(status)  # every return of main is the same on every rank
+    exit_job(main())

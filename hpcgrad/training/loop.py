@@ -34,7 +34,7 @@ from hpcgrad import collectives as dist
 from hpcgrad.autograd import no_grad
 from hpcgrad.comm.mpi import abort_job, comm_world, exit_together
 from hpcgrad.comm.work import default_timeout
-from hpcgrad.data import Sampler
+from hpcgrad.data import DataLoader, DistributedSampler, Sampler
 from hpcgrad.training.metrics import MetricsLog
 from hpcgrad.base.timeline import TIMELINE
 from hpcgrad.base.timeline import finish as finish_timeline
@@ -173,6 +173,51 @@ class Preemption:
         self.stopped_by = int(flag[0])
         return self.stopped_by
 
+    def exchange(self, step, loss, extra, last=False):
+        """At the end of step ``step`` (its ``loss`` and other metrics ``extra``), every rank:
+        agree on a stop (``stopped_by``) and return the steps now agreed, [(step, loss,
+        extra)], which the loop records. Here each step is agreed at its end; ``last`` (an
+        epoch's last step, --max-steps reached) matters to ``LatePreemption`` only."""
+        self.agreed()
+        return [(step, loss, extra)]
+
+
+class LatePreemption(Preemption):
+    """``Preemption`` agreed one step late: the agreement for step k (one tiny all-reduce on
+    the world, which also brings the step's loss to rank 0) is posted at its end and waited for
+    after step k + 1. For a job whose ranks finish a step at different times (a pipeline): a
+    blocking agreement had rank 0 spin in MPI_Wait through the other stages' backward (on 3
+    ranks sharing 2 cores that doubled the epoch time); by the next step's end every rank has
+    posted it, so the wait returns at once. A signal thus stops the job one step later, on
+    every rank alike. The loss recorded is the largest any rank passed: a job whose loss is
+    known on one rank (the pipeline's last stage) passes 0 on the others (a loss is >= 0);
+    ``extra`` is this rank's."""
+
+    def __init__(self):
+        super().__init__()
+        self._pending = None  # (step, values, work, extra) of the agreement in flight
+
+    def exchange(self, step, loss, extra, last=False):
+        """Post ``step``'s agreement and return the previous step's, if any; with ``last``, or
+        once a signal is agreed, this step's too: no agreement stays in flight past an epoch's
+        end or a stop."""
+        values = np.array([float(self.signum), loss])
+        work = dist.all_reduce(values, op=dist.ReduceOp.MAX, async_op=True)
+        done, self._pending = self._settle(), (step, values, work, extra)
+        if last or self.stopped_by:
+            done += self._settle()
+        return done
+
+    def _settle(self):
+        """Wait for the agreement in flight, if any: [(step, loss, extra)], or []."""
+        if self._pending is None:
+            return []
+        step, values, work, extra = self._pending
+        self._pending = None
+        work.wait()
+        self.stopped_by = max(self.stopped_by, int(values[0]))
+        return [(step, float(values[1]), extra)]
+
 
 def stopped_line(step, path, signum):
     """'stopped at step 30 by SIGTERM (exit status 143); checkpoint ...' (rank 0 prints it)."""
@@ -180,7 +225,152 @@ def stopped_line(step, path, signum):
     return f"\nstopped at step {step}{why}; checkpoint {path}; continue with --resume"
 
 
+# --- where a run's checkpoints live -------------------------------------------------------------
+class LastFile:
+    """A run's checkpoint as one file, <checkpoint-dir>/last.npz, written by rank 0 alone
+    (atomically): the model and optimizer are alike on every rank (DDP; ZeRO's shards
+    consolidated on rank 0 by ``Job.checkpoint_state``), and rank 0's ``checkpoint_state``
+    goes in. Every method is called by every rank."""
+
+    def __init__(self, directory, prog):
+        self.directory, self.prog = directory, prog
+        self.path = os.path.join(directory, CHECKPOINT)  # what the resumed and stopped lines name
+
+    def find(self):
+        """With --resume, before the model is made: the checkpoint's ``extra`` values, or the
+        job ends on every rank with one line (``resume_extra``)."""
+        return resume_extra(self.path, self.prog)
+
+    def load(self, model, optimizer):
+        """Restore ``model`` and ``optimizer``; the checkpoint's values (a failure: one line,
+        status 1 on every rank)."""
+        meta, problem = None, None
+        try:
+            meta = checkpoint.load(self.path, model, optimizer)
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, self.prog, "loading the checkpoint", status=1)
+        return meta
+
+    def save(self, model, optimizer, values):
+        """Save with ``values`` (position, arguments, the job's state); the path. Nobody reads
+        or overwrites it before it is complete; a failure ends every rank with status 1."""
+        problem = None
+        if dist.get_rank() == 0:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                checkpoint.save(self.path, model, optimizer, **values)
+            except (checkpoint.CheckpointError, OSError) as exc:
+                problem = str(exc)
+        stop_if_any(problem, self.prog, "saving the checkpoint", status=1)
+        return self.path
+
+
+class Commits(LastFile):
+    """A run's checkpoints as multi-part commits (Note [Multi-part commit] in checkpoint.py):
+    every rank saves its own part (its model and optimizer, its ``checkpoint_state``), rank 0
+    commits a manifest, commit-<n>.json, once every part is durable, and a resume takes the
+    newest complete commit. For a job whose ranks hold different state (a pipeline's stages)."""
+
+    def __init__(self, directory, prog):
+        super().__init__(directory, prog)
+        self.path = directory  # then the newest commit's manifest, once loaded or saved
+        self._found = None  # [the Commit find returned]
+
+    def find(self):
+        """With --resume, before the model is made: the newest complete commit, or None where
+        the directory holds none; a directory it cannot use (status 2) or commits all damaged
+        (status 1) end the job on every rank with one line."""
+        stop_if_any(unwritable(self.directory), self.prog, "checking the set-up")
+        commit, problem = None, None
+        try:
+            commit = checkpoint.find_commit(self.directory)
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, self.prog, "reading the checkpoint", status=1)
+        self._found = [commit]
+        return commit
+
+    def load(self, model, optimizer):
+        """Restore this rank's part of the commit ``find`` found; rank 0 says which newer
+        commits and parts it passed over."""
+        commit = (self._found or [self.find()])[0]
+        stop_if_any(None if commit else f"--resume: no checkpoint (commit-*.json) in "
+                    f"{self.directory}; run without --resume first", self.prog,
+                    "looking for the checkpoint")
+        meta, problem = None, None
+        try:
+            meta = checkpoint.load_commit(commit, model, optimizer)
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, self.prog, "loading the checkpoint", status=1)
+        for skipped in commit.skipped:
+            say(f"note: skipped a newer commit, {skipped}")
+        newer = checkpoint.newer_uncommitted_steps(self.directory, commit) \
+            if dist.get_rank() == 0 else None
+        if newer:
+            say(f"note: ignored the parts of step(s) {', '.join(map(str, newer))}: a save "
+                "stopped before every stage had committed it")
+        self.path = os.path.join(self.directory, commit.name)
+        return meta
+
+    def save(self, model, optimizer, values):
+        """Save this rank's part and commit it (collective); the manifest's path. A failure,
+        found by every rank alike, ends the job with one line (status 1), the last commit
+        standing."""
+        name, problem = None, None
+        try:
+            name = checkpoint.save_parts(self.directory, model, optimizer, **values)
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+        stop_if_any(problem, self.prog, "saving the checkpoint", status=1)
+        self.path = os.path.join(self.directory, name)
+        return self.path
+
+
 # --- what jobs share ----------------------------------------------------------------------------
+def start(args, prog, problem=None, checkpoints=LastFile, **group):
+    """The start of a job's ``main``, on every rank: the process group up (``group``:
+    init_process_group's arguments) and, with --resume, the saved run found (``checkpoints``,
+    LastFile or Commits, for args.checkpoint_dir: ``find``) and ``problem(saved, path, world)``
+    asked why it cannot continue this run (None: it can), before the job makes its model and
+    loads its data (load_digits imports scikit-learn: seconds per rank); a run that cannot
+    continue ends there with one line, status 2. Returns (rank, world, the checkpoints, for
+    ``Loop``)."""
+    dist.init_process_group(**group)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = checkpoints(args.checkpoint_dir, prog)
+    if args.resume:
+        saved = store.find()
+        if problem is not None:
+            stop_if_any(problem(saved, store.path, world), prog, "checking the checkpoint")
+    return rank, world, store
+
+
+def say(text, file=None):
+    """Rank 0 prints ``text`` (a header computed collectively, a note; to ``file``, default
+    stdout), the others nothing; before or after init_process_group."""
+    if comm_world().Get_rank() == 0:
+        print(text, file=file, flush=True)
+
+
+def exit_job(status):
+    """The end of a job's process, ``status`` being main's (the same on every rank): a
+    preemption notice arriving now is ignored, and every rank exits together."""
+    Preemption.ignore_from_now()
+    exit_together(status)
+
+
+def loaders(args, train, test):
+    """(sampler, train loader, test loader) of a data-parallel job: each rank its
+    DistributedSampler shard of ``train`` in batches of --batch-size, and its EvaluationShard
+    of ``test``."""
+    sampler = DistributedSampler(train, seed=args.seed)
+    shard = EvaluationShard(len(test), dist.get_rank(), dist.get_world_size())
+    return (sampler, DataLoader(train, batch_size=args.batch_size, sampler=sampler),
+            DataLoader(test, batch_size=256, sampler=shard))
+
+
 class EvaluationShard(Sampler):
     """Indices rank, rank + world, ...: every sample on exactly one rank (DistributedSampler
     pads to equal shards, which counts a sample twice in an evaluation)."""
@@ -237,6 +427,12 @@ class Job:
     prog = "job"
     # What the epoch line counts per second: (unit, units per sample that ``step`` counts).
     throughput = ("samples", 1)
+    # How the ranks agree on a stop: at each step's end, or LatePreemption's one step late.
+    preemption = Preemption
+
+    def begin(self):
+        """Every rank, once the loop knows this run trains (after a resume), before its first
+        step: what training needs and a run with nothing to train should not start."""
 
     def batches(self, epoch):
         """The epoch's batches, in order (the loop skips those a resumed run already did)."""
@@ -244,12 +440,16 @@ class Job:
 
     def step(self, batch, step):
         """Train on ``batch`` (the run's step number ``step``, from 1): (loss as a float, the
-        samples it held, {other per-step metrics})."""
+        samples it held, {other per-step metrics}). The epoch's loss is the mean of every
+        rank's step losses, its samples their sum."""
         raise NotImplementedError
 
     def end_epoch(self, epoch):
-        """At the end of epoch ``epoch`` (from 0), before its checkpoint: ({figures for
-        metrics.jsonl}, the words the epoch line shows between the loss and the time)."""
+        """At the end of epoch ``epoch`` (from 0), before its checkpoint, every rank: ({figures
+        for metrics.jsonl}, the words the epoch line shows between the loss and the time, as
+        rank 0 has them). A "loss" among the figures is the epoch's training loss over the
+        whole epoch, kept across a resume in ``checkpoint_state``: the loop reports it instead
+        of the mean of this run's steps."""
         return {}, ""
 
     def checkpoint_state(self):
@@ -264,41 +464,37 @@ class Job:
         """A line rank 0 prints after the first epoch's (or None)."""
         return None
 
+    def finish(self):
+        """Every rank, after the last epoch of a run that trained to its end (not after a
+        stop), before the timeline is merged: ``begin``'s counterpart."""
+
 
 class Loop:
     """Runs ``job`` for ``args.epochs`` epochs of ``steps_per_epoch`` steps on ``model`` and
     ``optimizer`` (Note [One training loop]); ``args``: the run arguments of jobs/job_args.py
-    (epochs, checkpoint_dir, checkpoint_every, resume, max_steps, no_progress, tensorboard)."""
+    (epochs, checkpoint_dir, checkpoint_every, resume, max_steps, no_progress, tensorboard);
+    ``checkpoints``: ``start``'s (default: a LastFile in args.checkpoint_dir)."""
 
-    def __init__(self, job, args, model, optimizer, steps_per_epoch):
+    def __init__(self, job, args, model, optimizer, steps_per_epoch, checkpoints=None):
         self.job, self.args, self.model, self.optimizer = job, args, model, optimizer
         self.steps_per_epoch = steps_per_epoch
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.path = os.path.join(args.checkpoint_dir, CHECKPOINT)
+        self.checkpoints = checkpoints or LastFile(args.checkpoint_dir, job.prog)
         self.marker = os.path.join(args.checkpoint_dir, PREEMPTED)
         self.step, self.epoch, self.skip = 0, 0, 0
         self.finished = False  # trained to the last epoch's end in this run
-
-    def say(self, text):
-        if self.rank == 0:
-            print(text, flush=True)
 
     def resume(self):
         """Load the checkpoint (with --resume): False when the run is already complete."""
         if not self.args.resume:
             return True
-        meta, problem = None, None
-        try:
-            meta = checkpoint.load(self.path, self.model, self.optimizer)
-        except checkpoint.CheckpointError as exc:
-            problem = str(exc)
-        stop_if_any(problem, self.job.prog, "loading the checkpoint", status=1)
+        meta = self.checkpoints.load(self.model, self.optimizer)
         self.step, self.epoch, self.skip = meta["step"], meta["epoch"], meta["batches_done"]
         self.job.restore(meta)
-        self.say(f"resumed from {self.path}: epoch {self.epoch}, step {self.step}")
+        say(f"resumed from {self.checkpoints.path}: epoch {self.epoch}, step {self.step}")
         if self.epoch < self.args.epochs:
             return True
-        self.say(f"the run in {self.args.checkpoint_dir} is complete ({self.epoch} of "
+        say(f"the run in {self.args.checkpoint_dir} is complete ({self.epoch} of "
                  f"{self.args.epochs} epochs); nothing to train. Raise --epochs to train on, "
                  "or use a new --checkpoint-dir for a new run")
         if self.rank == 0 and os.path.exists(self.marker):
@@ -306,18 +502,11 @@ class Loop:
         return False
 
     def save(self, epoch, batches_done):
-        extra = self.job.checkpoint_state()
-        problem = None
-        if self.rank == 0:
-            try:
-                os.makedirs(self.args.checkpoint_dir, exist_ok=True)
-                checkpoint.save(self.path, self.model, self.optimizer, step=self.step,
-                                epoch=epoch, batches_done=batches_done, world_size=self.world,
-                                args=vars(self.args), **extra)
-            except (checkpoint.CheckpointError, OSError) as exc:
-                problem = str(exc)
-        # Nobody reads or overwrites it before it is complete; a failure ends every rank.
-        stop_if_any(problem, self.job.prog, "saving the checkpoint", status=1)
+        values = dict(step=self.step, epoch=epoch, batches_done=batches_done,
+                      world_size=self.world, args=vars(self.args))
+        with TIMELINE.span("checkpoint", "step", step=self.step):
+            self.checkpoints.save(self.model, self.optimizer,
+                                  {**values, **self.job.checkpoint_state()})
 
     def run(self):
         """Train; the job's exit status (0, or 128 + the signal that stopped it)."""
@@ -326,7 +515,8 @@ class Loop:
         if self.rank == 0 and os.path.exists(self.marker):
             os.remove(self.marker)  # this run continues the preempted one
         args = self.args
-        self.preemption = Preemption()
+        self.job.begin()
+        self.preemption = self.job.preemption()
         self.metrics = MetricsLog(args.checkpoint_dir, self.rank, tensorboard=args.tensorboard,
                                   purge_step=self.step or None)
         self.progress = None
@@ -345,6 +535,7 @@ class Loop:
             self.metrics.close()
             if self.progress is not None:
                 self.progress.close()
+        self.job.finish()
         finish_timeline(dist.barrier, self.rank)  # every rank's part, merged by rank 0
         self.finished = True
         return 0
@@ -365,30 +556,33 @@ class Loop:
             self.step += 1
             losses.append(loss)
             samples += count
-            self.metrics.write("step", self.step, epoch, time.perf_counter() - self.started,
-                               loss=loss, **extra)
-            if self.progress is not None:
-                self.progress.update(1)
-                self.progress.set_postfix(epoch=epoch, loss=f"{loss:.3f}")
-            stop = self.preemption.agreed() or (args.max_steps and self.step >= args.max_steps)
+            reached = bool(args.max_steps and self.step >= args.max_steps)
+            last = reached or batch + 1 == self.steps_per_epoch
+            for step, agreed_loss, agreed_extra in self.preemption.exchange(self.step, loss,
+                                                                            extra, last):
+                self._record(step, epoch, agreed_loss, agreed_extra)
+            stop = bool(self.preemption.stopped_by) or reached
             if batch + 1 == self.steps_per_epoch:
                 break  # the epoch's end saves (and stops, if asked to) after its report
             if stop or (args.checkpoint_every and self.step % args.checkpoint_every == 0):
-                with TIMELINE.span("checkpoint", "step", step=self.step):
-                    self.save(epoch, batch + 1)
+                self.save(epoch, batch + 1)
             if stop:
                 return self._stopped()
         elapsed = time.perf_counter() - epoch_started
         # Loss and samples of the steps this run made: after a mid-epoch resume, a part.
         totals = np.array([sum(losses), len(losses), samples])
         dist.all_reduce(totals)
-        train_loss = totals[0] / max(totals[1], 1)
         rate = totals[2] / elapsed if elapsed > 0 else float("nan")
         figures, words = job.end_epoch(epoch)
-        with TIMELINE.span("checkpoint", "step", step=self.step):
-            self.save(epoch + 1, 0)
-        partial = "" if self.skip == 0 else \
-            f" (steps {self.skip + 1}-{self.steps_per_epoch} only: resumed)"
+        whole = "loss" in figures  # the job's loss over the whole epoch, even if resumed
+        train_loss = figures.pop("loss") if whole else totals[0] / max(totals[1], 1)
+        self.save(epoch + 1, 0)
+        partial, resumed = "", ""
+        if self.skip and whole:
+            resumed = (f" (resumed after step {self.skip} of {self.steps_per_epoch}: figures "
+                       "over the whole epoch, time over this run's part)")
+        elif self.skip:
+            partial = f" (steps {self.skip + 1}-{self.steps_per_epoch} only: resumed)"
         first = epoch == self.epoch
         self.skip = 0
         unit, per_sample = job.throughput
@@ -401,11 +595,19 @@ class Loop:
             self._write(f"epoch {epoch + 1}/{args.epochs}  step {self.step}  loss "
                         f"{train_loss:.4f}{partial}  {words}  {elapsed:.2f} s  "
                         f"{rate * per_sample:,.0f} {unit}/s  "
-                        f"({time.perf_counter() - self.started:.1f} s)")
+                        f"({time.perf_counter() - self.started:.1f} s){resumed}")
             note = job.first_epoch_note() if first else None
             if note:
                 self._write(note)
         return self._stopped() if stop else None
+
+    def _record(self, step, epoch, loss, extra):
+        """Step ``step``'s metrics, once the ranks have agreed on it."""
+        self.metrics.write("step", step, epoch, time.perf_counter() - self.started, loss=loss,
+                           **extra)
+        if self.progress is not None:
+            self.progress.update(1)
+            self.progress.set_postfix(epoch=epoch, loss=f"{loss:.3f}")
 
     def _stopped(self):
         """After the stop's checkpoint: the marker (unless --max-steps was simply reached), the
@@ -415,6 +617,7 @@ class Loop:
         if self.rank == 0:
             if status or not args.max_steps or self.step < args.max_steps:
                 open(self.marker, "w").close()  # requeue me (slurm/train_ddp.sbatch)
-            print(stopped_line(self.step, self.path, self.preemption.stopped_by), flush=True)
+            print(stopped_line(self.step, self.checkpoints.path, self.preemption.stopped_by),
+                  flush=True)
         finish_timeline(dist.barrier, self.rank)
         return status
