@@ -52,6 +52,7 @@ import threading
 import time
 
 from hpcgrad.base import config
+from hpcgrad.comm import waiting
 
 PROGRESS_ENV = "HPCGRAD_PROGRESS_THREAD"
 DEFAULT_INTERVAL = 200e-6
@@ -61,59 +62,102 @@ _thread = None  # the running ProgressThread, read by ProcessGroup on every oper
 _start_lock = threading.Lock()
 
 
+class ProgressLoop:
+    """A daemon thread that calls ``step()`` until stopped, pausing between calls as its
+    ``backoff`` says (Note [One waiting policy] in waiting.py): the one progress loop, of the
+    communication progress thread here and of the RPC agent's (rpc/agent.py).
+
+    ``step()`` returns True (something happened: pause from the backoff's shortest again),
+    False (nothing did: pause as the quiet says), a number (sleep that many seconds: the step
+    knows when it is next needed), or None (nothing to do until ``wake()``)."""
+
+    def __init__(self, name, step, backoff):
+        self._step, self._backoff = step, backoff
+        self._wake = threading.Event()
+        self._running = False
+        self.polls, self.cpu, self.late = 0, 0.0, 0.0  # see ProgressThread.stats()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self):
+        self._running = True
+        self._thread.start()
+        return self
+
+    def wake(self):
+        """A step that returned None has something to do again."""
+        self._wake.set()
+
+    def stop(self):
+        self._running = False
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self):
+        waiting.allow_short_sleeps()
+        clock, cpu_clock, backoff = time.monotonic, time.thread_time, self._backoff
+        while self._running:
+            cpu = cpu_clock()
+            outcome = self._step()
+            if outcome is None:  # idle: sleep until woken
+                self._wake.wait()
+                self._wake.clear()
+                backoff.restart(clock())
+                continue
+            self.polls += 1
+            self.cpu += cpu_clock() - cpu
+            before = clock()
+            if outcome is True:
+                backoff.restart(before)
+            if outcome is True or outcome is False:
+                asked = backoff.pause(before)
+            else:
+                asked = outcome
+                time.sleep(asked)
+            self.late += max(0.0, clock() - before - asked)
+
+
 class ProgressThread:
     """Tests every watched, pending Work each ``interval`` seconds; sleeps while none is pending."""
 
     def __init__(self, interval=DEFAULT_INTERVAL):
         self.interval = interval
         self._pending = []
-        self._cond = threading.Condition()
-        self._stopping = False
-        self.polls, self.cpu, self.late = 0, 0.0, 0.0  # see stats()
-        self._thread = threading.Thread(target=self._run, name="hpcgrad-progress", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._loop = ProgressLoop("hpcgrad-progress", self._test_pending,
+                                  waiting.every(interval)).start()
 
     def watch(self, work):
-        with self._cond:
+        with self._lock:
             self._pending.append(work)
-            self._cond.notify()
+        self._loop.wake()
         return work
 
     def pending(self):
-        with self._cond:
+        with self._lock:
             return [w for w in self._pending if not w._completed]
 
     def stats(self):
         """Since start: polls (rounds of tests), the thread's CPU seconds while work was
         pending, and the seconds its sleeps overran ``interval`` in all (waiting for a core
         or the GIL): what the thread costs the rank, and how starved it was."""
-        return {"polls": self.polls, "cpu": self.cpu, "late": self.late}
+        loop = self._loop
+        return {"polls": loop.polls, "cpu": loop.cpu, "late": loop.late}
 
-    def _run(self):
-        clock, cpu_clock = time.perf_counter, time.thread_time
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                works = list(self._pending)
-            cpu = cpu_clock()
-            for work in works:
-                work.is_completed()
-            with self._cond:
-                self._pending = [w for w in self._pending if not w._completed]
-            self.polls += 1
-            self.cpu += cpu_clock() - cpu
-            before = clock()
-            time.sleep(self.interval)
-            self.late += max(0.0, clock() - before - self.interval)
+    def _test_pending(self):
+        """One round of tests; None when nothing is pending (the loop sleeps until ``watch``)."""
+        with self._lock:
+            works = list(self._pending)
+        if not works:
+            return None
+        for work in works:
+            work.is_completed()
+        with self._lock:
+            self._pending = [w for w in self._pending if not w._completed]
+        return False
 
     def stop(self):
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join()
+        self._loop.stop()
 
 
 def start_progress_thread(interval=None):

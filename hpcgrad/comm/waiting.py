@@ -21,8 +21,10 @@ Note [One waiting policy]
       rpc/agent.py): never yields (only a sleep lets the threads it serves have the GIL), 10 us
       doubling to 0.5 ms after 2 ms of quiet.
 
-    The communication progress thread (progress.py) is not a wait: it tests pending work on a
-    fixed interval while the caller computes.
+    - the communication progress thread (``every(interval)``; Note [Communication progress] in
+      progress.py): tests pending work every 200 us while the caller computes.
+
+    Both progress threads are one ``ProgressLoop`` (progress.py) with their own step and Backoff.
 """
 
 import ctypes
@@ -59,15 +61,17 @@ def allow_short_sleeps():
 class Backoff:
     """What a polling thread does between two polls: Note [One waiting policy]."""
 
-    __slots__ = ("yield_seconds", "spin_seconds", "longest", "since", "delay")
+    __slots__ = ("yield_seconds", "spin_seconds", "longest", "first", "since", "delay", "_sleep")
 
-    def __init__(self, yield_seconds, spin_seconds, longest):
+    def __init__(self, yield_seconds, spin_seconds, longest, first=FIRST_SLEEP, clock=time):
+        """``clock``: what has ``monotonic`` and ``sleep`` (the time module; a test's fake)."""
         self.yield_seconds, self.spin_seconds, self.longest = yield_seconds, spin_seconds, longest
-        self.restart(time.monotonic())
+        self.first, self._sleep = first, clock.sleep
+        self.restart(clock.monotonic())
 
     def restart(self, now):
-        """Something happened at ``now``: yield again, then sleep from FIRST_SLEEP."""
-        self.since, self.delay = now, FIRST_SLEEP
+        """Something happened at ``now``: yield again, then sleep from ``first``."""
+        self.since, self.delay = now, self.first
 
     def quiet(self, now):
         """Seconds since the wait began or last ``restart``."""
@@ -75,14 +79,16 @@ class Backoff:
 
     def pause(self, now, deadline=None):
         """Yield or sleep once, as long as the quiet up to ``now`` says, never past
-        ``deadline`` (a monotonic time, or None)."""
+        ``deadline`` (a monotonic time, or None); returns the seconds it asked to sleep."""
         quiet = now - self.since
         if quiet < self.yield_seconds:
             _yield_core()
-            return
+            return 0.0
         if quiet > self.spin_seconds:
             self.delay = min(self.delay * 2, self.longest(quiet))
-        time.sleep(self.delay if deadline is None else min(self.delay, max(deadline - now, 0.0)))
+        seconds = self.delay if deadline is None else min(self.delay, max(deadline - now, 0.0))
+        self._sleep(seconds)
+        return seconds
 
 
 def yield_core():
@@ -90,10 +96,13 @@ def yield_core():
     _yield_core()
 
 
-def collective():
+COLLECTIVE_LONGEST_SLEEP = 1e-3
+
+
+def collective(clock=time):
     """A wait for a collective or point-to-point request (work.py's wait_requests)."""
-    return Backoff(yield_seconds=0.05, spin_seconds=0.05,
-                   longest=lambda quiet: min(1e-3, quiet * 2e-3))
+    return Backoff(yield_seconds=0.05, spin_seconds=0.05, clock=clock,
+                   longest=lambda quiet: min(COLLECTIVE_LONGEST_SLEEP, quiet * 2e-3))
 
 
 def rpc_waiter(yield_seconds):
@@ -112,3 +121,10 @@ def rpc_yield_seconds(ranks_on_node):
 def rpc_progress():
     """The RPC progress thread's sleeps (it never yields)."""
     return Backoff(yield_seconds=0.0, spin_seconds=2e-3, longest=lambda quiet: 5e-4)
+
+
+def every(interval):
+    """Sleeps of ``interval`` seconds, never longer or shorter (the communication progress
+    thread's tests of pending work: Note [Communication progress] in progress.py)."""
+    return Backoff(yield_seconds=0.0, spin_seconds=float("inf"), longest=lambda quiet: interval,
+                   first=interval)

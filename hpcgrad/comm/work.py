@@ -18,6 +18,7 @@ DEFAULT_TIMEOUT_ENV = "HPCGRAD_COMM_TIMEOUT"
 # Note [Waiting without hanging]: see wait_requests.
 _HOT_POLLS = 32
 _POLLS_PER_CLOCK = 64
+_MAX_SLEEP = waiting.COLLECTIVE_LONGEST_SLEEP  # a wait notices its timeout this late at most
 
 
 class CommTimeoutError(RuntimeError):
@@ -95,7 +96,7 @@ def wait_requests(requests, timeout, describe):
     if not timeout and all(isinstance(r, MPI.Request) for r in requests):
         MPI.Request.Waitall(requests)
         return
-    backoff = waiting.collective()
+    backoff = waiting.collective(time)  # (this module's clock: a test may fake it)
     while True:
         for _ in range(_POLLS_PER_CLOCK):
             if test():

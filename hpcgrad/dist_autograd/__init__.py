@@ -77,9 +77,10 @@ class _AutogradCodec(rpc.Codec):
     def request_fields(self, dst):
         """A request made inside a context runs in it on the callee (which must release it)."""
         context_id = current_context_id()
-        if context_id is None:
+        ctx = None if context_id is None else container.find(context_id)
+        if ctx is None:  # (or released while this thread served in it)
             return {}
-        container.retrieve(context_id).known_workers.add(dst)
+        ctx.known_workers.add(dst)
         return {"ctx": context_id}
 
     def on_send(self, dst, tensors):
@@ -174,7 +175,9 @@ def attach_send(tensors):
     context_id = current_context_id()
     if context_id is None:
         return None
-    ctx = container.retrieve(context_id)
+    ctx = container.find(context_id)
+    if ctx is None:  # released while this thread served in it: Note [Released contexts stay released]
+        return None
     message_id = (container.rank << 48) | next(_message_ids)
     ctx.add_send_function(message_id, SendRpcBackward([t._gradient_edge() for t in tensors]))
     return (context_id, message_id)
@@ -203,8 +206,9 @@ def attach_recv(tensors, ids, src, own_context=True):
 def note_peer(dst):
     """Remember that the current context reached ``dst`` (it must release the context too)."""
     context_id = current_context_id()
-    if context_id is not None:
-        container.retrieve(context_id).known_workers.add(dst)
+    ctx = None if context_id is None else container.find(context_id)
+    if ctx is not None:
+        ctx.known_workers.add(dst)
 
 
 def _send_grad(node, graph_task, arrays):

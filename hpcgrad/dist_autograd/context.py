@@ -122,7 +122,10 @@ class DistAutogradContainer:
         whose caller left the context before waiting. Creating the context again would keep
         it forever (no second release comes). So the container remembers the ids it released
         (ids are never reused; the last RELEASED_MEMORY of them) and ``get_or_create`` gives
-        None for them: such late work runs, and its tensors arrive, outside any context.
+        None for them: such late work runs, and its tensors arrive, outside any context. The
+        release can also come while a request is being served in the context: its reply then
+        leaves without autograd metadata (``find`` gives None), as a reply to a released
+        context is never differentiated.
     """
 
     RELEASED_MEMORY = 1 << 16
@@ -147,6 +150,16 @@ class DistAutogradContainer:
             raise RuntimeError(f"Could not find autograd context with id: {context_id} (it was "
                                "released, or never created on this rank)")
         return context
+
+    def find(self, context_id):
+        """The context; None when it was released here (the work at hand goes on outside
+        it: Note [Released contexts stay released]); an error when it never was here."""
+        with self._lock:
+            context = self._contexts.get(context_id)
+            if context is not None or context_id in self._released:
+                return context
+        raise RuntimeError(f"Could not find autograd context with id: {context_id} (it was "
+                           "never created on this rank)")
 
     def get_or_create(self, context_id):
         """The context, created on first contact; None when it was already released here."""

@@ -141,6 +141,7 @@ from mpi4py import MPI
 
 from hpcgrad.comm import waiting
 from hpcgrad.comm.buffers import MessageBuffer
+from hpcgrad.comm.progress import ProgressLoop
 from hpcgrad.comm.rendezvous import rendezvous
 from hpcgrad.base.futures import Future
 
@@ -288,8 +289,9 @@ class MPIRpcAgent:
         self._running = False
         self._receive_lock = threading.Lock()  # one receiver at a time: Iprobe, then its Recv
         self._polled_at = 0.0  # when a waiting thread last polled (Note [Waiting threads receive])
-        self._thread = threading.Thread(target=self._progress, daemon=True,
-                                        name=f"hpcgrad-rpc-progress-{self.rank}")
+        self._status = MPI.Status()  # the progress thread's
+        self._loop = ProgressLoop(f"hpcgrad-rpc-progress-{self.rank}", self._progress_step,
+                                  waiting.rpc_progress())
 
     @property
     def running(self):
@@ -299,7 +301,7 @@ class MPIRpcAgent:
         """Start serving: call after every handler is registered (a message that arrives
         earlier waits inside MPI, instead of meeting a rank that cannot handle it yet)."""
         self._running = True
-        self._thread.start()
+        self._loop.start()
 
     # --- sending --------------------------------------------------------------------------------
     def _payload_tag(self, message_id):
@@ -473,36 +475,30 @@ class MPIRpcAgent:
         Register before ``start()``."""
         self._handlers[kind] = (handler, inline)
 
-    def _progress(self):
-        """Poll for messages and complete sends until stopped; Note [Progress thread and the GIL]."""
-        waiting.allow_short_sleeps()
-        status = MPI.Status()
-        backoff = waiting.rpc_progress()
-        while self._running:
-            if self._soon:
-                self._run_soon()
-            # Reaping sent buffers is bookkeeping, not activity: MPI moves the data inside any
-            # call of any thread, so it does not keep this thread polling at the short interval
-            self._complete_sends()
-            now = time.monotonic()
-            if self._deadlines and self._deadlines[0][0] <= now:
-                self._expire_requests()
-            if self._next_carry_deadline is not None and self._next_carry_deadline <= now:
-                self.flush_carried()
-            if now - self._polled_at <= _POLLER_GRACE_SECONDS:
-                # a waiting thread receives: sleep until it might need relief, or the next
-                # deadline (Note [Waiting threads receive])
-                wake = self._polled_at + _POLLER_GRACE_SECONDS
-                if self._next_carry_deadline is not None:
-                    wake = min(wake, self._next_carry_deadline)
-                if self._deadlines:
-                    wake = min(wake, self._deadlines[0][0])
-                time.sleep(min(max(wake - now, waiting.FIRST_SLEEP), _POLLER_GRACE_SECONDS))
-            elif self._poll_once(status):
-                backoff.restart(time.monotonic())
-                time.sleep(waiting.FIRST_SLEEP)  # even when busy: Note [Progress thread and the GIL]
-            else:
-                backoff.pause(now)
+    def _progress_step(self):
+        """One turn of the progress thread (a ProgressLoop): poll for a message, complete
+        sends, expire requests, flush carried messages; Note [Progress thread and the GIL]."""
+        if self._soon:
+            self._run_soon()
+        # Reaping sent buffers is bookkeeping, not activity: MPI moves the data inside any
+        # call of any thread, so it does not keep this thread polling at the short interval
+        self._complete_sends()
+        now = time.monotonic()
+        if self._deadlines and self._deadlines[0][0] <= now:
+            self._expire_requests()
+        if self._next_carry_deadline is not None and self._next_carry_deadline <= now:
+            self.flush_carried()
+        if now - self._polled_at <= _POLLER_GRACE_SECONDS:
+            # a waiting thread receives: sleep until it might need relief, or the next
+            # deadline (Note [Waiting threads receive])
+            wake = self._polled_at + _POLLER_GRACE_SECONDS
+            if self._next_carry_deadline is not None:
+                wake = min(wake, self._next_carry_deadline)
+            if self._deadlines:
+                wake = min(wake, self._deadlines[0][0])
+            return min(max(wake - now, waiting.FIRST_SLEEP), _POLLER_GRACE_SECONDS)
+        # (even after a message it sleeps: Note [Progress thread and the GIL])
+        return self._poll_once(self._status)
 
     def _poll_once(self, status, work=None):
         """Receive and dispatch one message if one is there (and no other thread is at it).
@@ -703,7 +699,7 @@ class MPIRpcAgent:
 
     def stop(self):
         self._running = False
-        self._thread.join()
+        self._loop.stop()
         deadline = time.monotonic() + 10
         while self._pending_sends and time.monotonic() < deadline:
             self._complete_sends()
