@@ -6,7 +6,7 @@ Note [One place for settings]
     (``python -m hpcgrad.info --config`` prints it with this process's values) is the complete
     list. Each module keeps the meaning of its own values (parsing, and the error that says
     what was expected), next to the code that uses them; ``whole_number`` and ``flag`` are the
-    shared wordings for whole-number and 0/1 settings. tests/test_config.py scans the package
+    shared wordings for whole-number and 0/1 settings. tests/base/test_config.py scans the package
     for names this table lacks and for reads that bypass it.
 
     Audience: "user" settings are documented for users; "simulation" ones drive the simulated

@@ -1,7 +1,7 @@
 """BatchNorm's passes on the CPU, compiled by numba: statistics, transform, backward in two passes.
 
 nn/_functions.py BatchNorm takes these for C-contiguous float32/float64 numpy arrays; its numpy
-expressions stay beside them as the reference (tests/kernels/test_batchnorm_kernels.py compares
+expressions stay beside them as the reference (tests/base/kernels/test_batchnorm_kernels.py compares
 the two, and PyTorch). Arrays arrive as (N, C, L): L is the product of the spatial axes (1 for
 BatchNorm1d's (N, C)). Where numpy made seven passes and six temporaries forward, and ten
 backward, these make three and two, with the formulas of PyTorch's CPU kernels

@@ -208,7 +208,7 @@ def threshold_backward(grad, result):
 # numpy's copy of a 6-D transposed window view and its kh*kw strided adds walk short rows with a
 # generic strided loop; these loops walk them directly. Each output element of the adds receives
 # its terms in the order numpy's version adds them (kernel offset (i, j) by offset), so the two
-# agree to the bit (tests/kernels/test_conv_columns.py).
+# agree to the bit (tests/base/kernels/test_conv_columns.py).
 #
 # A row of a window at stride 1 is a contiguous run of its input row: that case has its own inner
 # loop over two contiguous rows, which LLVM turns into SIMD copies and adds; with the stride a
@@ -284,7 +284,7 @@ def col2im_add(d, target, start, c0, stride, dilation):
 # --- GELU (ops/elementwise.py Gelu, GeluBackward): one pass each, where numpy took five or six
 # passes and their temporaries. The constants come in the array's dtype, so float32 computes in
 # float32 as numpy's expressions do; erf and exp are libm's (numpy's own SIMD exp may differ from
-# them in the last place: tests/kernels/test_gelu_kernels.py allows a few ulps).
+# them in the last place: tests/base/kernels/test_gelu_kernels.py allows a few ulps).
 @njit(cache=True, nogil=True)
 def _gelu(x, out, half, one, sqrt1_2):
     for k in range(x.size):
@@ -304,7 +304,7 @@ def _gelu_backward(g, x, out, half, one, sqrt1_2, pdf_scale, minus_half):
 # float32: erf and exp from kernels/simd_math.py (Note [Vectorizable float32 math]), so both loops
 # run in SIMD lanes: 1M elements 14.6 -> 1.2 ms forward, 23 -> 2.x ms backward. A GELU is then
 # within 1.4e-6 of the exact value on [-10, 10], where PyTorch's float32 GELU is within 3.8e-7
-# (tests/kernels/test_gelu_kernels.py). float64 keeps libm's erf and exp: gradcheck's precision.
+# (tests/base/kernels/test_gelu_kernels.py). float64 keeps libm's erf and exp: gradcheck's precision.
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_float32(x, out, sqrt1_2):
     for k in range(x.size):

@@ -2,7 +2,7 @@
 
 nn/_layernorm.py NativeLayerNorm takes these for C-contiguous numpy float32/float64 arrays (the
 normalized axes flattened into rows of n); its numpy expressions stay beside them as the
-reference (tests/kernels/test_layernorm_kernels.py compares the two, and PyTorch). Forward reads
+reference (tests/base/kernels/test_layernorm_kernels.py compares the two, and PyTorch). Forward reads
 a row three times (its mean, its variance about the mean, the output) where numpy made seven
 passes over the whole input with four temporaries; backward reads g and x once per row for the
 two sums and once for the input's gradient, and adds the weight's and bias's gradients in the

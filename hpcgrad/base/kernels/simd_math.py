@@ -8,7 +8,7 @@ element, where numpy's own SIMD exp takes 2-3 ns. The functions here are straigh
 arithmetic, inlined into the caller's loop, so a float32 loop runs 8 lanes at a time. The loops
 that inline them are compiled with ``error_model="numpy"``: with Python's error model a division
 checks for zero and raises, and the raise keeps the loop scalar too. Each function states its
-error against the exact value; the tests (tests/kernels/test_simd_math.py) check it on dense
+error against the exact value; the tests (tests/base/kernels/test_simd_math.py) check it on dense
 grids, and each kernel using one is tested against its numpy reference and PyTorch.
 """
 

@@ -1,7 +1,7 @@
 """Softmax over the last axis and its backward, a row at a time in numba (float32 exp vectorized).
 
 ops/nn.py softmax_array and nn/_attention.py take these for C-contiguous numpy arrays; numpy's
-expressions stay beside them as the reference (tests/kernels/test_softmax_kernels.py compares the
+expressions stay beside them as the reference (tests/base/kernels/test_softmax_kernels.py compares the
 two, and PyTorch). Forward reads a row three times (numpy's maximum; exp(x - max) and its sum; the
 division), where numpy made five passes over the whole array with four temporaries; backward
 one pass for <g, p> and one for the result.

@@ -1,4 +1,4 @@
-"""Fixture for tests/test_coverage.py: every import form, names hpcgrad has and names it lacks."""
+"""Fixture for tests/tools/test_coverage.py: every import form, names hpcgrad has and names it lacks."""
 import argparse
 import torch
 import torch as th

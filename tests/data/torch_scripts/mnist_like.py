@@ -1,4 +1,4 @@
-"""Fixture for tests/test_coverage.py: the torch names a small MNIST training script uses, all in hpcgrad."""
+"""Fixture for tests/tools/test_coverage.py: the torch names a small MNIST training script uses, all in hpcgrad."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import scaling_model as model  # noqa: E402
 
 A, B, G = 2e-6, 1e-9, 0.25e-9  # alpha, beta, gamma: round numbers to compute by hand
@@ -280,7 +280,7 @@ def test_no_progress_but_what_goes_ahead():
 def _scaling():
     import importlib.util
     import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "scaling.py"
     spec = importlib.util.spec_from_file_location("scaling_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

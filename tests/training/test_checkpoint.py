@@ -19,7 +19,7 @@ from hpcgrad.training.checkpoint import CheckpointError
 from hpcgrad.data import DataLoader, synthetic_classification
 from hpcgrad.optim import SGD, Adam, AdamW
 
-SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_save_killed.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "checkpoint_save_killed.py"
 FEATURES, CLASSES = 4, 3
 
 
@@ -154,7 +154,7 @@ def check_killed_save(tmp_path, stage):
     checkpoint.save(path, good, step=1)
     before = path.read_bytes()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
-        str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")])))
+        str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, str(SCRIPT), stage, str(path), str(ready)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

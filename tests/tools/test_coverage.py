@@ -14,10 +14,10 @@ import pytest
 
 from hpcgrad.coverage import check_file, check_tree
 
-DATA = Path(__file__).parent / "data" / "torch_scripts"
+DATA = Path(__file__).parents[1] / "data" / "torch_scripts"
 ALIASES = str(DATA / "aliases.py")
 MNIST_LIKE = str(DATA / "mnist_like.py")
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 # aliases.py, name by name: the import line(s) and the lines that reach it through an alias.
 ALIASES_USED = {

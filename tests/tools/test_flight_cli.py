@@ -9,7 +9,7 @@ import pytest
 
 from hpcgrad import flight
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 T0 = 1000.0
 
 
