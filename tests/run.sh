@@ -96,10 +96,16 @@ beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py)
 # ranks' start-up, and waits on purpose for faults and timeouts, leave a core idle much of the
 # time) and the tests that run in this process.
 launched=(tests/jobs tests/distributed tests/comm tests/cluster tests/slurm)
+# A run beside another has one core: its launched ranks take one thread each. A 1-rank job
+# otherwise runs BLAS and numba on both cores (Note [Threads per rank]), whose threads spin
+# while the other run holds one: train_resnet.py --arch resnet18 at 1 rank, beside a busy
+# core, took 20 s with two threads and 4-6 s with one (38 s of the launched run in CI).
+one_core=(env HPCGRAD_THREADS_PER_RANK=1)
 if [ $# -eq 0 ]; then
     start_beside "serial, in process" timeout -k 10 "$serial_limit" "$python" -m pytest -q \
         "${beside[@]/#/--ignore=}" "${launched[@]/#/--ignore=}"
-    run "serial, launched" timeout -k 10 "$serial_limit" "$python" -m pytest "${launched[@]}"
+    run "serial, launched" "${one_core[@]}" timeout -k 10 "$serial_limit" "$python" -m pytest \
+        "${launched[@]}"
     collect_beside
 else
     run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
@@ -112,15 +118,16 @@ fi
 # backward() runs from replayed plans by default (Note [Replayed backward plans]); the engine's
 # tests, and the 1-rank run, also run on the queue engine alone.
 if [ $# -eq 0 ]; then
-    start_beside "examples, GPU scripts" timeout -k 10 "$serial_limit" "$python" -m pytest -q \
-        "${beside[@]}"
+    start_beside "examples, GPU scripts" "${one_core[@]}" timeout -k 10 "$serial_limit" \
+        "$python" -m pytest -q "${beside[@]}"
     # (the fuzzer runs every mode itself, and type promotion does not depend on the engine)
     run "serial, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$serial_limit" \
         "$python" -m pytest -q tests/autograd tests/conformance tests/utils \
         --ignore=tests/autograd/test_fuzz.py --ignore=tests/autograd/test_promotion_issue25.py
 fi
-run "mpi, 1 rank, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$mpi_limit" \
-    "$python" -m pytest --with-mpi -m mpi "$@"
+# (beside the examples: one core, one thread)
+run "mpi, 1 rank, plan off" "${one_core[@]}" HPCGRAD_BACKWARD_PLAN=off timeout -k 10 \
+    "$mpi_limit" "$python" -m pytest --with-mpi -m mpi "$@"
 [ $# -ne 0 ] || collect_beside
 for n in 2 3; do
     run "mpi, $n ranks" env MPIEXEC_TIMEOUT="$mpi_limit" timeout -k 10 $((mpi_limit + 30)) \
