@@ -7,7 +7,8 @@ One thread (OPENBLAS_NUM_THREADS=1, set before numpy loads), float32, medians of
 rounds. Per layer, the forward pass (``hpcgrad/nn/_conv.py``) in parts: the padding copy, the
 columns (im2col), the product and the transposed store; the product's GF/s in three layouts
 (weight @ columns as built, columns.T @ weight.T on a transposed view, and on a contiguous
-copy); and two whole-forward alternatives that avoid the columns: nine products with a shifted
+copy); the weight gradient's product both ways (g @ columns.T, and (columns @ g.T).T, which
+_conv.py uses); and two whole-forward alternatives that avoid the columns: nine products with a shifted
 view of the padded input (one per kernel offset, K = channels), and columns taken as whole
 shifted rows of a padded grid (longer copies, a wider product). See Note [Convolution columns].
 """
@@ -96,8 +97,8 @@ def main(argv=None):
     print(f"3x3 stride-1 convolutions, batch {args.batch}, float32, one thread; medians of "
           f"{args.rounds} rounds (ms)")
     print(f"{'C=O':>4} {'side':>4} | {'pad':>5} {'im2col':>6} {'GEMM':>6} {'store':>5} "
-          f"{'fwd':>6} | GF/s: {'W@cols':>6} {'view':>5} {'copy':>5} | "
-          f"{'shifted':>7} {'grid':>6}")
+          f"{'fwd':>6} | GF/s: {'W@cols':>6} {'view':>5} {'copy':>5} {'g@c.T':>6} "
+          f"{'(c@g.T).T':>9} | {'shifted':>7} {'grid':>6}")
     for channels, side in LAYERS:
         a = rng.standard_normal((args.batch, channels, side, side)).astype(np.float32)
         w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
@@ -120,6 +121,7 @@ def main(argv=None):
             for s, e in chunks:
                 geo.columns(source, s, e, 0, loops)
 
+        grads = [rng.standard_normal((channels, c.shape[1])).astype(np.float32) for c in cols]
         whole = np.concatenate(cols, axis=1)
         whole_t, w_t = np.ascontiguousarray(whole.T), np.ascontiguousarray(w2.T)
         timed = {
@@ -127,6 +129,8 @@ def main(argv=None):
             "gemm": lambda: [w2 @ c for c in cols], "store": store,
             "fwd": lambda: forward(a, w), "W@cols": lambda: w2 @ whole,
             "view": lambda: whole.T @ w_t, "copy": lambda: whole_t @ w_t,
+            "g@c.T": lambda: [g @ c.T for g, c in zip(grads, cols)],
+            "(c@g.T).T": lambda: [(c @ g.T).T for g, c in zip(grads, cols)],
             "shifted": lambda: shifted_products(a, w), "grid": lambda: grid_columns(a, w),
         }
         times = {name: [] for name in timed}
@@ -135,10 +139,12 @@ def main(argv=None):
                 times[name].append(median_ms(fn, 1))
         ms = {name: float(np.median(t)) for name, t in times.items()}
         gflop = 2 * channels * whole.shape[0] * whole.shape[1] / 1e9
-        rate = {name: gflop / (ms[name] * 1e-3) for name in ("W@cols", "view", "copy")}
+        rate = {name: gflop / (ms[name] * 1e-3)
+                for name in ("W@cols", "view", "copy", "g@c.T", "(c@g.T).T")}
         print(f"{channels:>4} {side:>4} | {ms['pad']:5.2f} {ms['im2col']:6.2f} {ms['gemm']:6.2f} "
               f"{ms['store']:5.2f} {ms['fwd']:6.2f} | {rate['W@cols']:>12.0f} "
-              f"{rate['view']:>5.0f} {rate['copy']:>5.0f} | {ms['shifted']:7.2f} "
+              f"{rate['view']:>5.0f} {rate['copy']:>5.0f} {rate['g@c.T']:>6.0f} "
+              f"{rate['(c@g.T).T']:>9.0f} | {ms['shifted']:7.2f} "
               f"{ms['grid']:6.2f}")
 
 
