@@ -17,8 +17,6 @@ The loop around the step is hpcgrad.training's (Note [One training loop]); this 
 model, the data, one step and the evaluation.
 """
 
-import os
-
 from job_args import add_run_arguments, parse_together, real, training_parser
 
 import hpcgrad as hg
@@ -26,13 +24,13 @@ import hpcgrad.distributed as dist
 import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
-from hpcgrad.comm.mpi import MPI, cuda_aware_mpi, exit_together
-from hpcgrad.data import DataLoader, DistributedSampler, load_digits
+from hpcgrad.comm.mpi import MPI, cuda_aware_mpi
+from hpcgrad.data import load_digits
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.base.timeline import TIMELINE
-from hpcgrad.training.loop import (CHECKPOINT, EvaluationShard, Job, Loop, Preemption, counted,
-                                   evaluate, hosts, rank_places, resume_extra, check_setup,
-                                   stop_if_any)
+from hpcgrad.training.loop import (Job, Loop, check_setup, counted, evaluate, exit_job, hosts,
+                                   loaders, rank_places, say, start, stop_if_any)
+from hpcgrad.training.loop import Preemption  # noqa: F401  (tests/jobs import it from here)
 
 PROG = "train_ddp.py"
 
@@ -86,6 +84,19 @@ def ddp_summary(model):
             f"{data['avg_backward_compute_comm_overlap_time'] / 1e6:.1f} ms")
 
 
+def resume_problem(meta, path, world):
+    """Why the checkpoint cannot continue at this world size, or None: a run stopped mid-epoch
+    continues only on the shards it was cut into (an epoch's end, at any size)."""
+    start_epoch, skip = meta["epoch"], meta["batches_done"]
+    saved_world = int(meta.get("world_size", world))
+    if saved_world == world or not skip:
+        return None
+    return (f"{path} was saved by {saved_world} ranks in the middle of epoch {start_epoch + 1} "
+            f"(after {skip} of its steps); at {world} ranks the epoch's shards differ, so it "
+            f"cannot continue exactly. Resume with {saved_world} ranks, or start a new run "
+            "(another --checkpoint-dir)")
+
+
 class Digits(Job):
     """The digits classifier: cross-entropy, SGD with momentum, DDP."""
 
@@ -129,36 +140,17 @@ class Digits(Job):
 
 def main(argv=None):
     args = parse_args(argv)
-    dist.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    path = os.path.join(args.checkpoint_dir, CHECKPOINT)
-    if args.resume:
-        # A checkpoint that cannot continue this run is refused before the model and the data
-        # are made (load_digits imports scikit-learn: seconds per rank).
-        meta = resume_extra(path, PROG)
-        start_epoch, skip = meta["epoch"], meta["batches_done"]
-        saved_world = int(meta.get("world_size", world))
-        stop_if_any(f"{path} was saved by {saved_world} ranks in the middle of epoch "
-                    f"{start_epoch + 1} (after {skip} of its steps); at {world} ranks the epoch's "
-                    f"shards differ, so it cannot continue exactly. Resume with {saved_world} "
-                    f"ranks, or start a new run (another --checkpoint-dir)"
-                    if saved_world != world and skip else None, PROG, "checking the checkpoint")
+    rank, world, checkpoints = start(args, PROG, resume_problem)
     hg.manual_seed(args.seed)
     model = DistributedDataParallel(build_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
     optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     train, test = load_digits("train"), load_digits("test")
-    sampler = DistributedSampler(train, seed=args.seed)
-    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
+    sampler, train_loader, test_loader = loaders(args, train, test)
     stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
-    lines = header(args, world, train, test)
-    if rank == 0:
-        print(lines, flush=True)
+    say(header(args, world, train, test))
     job = Digits(args, model, optimizer, sampler, train_loader, test_loader)
-    return Loop(job, args, model, optimizer, len(train_loader)).run()
+    return Loop(job, args, model, optimizer, len(train_loader), checkpoints).run()
 
 
 if __name__ == "__main__":
-    status = main()
-    Preemption.ignore_from_now()
-    exit_together(status)  # every return of main is the same on every rank
+    exit_job(main())

@@ -42,14 +42,13 @@ import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
 from hpcgrad import nn, optim
-from hpcgrad.comm.mpi import exit_together
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from hpcgrad.base.timeline import TIMELINE
-from hpcgrad.training.loop import (CHECKPOINT, Job, Loop, Preemption, counted, rank_places,
-                                   resume_extra, stop_if_any, unwritable)
+from hpcgrad.training.loop import (Job, Loop, counted, exit_job, rank_places, say, start,
+                                   stop_if_any, unwritable)
 from hpcgrad.training.loop import hosts as dist_hosts
 from hpcgrad.utils.checkpoint import checkpoint as recompute
 
@@ -156,6 +155,15 @@ def param_groups(module, weight_decay):
             {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def adamw(module, args):
+    """AdamW over ``param_groups``; with --zero its state sharded over the ranks."""
+    groups = param_groups(module, args.weight_decay)
+    betas = (args.momentum, 0.95)
+    if args.zero:
+        return ZeroRedundancyOptimizer(groups, optim.AdamW, lr=args.lr, betas=betas)
+    return optim.AdamW(groups, lr=args.lr, betas=betas)
+
+
 def schedule(optimizer, args):
     """Linear warm-up from lr / warmup to lr over --warmup steps, then a cosine to lr / 10 at
     the last step: one scheduler.step() per optimizer step."""
@@ -186,6 +194,14 @@ def sample(module, prompt, count, block, temperature, seed):
             text.append(int(rng.choice(VOCAB, p=p / p.sum())))
     module.train()
     return bytes(text)
+
+
+def sample_lines(module, args):
+    """What rank 0 prints after a run trained to its end: --sample-bytes from --prompt."""
+    text = sample(module, args.prompt.encode("utf-8"), args.sample_bytes, args.block_size,
+                  args.temperature, args.seed)
+    return (f"\nsample ({args.sample_bytes} bytes after {args.prompt!r}, temperature "
+            f"{args.temperature:g}):\n{text.decode('utf-8', errors='replace')}")
 
 
 def evaluate(module, val, args, rank, world):
@@ -384,42 +400,26 @@ class BytesGPT(Job):
 
 def main(argv=None):
     args = parse_args(argv)
-    dist.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    path = os.path.join(args.checkpoint_dir, CHECKPOINT)
     corpus, files, root = read_corpus(args.corpus_mb)
     digest = hashlib.sha256(corpus.tobytes()).hexdigest()
     train, val = split(corpus, args.val_fraction)
-    if args.resume:
-        stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args, digest), PROG,
-                    "checking the checkpoint")
+    rank, world, checkpoints = start(
+        args, PROG, lambda meta, path, world: resume_problem(meta, path, world, args, digest))
     stop_if_any(unwritable(args.checkpoint_dir), PROG, "checking the set-up")
     hg.manual_seed(args.seed)
     module = GPT(args.d_model, args.heads, args.layers, args.block_size,
                  args.checkpoint_activations)
     model = DistributedDataParallel(module)
-    groups = param_groups(module, args.weight_decay)
-    betas = (args.momentum, 0.95)
-    if args.zero:
-        optimizer = ZeroRedundancyOptimizer(groups, optim.AdamW, lr=args.lr, betas=betas)
-    else:
-        optimizer = optim.AdamW(groups, lr=args.lr, betas=betas)
+    optimizer = adamw(module, args)
     scheduler = schedule(optimizer, args)
-    lines = header(args, world, files, root, train, val, module)
-    if rank == 0:
-        print(lines, flush=True)
+    say(header(args, world, files, root, train, val, module))
     job = BytesGPT(args, model, module, optimizer, scheduler, train, val, digest)
-    loop = Loop(job, args, model, optimizer, args.steps_per_epoch)
+    loop = Loop(job, args, model, optimizer, args.steps_per_epoch, checkpoints)
     status = loop.run()
     if loop.finished and rank == 0 and args.sample_bytes:
-        text = sample(module, args.prompt.encode("utf-8"), args.sample_bytes, args.block_size,
-                      args.temperature, args.seed)
-        print(f"\nsample ({args.sample_bytes} bytes after {args.prompt!r}, temperature "
-              f"{args.temperature:g}):\n{text.decode('utf-8', errors='replace')}", flush=True)
+        print(sample_lines(module, args), flush=True)
     return status
 
 
 if __name__ == "__main__":
-    status = main()
-    Preemption.ignore_from_now()
-    exit_together(status)  # every return of main is the same on every rank
+    exit_job(main())

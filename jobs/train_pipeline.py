@@ -23,7 +23,9 @@ complete commit, so a job killed at any moment loses at most the steps since it.
 SIGUSR1 or SIGINT (preemption, Ctrl-C) sent to any rank, all ranks stop at the next step after a
 checkpoint, rank 0 leaves <checkpoint-dir>/PREEMPTED and the job exits with 128 + the signal's
 number (jobs/job_args.py: the exit statuses); --resume continues exactly. HPCGRAD_TIMELINE=path
-records a timeline of every rank.
+records a timeline of every rank. The loop around the step is hpcgrad.training's (Note [One
+training loop]: its multi-part Commits, the stop agreed one step late by LatePreemption); this
+file is the stages, the data, one step and the evaluation.
 
 Note [Pipeline job's learning]
     The first version reached 0.93 test accuracy at epoch 4 and fell to 0.84 at epoch 5 (2
@@ -45,7 +47,6 @@ Note [Pipeline job's learning]
 import math
 import os
 import sys
-from functools import partial
 
 import numpy as np
 from job_args import add_run_arguments, parse_together, real, training_parser
@@ -184,7 +185,7 @@ def check_setup(args, train_size):
     return unwritable(args.checkpoint_dir)
 
 
-def resume_problem(args, commit, directory, world):
+def resume_problem(commit, directory, world):
     """Why ``commit`` (Commits.find's, None where there is none) cannot continue this run, or
     None."""
     if commit is None:
@@ -290,8 +291,7 @@ def main(argv=None):
     if problem:  # before the process group: the world size is the same everywhere
         say(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
-    rank, world, checkpoints = start(args, PROG, partial(resume_problem, args), Commits,
-                                     timeout=args.timeout)
+    rank, world, checkpoints = start(args, PROG, resume_problem, Commits, timeout=args.timeout)
     train, test = load_digits("train", flatten=True), load_digits("test", flatten=True)
     stop_if_any(check_setup(args, len(train)), PROG, "checking the set-up")
     stage = build_stage(rank, world, args.seed)

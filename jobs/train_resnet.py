@@ -24,8 +24,6 @@ restores from the one file rank 0 wrote (it holds every rank's state), so a comm
 files is not needed here.
 """
 
-import os
-
 import numpy as np
 from job_args import add_run_arguments, integer, parse_together, training_parser
 
@@ -33,14 +31,13 @@ import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
 from hpcgrad import nn, optim
-from hpcgrad.comm.mpi import exit_together
-from hpcgrad.data import DataLoader, DistributedSampler, TensorDataset, load_digits
+from hpcgrad.data import TensorDataset, load_digits
 from hpcgrad.ddp.comm_hooks import PowerSGDState, powerSGD_hook
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, OneCycleLR
-from hpcgrad.training.loop import (CHECKPOINT, EvaluationShard, Job, Loop, Preemption, check_setup,
-                                   counted, evaluate, hosts, rank_places, resume_extra, stop_if_any)
+from hpcgrad.training.loop import (Job, Loop, check_setup, counted, evaluate, exit_job, hosts,
+                                   loaders, rank_places, say, start, stop_if_any)
 
 
 class BasicBlock(nn.Module):
@@ -177,6 +174,23 @@ def restore_powersgd(state, saved, dtype):
         memory.update({int(k): np.asarray(v, dtype=dtype) for k, v in saved[kind].items()})
 
 
+def compress(model, args):
+    """With --powersgd, DDP's gradients go through PowerSGD: its state; else None."""
+    if not args.powersgd:
+        return None
+    state = PowerSGDState(None, matrix_approximation_rank=args.powersgd,
+                          start_powerSGD_iter=args.powersgd_start, random_seed=args.seed)
+    model.register_comm_hook(state, powerSGD_hook)
+    return state
+
+
+def schedule(optimizer, args, steps_per_epoch):
+    """--scheduler's: OneCycleLR over every step of the run, or CosineAnnealingLR per epoch."""
+    if args.scheduler == "onecycle":
+        return OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.epochs * steps_per_epoch)
+    return CosineAnnealingLR(optimizer, T_max=args.epochs)
+
+
 def restore_buckets(model, bucket_indices):
     """Give a resumed DDP the gradient buckets the saved run had settled on.
 
@@ -262,43 +276,24 @@ class ResNetJob(Job):
 
 def main(argv=None):
     args = parse_args(argv)
-    dist.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    path = os.path.join(args.checkpoint_dir, CHECKPOINT)
-    if args.resume:
-        # Found before the model and the data are made (load_digits imports scikit-learn:
-        # seconds per rank), and before the model is loaded: another --width would not fit it.
-        stop_if_any(resume_problem(resume_extra(path, PROG), path, world, args), PROG,
-                    "checking the checkpoint")
+    # The checkpoint is checked before the model is made: another --width would not fit it.
+    _, world, checkpoints = start(
+        args, PROG, lambda meta, path, world: resume_problem(meta, path, world, args))
     hg.manual_seed(args.seed)
     module = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(args.width, args.arch))
     model = DistributedDataParallel(module)
-    hook_state = None
-    if args.powersgd:
-        hook_state = PowerSGDState(None, matrix_approximation_rank=args.powersgd,
-                                   start_powerSGD_iter=args.powersgd_start, random_seed=args.seed)
-        model.register_comm_hook(hook_state, powerSGD_hook)
+    hook_state = compress(model, args)
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optim.SGD, lr=args.lr,
                                         momentum=args.momentum)
     train, test = datasets(args)
-    sampler = DistributedSampler(train, seed=args.seed)
-    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    test_loader = DataLoader(test, batch_size=256, sampler=EvaluationShard(len(test), rank, world))
-    if args.scheduler == "onecycle":
-        scheduler = OneCycleLR(optimizer, max_lr=args.lr,
-                               total_steps=args.epochs * len(train_loader))
-    else:
-        scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
+    sampler, train_loader, test_loader = loaders(args, train, test)
+    scheduler = schedule(optimizer, args, len(train_loader))
     stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
-    lines = header(args, world, train, test, module)
-    if rank == 0:
-        print(lines, flush=True)
+    say(header(args, world, train, test, module))
     job = ResNetJob(args, model, optimizer, scheduler, hook_state, sampler, train_loader,
                     test_loader)
-    return Loop(job, args, model, optimizer, len(train_loader)).run()
+    return Loop(job, args, model, optimizer, len(train_loader), checkpoints).run()
 
 
 if __name__ == "__main__":
-    status = main()
-    Preemption.ignore_from_now()
-    exit_together(status)
+    exit_job(main())

@@ -1,16 +1,21 @@
 """hpcgrad.training.Loop (Note [One training loop]) with a toy job: every step once across stops
-and resumes, the stop at an epoch's end after its report, preemption's status and marker."""
+and resumes, the stop at an epoch's end after its report, preemption's status and marker; a
+pipeline's hooks: multi-part commits (each rank its own state), the stop agreed one step late,
+begin/finish, an epoch loss over the whole epoch; start, the start of every job's main."""
 
 import argparse
 import json
 import os
 import signal
 
+import numpy as np
 import pytest
 
 import hpcgrad.distributed as dist
 from hpcgrad import checkpoint, nn, optim
-from hpcgrad.training.loop import CHECKPOINT, PREEMPTED, Job, Loop
+from hpcgrad.data import TensorDataset
+from hpcgrad.training.loop import (CHECKPOINT, PREEMPTED, Commits, Job, LastFile, LatePreemption,
+                                   Loop, loaders, start)
 
 
 class Counting(Job):
@@ -54,12 +59,17 @@ def run_dir(tmp_path):
     dist.barrier()
 
 
-def run(run_dir, job, epochs=3, resume=False, max_steps=0):
-    args = argparse.Namespace(epochs=epochs, checkpoint_dir=run_dir, checkpoint_every=0,
+def arguments(run_dir, epochs=3, resume=False, max_steps=0):
+    return argparse.Namespace(epochs=epochs, checkpoint_dir=run_dir, checkpoint_every=0,
                               resume=resume, max_steps=max_steps, no_progress=True,
                               tensorboard=False)
+
+
+def run(run_dir, job, epochs=3, resume=False, max_steps=0, checkpoints=None):
+    args = arguments(run_dir, epochs, resume, max_steps)
     model = nn.Linear(2, 1)
-    loop = Loop(job, args, model, optim.SGD(model.parameters(), lr=0.1), steps_per_epoch=4)
+    loop = Loop(job, args, model, optim.SGD(model.parameters(), lr=0.1), steps_per_epoch=4,
+                checkpoints=checkpoints)
     return loop, loop.run()
 
 
@@ -137,3 +147,124 @@ def test_a_complete_run_has_nothing_to_train(run_dir, capsys):
     assert status == 0 and job.ran == [] and not loop.finished
     if dist.get_rank() == 0:
         assert "is complete (1 of 1 epochs); nothing to train" in capsys.readouterr().out
+
+
+class Staged(Counting):
+    """Counting as a pipeline runs: the loss known on the last rank only (0 elsewhere), each
+    rank's own state in its part of a commit, the stop agreed one step late, the epoch's loss
+    the job's own, kept across a resume; counts begin and finish."""
+
+    preemption = LatePreemption
+
+    def __init__(self, signal_at=None):
+        super().__init__(signal_at)
+        self.rank, self.last = dist.get_rank(), dist.get_world_size() - 1
+        self.begun = self.finished = 0
+        self.loss_sum = 0.0  # the epoch's, on the last rank
+
+    def begin(self):
+        self.begun += 1
+
+    def finish(self):
+        self.finished += 1
+
+    def step(self, batch, step):
+        self.ran.append((batch, step))
+        if step == self.signal_at and self.rank == self.last:  # one rank alone
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if self.rank != self.last:
+            return 0.0, 0, {}
+        self.loss_sum += step
+        return float(step), 2, {}
+
+    def end_epoch(self, epoch):
+        figure = [self.loss_sum]
+        dist.broadcast_object_list(figure, src=self.last)
+        self.loss_sum = 0.0
+        return {"loss": 1000.0 + figure[0]}, ""
+
+    def checkpoint_state(self):
+        return {"rank": self.rank, "ran": len(self.ran), "loss_sum": self.loss_sum}
+
+    def restore(self, meta):
+        assert meta["rank"] == self.rank  # this rank's own part
+        self.restored, self.loss_sum = meta["ran"], meta["loss_sum"]
+
+
+def commits(run_dir):
+    return Commits(run_dir, "test_training")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_late_agreement_stops_every_rank_one_step_later_and_commits_resume_exactly(run_dir,
+                                                                                   capsys):
+    first = Staged(signal_at=2)  # the last rank alone: its agreement is waited for after step 3
+    loop, status = run(run_dir, first, checkpoints=commits(run_dir))
+    assert status == 128 + signal.SIGUSR1 and loop.step == 3 and not loop.finished
+    assert [s for _, s in first.ran] == [1, 2, 3] and (first.begun, first.finished) == (1, 0)
+    assert os.path.basename(loop.checkpoints.path).startswith("commit-")
+    if dist.get_rank() == 0:
+        assert os.path.exists(os.path.join(run_dir, PREEMPTED))
+        assert f"stopped at step 3 by SIGUSR1 (exit status 138); checkpoint " \
+               f"{loop.checkpoints.path}" in capsys.readouterr().out
+        steps = records(run_dir, "step")  # every step once, the last rank's loss
+        assert [(r["step"], r["loss"]) for r in steps] == [(s, float(s)) for s in (1, 2, 3)]
+    dist.barrier()
+    second = Staged()
+    loop, status = run(run_dir, second, resume=True, checkpoints=commits(run_dir))
+    assert status == 0 and loop.finished and second.restored == 3
+    assert [s for _, s in second.ran] == list(range(4, 13))
+    assert (second.begun, second.finished) == (1, 1)
+    if dist.get_rank() == 0:
+        out = capsys.readouterr().out
+        assert "resumed from " in out and "commit-" in out and "epoch 0, step 3" in out
+        assert "(resumed after step 3 of 4: figures over the whole epoch" in out
+        epochs = records(run_dir, "epoch")  # the job's loss, over the whole of epoch 1
+        assert [(e["step"], e["loss"]) for e in epochs] == [
+            (4, 1000.0 + 1 + 2 + 3 + 4), (8, 1000.0 + 5 + 6 + 7 + 8), (12, 1000.0 + 9 + 10 + 11 + 12)]
+        assert [r["step"] for r in records(run_dir, "step")] == list(range(1, 13))
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_late_agreement_settles_at_max_steps_and_at_an_epochs_end(run_dir):
+    job = Staged()
+    loop, status = run(run_dir, job, max_steps=6, checkpoints=commits(run_dir))
+    assert status == 0 and loop.step == 6
+    assert not os.path.exists(os.path.join(run_dir, PREEMPTED))
+    if dist.get_rank() == 0:  # nothing left in flight: steps 4 and 6 recorded
+        assert [r["step"] for r in records(run_dir, "step")] == list(range(1, 7))
+        assert [e["step"] for e in records(run_dir, "epoch")] == [4]
+
+
+@pytest.mark.mpi(min_size=1)
+def test_nothing_to_train_begins_nothing(run_dir):
+    run(run_dir, Staged(), epochs=1, checkpoints=commits(run_dir))
+    job = Staged()
+    loop, status = run(run_dir, job, epochs=1, resume=True, checkpoints=commits(run_dir))
+    assert status == 0 and job.ran == [] and (job.begun, job.finished) == (0, 0)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_start_checks_the_saved_run_before_the_job_makes_its_model(run_dir):
+    run(run_dir, Counting(), max_steps=2)
+    seen = []
+    rank, world, store = start(arguments(run_dir, resume=True), "test_training",
+                               lambda meta, path, size: seen.append((meta["step"], path, size)))
+    assert (rank, world) == (dist.get_rank(), dist.get_world_size())
+    assert isinstance(store, LastFile) and store.path == os.path.join(run_dir, CHECKPOINT)
+    assert seen == [(2, store.path, world)]
+    assert start(arguments(run_dir), "test_training", lambda *saved: 1 / 0)[2].path == store.path
+
+
+@pytest.mark.mpi(min_size=1)
+def test_loaders_shard_training_and_count_every_test_sample_once():
+    dist.init_process_group()
+    args = argparse.Namespace(seed=0, batch_size=3)
+    train = TensorDataset(np.arange(20.0))
+    test = TensorDataset(np.arange(7.0))
+    sampler, train_loader, test_loader = loaders(args, train, test)
+    assert len(sampler) == -(-20 // dist.get_world_size())
+    seen = [[float(x) for (batch,) in test_loader for x in batch.array]]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, seen[0])
+    assert sorted(x for part in everyone for x in part) == list(np.arange(7.0))

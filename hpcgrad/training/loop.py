@@ -5,18 +5,31 @@ Note [One training loop]
     epoch's batches, what one step does and what an epoch's end reports, and ``Loop`` does the
     rest the same way for every job:
 
-    - resume: ``--resume`` loads <checkpoint-dir>/last.npz into the model and optimizer, hands
-      the rest of the checkpoint to ``Job.restore``, skips the batches the epoch already
-      trained, and says so; a complete run says there is nothing to train;
+    - start and end: ``start`` begins every job's main (the process group; with --resume the
+      saved run found and the job asked whether it can continue it, before the model and data
+      are made), ``exit_job`` ends its process (every rank together);
+    - resume: ``--resume`` loads the checkpoint into the model and optimizer, hands the rest of
+      it to ``Job.restore``, skips the batches the epoch already trained, and says so; a
+      complete run says there is nothing to train (and ``Job.begin`` is never called);
     - stop: SIGTERM, SIGUSR1 or SIGINT on any rank (``Preemption``: the ranks agree at each
       step's end), or ``--max-steps``: a checkpoint, <checkpoint-dir>/PREEMPTED unless the run
       simply reached --max-steps, one line, and the exit status ``stop_status`` (128 + the
       signal) that slurm/train_ddp.sbatch requeues on;
-    - checkpoints every --checkpoint-every steps and at each epoch's end, written by rank 0
-      atomically with what ``Job.checkpoint_state`` adds (called on every rank: it may be
-      collective, as consolidating ZeRO's shards); a failure ends every rank with status 1;
+    - checkpoints every --checkpoint-every steps and at each epoch's end, with what
+      ``Job.checkpoint_state`` adds (called on every rank: it may be collective, as
+      consolidating ZeRO's shards); a failure ends every rank with status 1. Where they go is
+      ``start``'s choice: ``LastFile``, <checkpoint-dir>/last.npz written by rank 0 atomically
+      (the ranks hold the same model), or ``Commits``, multi-part commits in which every rank
+      saves its own part (a pipeline's stages);
     - metrics.jsonl (and TensorBoard with --tensorboard), a progress bar on a terminal, the
       epoch line on rank 0, and the timeline merged on every normal exit.
+
+    A job whose ranks differ (jobs/train_pipeline.py: one stage each, the loss on the last)
+    sets ``Job.preemption = LatePreemption`` (the agreement, which also brings the loss to rank
+    0, waited for a step late, so no rank spins while the others finish the step; the steps'
+    metrics are written once agreed), returns a "loss" among its epoch figures (over the whole
+    epoch, kept across a resume), uses ``Commits``, and starts and stops what only training
+    needs (its RPC agent) in ``Job.begin`` and ``Job.finish``.
 
     Everything any rank must decide with the others (a problem, a stop) is agreed collectively
     first (``stop_if_any``, ``Preemption.agreed``), so no exit needs MPI_Abort.
@@ -495,8 +508,8 @@ class Loop:
         if self.epoch < self.args.epochs:
             return True
         say(f"the run in {self.args.checkpoint_dir} is complete ({self.epoch} of "
-                 f"{self.args.epochs} epochs); nothing to train. Raise --epochs to train on, "
-                 "or use a new --checkpoint-dir for a new run")
+            f"{self.args.epochs} epochs); nothing to train. Raise --epochs to train on, or use "
+            "a new --checkpoint-dir for a new run")
         if self.rank == 0 and os.path.exists(self.marker):
             os.remove(self.marker)
         return False
@@ -574,6 +587,7 @@ class Loop:
         dist.all_reduce(totals)
         rate = totals[2] / elapsed if elapsed > 0 else float("nan")
         figures, words = job.end_epoch(epoch)
+        figures = dict(figures)
         whole = "loss" in figures  # the job's loss over the whole epoch, even if resumed
         train_loss = figures.pop("loss") if whole else totals[0] / max(totals[1], 1)
         self.save(epoch + 1, 0)
