@@ -183,7 +183,7 @@ class CrossEntropy(Function):
             return (x.log_softmax(1).exp() - _const(onehot)) * scale, None
         # The bits of the unfused graph (LogSoftmax's backward ``g - exp(y) * g.sum(1)`` with g
         # holding -scale at the targets): exp(y) * scale, then scale taken off at the targets.
-        # Bit-identical gradients keep seeded training runs (tests/test_training.py) on their
+        # Bit-identical gradients keep seeded training runs (tests/training/test_training.py) on their
         # path; (exp(y) - 1) * scale rounds differently and drifts after ~40 steps.
         s = scale.array
         delta = xp.exp(log_probs) * s
