@@ -280,12 +280,16 @@ class BatchNorm(Function):
 
 def _batch_norm_loops(a, weight=None, bias=None, g=None):
     """kernels/batchnorm.py where it takes these arrays (C-contiguous numpy float32/float64 of
-    one dtype, weight and bias too), else None: the numpy expressions, its reference."""
+    one dtype, weight and bias too), kernels/cuda_norms.py's batchnorm for such cupy arrays,
+    else None: the numpy expressions, its reference."""
     arrays = [a] + [t.array for t in (weight, bias) if t is not None]
     arrays += [g] if g is not None else []
-    if not all(type(v) is np.ndarray for v in arrays):
+    if all(type(v) is np.ndarray for v in arrays):
+        from hpcgrad.base.kernels import batchnorm  # numba: imported on first use
+    elif all(backend.is_gpu_array(v) for v in arrays):  # the same passes for cupy arrays
+        from hpcgrad.base.kernels.cuda_norms import batchnorm
+    else:
         return None
-    from hpcgrad.base.kernels import batchnorm  # numba: imported on first use
     batch = [a] + ([g] if g is not None else [])  # (weight and bias are only read by numpy)
     if not batchnorm.typed(*batch) or any(v.dtype != a.dtype for v in arrays):
         return None

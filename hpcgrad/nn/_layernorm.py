@@ -35,12 +35,16 @@ def _sum_over(t, dims):
 
 def _loops(a, weight, bias, g=None):
     """kernels/layernorm.py where it takes these arrays (C-contiguous numpy float32/float64 of
-    one dtype, weight and bias too), else None: the numpy expressions, its reference."""
+    one dtype, weight and bias too), kernels/cuda_norms.py's layernorm for such cupy arrays,
+    else None: the numpy expressions, its reference."""
     arrays = [a] + [t.array for t in (weight, bias) if t is not None]
     arrays += [g] if g is not None else []
-    if not all(type(v) is np.ndarray for v in arrays):
+    if all(type(v) is np.ndarray for v in arrays):
+        from hpcgrad.base.kernels import layernorm  # numba: imported on first use
+    elif all(backend.is_gpu_array(v) for v in arrays):  # the same passes for cupy arrays
+        from hpcgrad.base.kernels.cuda_norms import layernorm
+    else:
         return None
-    from hpcgrad.base.kernels import layernorm  # numba: imported on first use
     return layernorm if layernorm.typed(*arrays) else None
 
 

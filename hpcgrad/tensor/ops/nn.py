@@ -42,10 +42,11 @@ def softmax_backward_array(y, g, axis, scale=1.0):
 
 
 def _row_loops(a):
-    """kernels/softmax.py's row loops for a host array, else None (imported on first use:
-    numba)."""
+    """kernels/softmax.py's row loops for a host array, kernels/cuda_norms.py's for a cupy
+    array (imported on first use: numba)."""
     if backend.is_gpu_array(a):
-        return None
+        from hpcgrad.base.kernels.cuda_norms import softmax as cuda_loops
+        return cuda_loops
     from hpcgrad.base.kernels import softmax
     return softmax
 
