@@ -284,7 +284,8 @@ def _view(a):
 
 def _per_channel(a, coeff, dtype):
     """A per-channel coefficient (host or device, any dtype) as a device array of ``dtype``."""
-    return backend.get_array_module(a).asarray(coeff, dtype=dtype).reshape(-1)
+    xp = backend.get_array_module(a)
+    return xp.ascontiguousarray(xp.asarray(coeff, dtype=dtype).reshape(-1))
 
 
 def bn_typed(*arrays):

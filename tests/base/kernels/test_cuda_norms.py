@@ -263,6 +263,19 @@ def test_cuda_norms_under_simulator(launch):
     assert "all cases passed" in job.stdout
 
 
+def test_block_sizes():
+    """A reduction's block: a power of two from a warp up to REDUCE_THREADS, covering the row
+    when it can; an element-wise pass covers every element."""
+    pytest.importorskip("numba.cuda")
+    from hpcgrad.base.kernels import cuda_norms
+    assert [cuda_norms._threads(n) for n in (0, 1, 32, 33, 100, 256, 257, 10**6)] == [
+        32, 32, 32, 64, 128, 256, 256, 256]
+    for n in (1, 255, 256, 257):
+        blocks, threads = cuda_norms._grid(n)
+        assert threads == cuda_norms.ELEMENT_THREADS
+        assert (blocks - 1) * threads < n <= blocks * threads
+
+
 # --- on a GPU ----------------------------------------------------------------------------------
 def _cupy():
     return backend.cupy_module()
