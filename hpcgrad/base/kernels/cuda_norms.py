@@ -20,24 +20,32 @@ from hpcgrad.base.kernels.cuda import THREADS_PER_BLOCK, _device_view, _stream
 # ``_device_view``, Note [Device views by address]) and indexes them itself, and launches on
 # cupy's current stream without a host synchronize.
 #
-# A reduction is one block: over a channel (BatchNorm's statistics and backward sums, one block
-# per channel) or over a row (LayerNorm, softmax: one block per row). Each thread strides over
-# its elements, then the block adds (or takes the maximum of) the threads' values in shared
-# memory, a tree of log2(threads) steps; the block size is a power of two, the smallest one of at
-# least a warp that covers the row, up to REDUCE_THREADS, so a short row does not launch 256
-# threads to idle. BatchNorm accumulates in float64 whatever the dtype (as the CPU pass);
-# LayerNorm and softmax in the input's dtype (as the CPU passes and PyTorch's acc type for
-# float32). LayerNorm's weight and bias gradients are column sums: one thread per column walks
-# the rows (coalesced across the threads of a warp). Element-wise passes (BatchNorm's transform
-# and input gradient) are one thread per element, THREADS_PER_BLOCK to a block.
+# A row reduction is one block per row (LayerNorm, softmax): each thread strides over the row,
+# then the block adds (or takes the maximum of) the threads' values in shared memory, a tree of
+# log2(threads) steps. The block size is a power of two, the smallest one of at least a warp
+# that covers the row, up to REDUCE_THREADS, so a short row does not launch 256 threads to idle.
 #
-# Not tuned on a GPU yet: a block per channel leaves SMs idle when there are fewer channels than
-# SMs (64 channels on 132 SMs) and each block then walks N*H*W elements; splitting a channel
-# over several blocks (partial sums, then a finalize) is the next step if profiles show it.
+# A channel's reduction (BatchNorm's statistics and backward sums) is longer: N*H*W elements,
+# 400K for a ResNet's first layer at batch 32, over 64 channels, fewer than an H200's 132 SMs.
+# So a channel is cut into pieces of at least ELEMENTS_PER_THREAD elements a thread, one block
+# each (a grid of channels x pieces), and a second launch of one thread per channel combines
+# the pieces. The statistics stay two-pass: a block takes its piece's mean, then the squares
+# about it (the second read mostly from L2), and the combine is Chan's: mean = sum(n_s m_s) / N,
+# M2 = sum(M2_s + n_s (m_s - mean)^2), with no E[x^2] - mean^2 cancellation. LayerNorm's weight
+# and bias gradients are column sums: one thread per column walks a chunk of ROWS_PER_CHUNK rows
+# (coalesced across a warp), a grid of column blocks x row chunks, then one thread per column
+# adds the chunks' sums. BatchNorm accumulates in float64 whatever the dtype (as the CPU pass);
+# LayerNorm and softmax in the input's dtype (as the CPU passes and PyTorch's acc type for
+# float32). Element-wise passes (BatchNorm's transform and input gradient) are one thread per
+# element, ELEMENT_THREADS to a block. Written and tested under the simulator; the piece and
+# chunk sizes are first guesses, to tune on a GPU.
 
 REDUCE_THREADS = 256  # the largest reduction block; a power of two, at most _SCRATCH
 ELEMENT_THREADS = THREADS_PER_BLOCK  # an element-wise pass's block
-# (the simulator's tests lower both: it runs every thread of a block as a Python thread)
+ELEMENTS_PER_THREAD = 16  # the least a thread adds of a BatchNorm channel's piece
+ROWS_PER_CHUNK = 64  # the rows a thread adds of one LayerNorm parameter-gradient column
+# (the simulator's tests lower all four: it runs every thread of a block as a Python thread)
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
 _SCRATCH = 256  # the shared scratch of one block reduction (compiled into the kernels)
 _WARP = 32
 
@@ -87,6 +95,14 @@ def _threads(n):
     return min(threads, REDUCE_THREADS)
 
 
+def _pieces(count):
+    """(threads, piece, pieces) of a BatchNorm channel of ``count`` elements (Note [Norms on
+    CUDA]): a block's piece is at least ELEMENTS_PER_THREAD elements a thread."""
+    threads = _threads(count)
+    piece = max(threads * ELEMENTS_PER_THREAD, -(-count // _MAX_GRID_Y))
+    return threads, piece, -(-count // piece)
+
+
 def _grid(n):
     """(blocks, threads) of an element-wise pass over ``n`` elements."""
     return (n + ELEMENT_THREADS - 1) // ELEMENT_THREADS, ELEMENT_THREADS
@@ -94,33 +110,50 @@ def _grid(n):
 
 # --- BatchNorm: x as (N, C, L) flat; one block per channel for the sums -------------------------
 @cuda.jit
-def _bn_stats(x, channels, length, mean, var):
-    ch = cuda.blockIdx.x
+def _bn_stats_pieces(x, channels, length, piece, mean_part, m2_part):
+    # a piece's count, mean and squares about that mean (two passes over the piece)
+    ch, s, pieces = cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.y
     t, step = cuda.threadIdx.x, cuda.blockDim.x
     count = x.size // channels
+    start = s * piece
+    stop = min(start + piece, count)
     scratch = cuda.shared.array(_SCRATCH, float64)
-    # element j of the channel is x[i, ch, k] with j = i * length + k; (i, k) advance by the
-    # block's step without a division per element
+    # (i, k) advance by the block's step without a division per element
     step_i, step_k = step // length, step % length
     total = float64(0.0)
-    i, k = t // length, t % length
-    for _ in range(t, count, step):
+    i, k = (start + t) // length, (start + t) % length
+    for _ in range(start + t, stop, step):
         total += x[(i * channels + ch) * length + k]
         i, k = i + step_i, k + step_k
         if k >= length:
             i, k = i + 1, k - length
-    m = _block_sum(scratch, total) / count
+    m = _block_sum(scratch, total) / (stop - start)
     squares = float64(0.0)
-    i, k = t // length, t % length
-    for _ in range(t, count, step):
+    i, k = (start + t) // length, (start + t) % length
+    for _ in range(start + t, stop, step):
         d = x[(i * channels + ch) * length + k] - m
         squares += d * d
         i, k = i + step_i, k + step_k
         if k >= length:
             i, k = i + 1, k - length
-    v = _block_sum(scratch, squares) / count
+    squares = _block_sum(scratch, squares)
     if t == 0:
-        mean[ch], var[ch] = m, v
+        mean_part[ch * pieces + s], m2_part[ch * pieces + s] = m, squares
+
+
+@cuda.jit
+def _bn_stats_combine(mean_part, m2_part, pieces, count, piece, mean, var):
+    ch = cuda.grid(1)
+    if ch < mean.size:
+        total = float64(0.0)
+        for s in range(pieces):
+            total += min(piece, count - s * piece) * mean_part[ch * pieces + s]
+        m = total / count
+        m2 = float64(0.0)
+        for s in range(pieces):
+            d = mean_part[ch * pieces + s] - m
+            m2 += m2_part[ch * pieces + s] + min(piece, count - s * piece) * d * d
+        mean[ch], var[ch] = m, m2 / count
 
 
 @cuda.jit
@@ -132,17 +165,19 @@ def _bn_transform(x, alpha, beta, channels, length, out):
 
 
 @cuda.jit
-def _bn_backward_sums(g, x, mean, channels, length, sum_g, dotp):
-    ch = cuda.blockIdx.x
+def _bn_backward_pieces(g, x, mean, channels, length, piece, sum_part, dot_part):
+    ch, s, pieces = cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.y
     t, step = cuda.threadIdx.x, cuda.blockDim.x
     count = x.size // channels
+    start = s * piece
+    stop = min(start + piece, count)
     scratch = cuda.shared.array(_SCRATCH, float64)
     step_i, step_k = step // length, step % length
     m = mean[ch]
     total = float64(0.0)
     dot = float64(0.0)
-    i, k = t // length, t % length
-    for _ in range(t, count, step):
+    i, k = (start + t) // length, (start + t) % length
+    for _ in range(start + t, stop, step):
         at = (i * channels + ch) * length + k
         gv = float64(g[at])
         total += gv
@@ -153,7 +188,20 @@ def _bn_backward_sums(g, x, mean, channels, length, sum_g, dotp):
     total = _block_sum(scratch, total)
     dot = _block_sum(scratch, dot)
     if t == 0:
-        sum_g[ch], dotp[ch] = total, dot
+        sum_part[ch * pieces + s], dot_part[ch * pieces + s] = total, dot
+
+
+@cuda.jit
+def _add_pieces(part_a, part_b, pieces, out_a, out_b):
+    # out[c] = the sum of part[c, :] for two tables of pieces (C, pieces) at once
+    c = cuda.grid(1)
+    if c < out_a.size:
+        a = part_a[c * pieces]
+        b = part_b[c * pieces]
+        for s in range(1, pieces):
+            a += part_a[c * pieces + s]
+            b += part_b[c * pieces + s]
+        out_a[c], out_b[c] = a, b
 
 
 @cuda.jit
@@ -209,15 +257,27 @@ def _row_kernels(acc):
             grad_x[base + k] = r * (gw - a - (x[base + k] - m) * r * c)
 
     @cuda.jit
-    def layer_norm_backward_columns(g, x, rows, n, mean, rstd, grad_w, grad_b):
+    def layer_norm_backward_columns(g, x, rows, n, mean, rstd, chunk, part_w, part_b):
+        # column k's sums over the rows of chunk blockIdx.y, into part[blockIdx.y, k]
+        k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if k < n:
+            sum_w = acc(0)
+            sum_b = acc(0)
+            for i in range(cuda.blockIdx.y * chunk, min((cuda.blockIdx.y + 1) * chunk, rows)):
+                gv = g[i * n + k]
+                sum_w += gv * ((x[i * n + k] - mean[i]) * rstd[i])
+                sum_b += gv
+            part_w[cuda.blockIdx.y * n + k], part_b[cuda.blockIdx.y * n + k] = sum_w, sum_b
+
+    @cuda.jit
+    def column_totals(part_w, part_b, chunks, n, grad_w, grad_b):
         k = cuda.grid(1)
         if k < n:
             sum_w = acc(0)
             sum_b = acc(0)
-            for i in range(rows):
-                gv = g[i * n + k]
-                sum_w += gv * ((x[i * n + k] - mean[i]) * rstd[i])
-                sum_b += gv
+            for c in range(chunks):
+                sum_w += part_w[c * n + k]
+                sum_b += part_b[c * n + k]
             grad_w[k], grad_b[k] = sum_w, sum_b
 
     @cuda.jit
@@ -259,6 +319,7 @@ def _row_kernels(acc):
     return SimpleNamespace(layer_norm_forward=layer_norm_forward,
                            layer_norm_backward_input=layer_norm_backward_input,
                            layer_norm_backward_columns=layer_norm_backward_columns,
+                           column_totals=column_totals,
                            softmax_forward=softmax_forward, softmax_backward=softmax_backward)
 
 
@@ -308,7 +369,14 @@ def bn_stats(x):
     if x.size == 0:
         mean[...] = var[...] = np.nan
         return mean, var
-    _bn_stats[c, _threads(x.size // c), _stream(x)](_view(x), c, length, _view(mean), _view(var))
+    count = x.size // c
+    threads, piece, pieces = _pieces(count)
+    mean_part, m2_part = xp.empty(c * pieces), xp.empty(c * pieces)
+    stream = _stream(x)
+    _bn_stats_pieces[(c, pieces), threads, stream](_view(x), c, length, piece,
+                                                   _view(mean_part), _view(m2_part))
+    _bn_stats_combine[(*_grid(c), stream)](_view(mean_part), _view(m2_part), pieces, count,
+                                           piece, _view(mean), _view(var))
     return mean, var
 
 
@@ -332,9 +400,14 @@ def bn_backward_sums(g, x, mean):
     sum_g, dotp = xp.zeros(c), xp.zeros(c)
     if x.size == 0:
         return sum_g, dotp
-    _bn_backward_sums[c, _threads(x.size // c), _stream(x)](
-        _view(g), _view(x), _view(_per_channel(x, mean, np.float64)), c, length,
-        _view(sum_g), _view(dotp))
+    threads, piece, pieces = _pieces(x.size // c)
+    sum_part, dot_part = xp.empty(c * pieces), xp.empty(c * pieces)
+    stream = _stream(x)
+    _bn_backward_pieces[(c, pieces), threads, stream](
+        _view(g), _view(x), _view(_per_channel(x, mean, np.float64)), c, length, piece,
+        _view(sum_part), _view(dot_part))
+    _add_pieces[(*_grid(c), stream)](_view(sum_part), _view(dot_part), pieces, _view(sum_g),
+                                     _view(dotp))
     return sum_g, dotp
 
 
@@ -394,8 +467,18 @@ def ln_backward(g, a, weight, mean, rstd, count, need_x):
             w, has_w = _affine(a, weight, n)
             kernels.layer_norm_backward_input[rows, _threads(n), stream](
                 _view(g), _view(a), n, _view(w), has_w, mean, rstd, _view(grad_x))
-        kernels.layer_norm_backward_columns[(*_grid(n), stream)](
-            _view(g), _view(a), rows, n, mean, rstd, _view(grad_w), _view(grad_b))
+        chunk = max(ROWS_PER_CHUNK, -(-rows // _MAX_GRID_Y))
+        chunks = -(-rows // chunk)
+        # one chunk: its sums are the gradients; more: a table of them, then their totals
+        part_w, part_b = (grad_w, grad_b) if chunks == 1 else (
+            xp.empty(chunks * n, a.dtype), xp.empty(chunks * n, a.dtype))
+        blocks, threads = _grid(n)
+        kernels.layer_norm_backward_columns[(blocks, chunks), threads, stream](
+            _view(g), _view(a), rows, n, mean, rstd, chunk, _view(part_w),
+            _view(part_b))
+        if chunks > 1:
+            kernels.column_totals[blocks, threads, stream](
+                _view(part_w), _view(part_b), chunks, n, _view(grad_w), _view(grad_b))
     return grad_x, grad_w.reshape(shape), grad_b.reshape(shape)
 
 
