@@ -30,8 +30,9 @@ from hpcgrad.base.kernels.cuda import THREADS_PER_BLOCK, _device_view, _stream
 # So a channel is cut into pieces of at least ELEMENTS_PER_THREAD elements a thread, one block
 # each (a grid of channels x pieces), and a second launch of one thread per channel combines
 # the pieces. The statistics stay two-pass: a block takes its piece's mean, then the squares
-# about it (the second read mostly from L2), and the combine is Chan's: mean = sum(n_s m_s) / N,
-# M2 = sum(M2_s + n_s (m_s - mean)^2), with no E[x^2] - mean^2 cancellation. LayerNorm's weight
+# about it (4096 elements: the second read is likely an L2 hit), and the combine is Chan's:
+# mean = sum(n_s m_s) / N, M2 = sum(M2_s + n_s (m_s - mean)^2), with no E[x^2] - mean^2
+# cancellation. LayerNorm's weight
 # and bias gradients are column sums: one thread per column walks a chunk of ROWS_PER_CHUNK rows
 # (coalesced across a warp), a grid of column blocks x row chunks, then one thread per column
 # adds the chunks' sums. BatchNorm accumulates in float64 whatever the dtype (as the CPU pass);
@@ -108,7 +109,7 @@ def _grid(n):
     return (n + ELEMENT_THREADS - 1) // ELEMENT_THREADS, ELEMENT_THREADS
 
 
-# --- BatchNorm: x as (N, C, L) flat; one block per channel for the sums -------------------------
+# --- BatchNorm: x as (N, C, L) flat; a channel's sums in pieces, a block each -----------------
 @cuda.jit
 def _bn_stats_pieces(x, channels, length, piece, mean_part, m2_part):
     # a piece's count, mean and squares about that mean (two passes over the piece)
