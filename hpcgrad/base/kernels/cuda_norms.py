@@ -34,10 +34,10 @@ from hpcgrad.base.kernels.cuda import THREADS_PER_BLOCK, _device_view, _stream
 # mean = sum(n_s m_s) / N, M2 = sum(M2_s + n_s (m_s - mean)^2), with no E[x^2] - mean^2
 # cancellation. LayerNorm's weight and bias gradients are column sums: one thread per column
 # walks a chunk of ROWS_PER_CHUNK rows (coalesced across a warp), a grid of column blocks x row
-# chunks, then one thread per column adds the chunks' sums. BatchNorm accumulates in float64 whatever the dtype (as the CPU pass);
-# LayerNorm and softmax in the input's dtype (as the CPU passes and PyTorch's acc type for
-# float32). Element-wise passes (BatchNorm's transform and input gradient) are one thread per
-# element, ELEMENT_THREADS to a block. Written and tested under the simulator; the piece and
+# chunks, then one thread per column adds the chunks' sums. BatchNorm accumulates in float64
+# whatever the dtype (as the CPU pass); LayerNorm and softmax in the input's dtype (as the CPU
+# passes and PyTorch's acc type for float32). Element-wise passes (BatchNorm's transform and
+# input gradient) are one thread per element, ELEMENT_THREADS to a block. Written and tested under the simulator; the piece and
 # chunk sizes are first guesses, to tune on a GPU.
 
 REDUCE_THREADS = 256  # the largest reduction block; a power of two, at most _SCRATCH
