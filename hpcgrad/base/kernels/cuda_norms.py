@@ -37,8 +37,8 @@ from hpcgrad.base.kernels.cuda import THREADS_PER_BLOCK, _device_view, _stream
 # chunks, then one thread per column adds the chunks' sums. BatchNorm accumulates in float64
 # whatever the dtype (as the CPU pass); LayerNorm and softmax in the input's dtype (as the CPU
 # passes and PyTorch's acc type for float32). Element-wise passes (BatchNorm's transform and
-# input gradient) are one thread per element, ELEMENT_THREADS to a block. Written and tested under the simulator; the piece and
-# chunk sizes are first guesses, to tune on a GPU.
+# input gradient) are one thread per element, ELEMENT_THREADS to a block. Written and tested
+# under the simulator; the piece and chunk sizes are first guesses, to tune on a GPU.
 
 REDUCE_THREADS = 256  # the largest reduction block; a power of two, at most _SCRATCH
 ELEMENT_THREADS = THREADS_PER_BLOCK  # an element-wise pass's block
