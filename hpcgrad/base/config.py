@@ -67,6 +67,9 @@ SETTINGS = (
     Setting("HPCGRAD_DEVICE_COLLECTIVES", "", "when a process group is created",
             "direct, thread or staged: the path of collectives on GPU arrays; unset: decided "
             "from the MPI library"),
+    Setting("HPCGRAD_CUDA_NORMS", "0", "at each BatchNorm, LayerNorm or softmax on a GPU array",
+            "1: they run as numba CUDA kernels (kernels/cuda_norms.py; tested under numba's "
+            "simulator, not yet on a GPU); 0: as cupy array expressions"),
     Setting("HPCGRAD_NO_ABORT_HOOK", "0", "at import of hpcgrad",
             "1: an uncaught exception ends only its own rank (interactive use); 0: the whole "
             "job"),

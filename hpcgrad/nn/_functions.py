@@ -78,6 +78,7 @@ differentiable ops (so ``create_graph=True`` works), except the sparse embedding
 import numpy as np
 
 from hpcgrad.base import backend
+from hpcgrad.base.kernels import cuda_norms_on
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops import GetItem, IndexAdd
@@ -286,7 +287,7 @@ def _batch_norm_loops(a, weight=None, bias=None, g=None):
     arrays += [g] if g is not None else []
     if all(type(v) is np.ndarray for v in arrays):
         from hpcgrad.base.kernels import batchnorm  # numba: imported on first use
-    elif all(backend.is_gpu_array(v) for v in arrays):  # the same passes for cupy arrays
+    elif all(backend.is_gpu_array(v) for v in arrays) and cuda_norms_on():  # (opt-in)
         from hpcgrad.base.kernels.cuda_norms import batchnorm
     else:
         return None

@@ -15,6 +15,7 @@ here its reference.
 import numpy as np
 
 from hpcgrad.base import backend
+from hpcgrad.base.kernels import cuda_norms_on
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 
@@ -41,7 +42,7 @@ def _loops(a, weight, bias, g=None):
     arrays += [g] if g is not None else []
     if all(type(v) is np.ndarray for v in arrays):
         from hpcgrad.base.kernels import layernorm  # numba: imported on first use
-    elif all(backend.is_gpu_array(v) for v in arrays):  # the same passes for cupy arrays
+    elif all(backend.is_gpu_array(v) for v in arrays) and cuda_norms_on():  # (opt-in)
         from hpcgrad.base.kernels.cuda_norms import layernorm
     else:
         return None

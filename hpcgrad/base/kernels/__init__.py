@@ -1,6 +1,14 @@
 """numba kernels for the hot element-wise work, chosen by array module (numpy -> cpu, cupy -> cuda)."""
 
-from hpcgrad.base import backend
+from hpcgrad.base import backend, config
+
+
+def cuda_norms_on():
+    """Whether BatchNorm, LayerNorm and softmax on cupy arrays take kernels/cuda_norms.py:
+    HPCGRAD_CUDA_NORMS=1. Opt-in until they have run on a GPU (tests/gpu.sh runs them), as
+    every fast path is until a differential test has held it to its reference."""
+    return config.flag("HPCGRAD_CUDA_NORMS", False, "1 runs BatchNorm, LayerNorm and softmax on "
+                       "GPU arrays as numba CUDA kernels, 0 as cupy expressions")
 
 
 def scaled_copy(dst, src, scale):

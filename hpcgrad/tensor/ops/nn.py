@@ -1,6 +1,7 @@
 """Softmax and log-softmax along one axis, stable for large inputs."""
 
 from hpcgrad.base import backend
+from hpcgrad.base.kernels import cuda_norms_on
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.shape import wrap_dim
@@ -43,8 +44,10 @@ def softmax_backward_array(y, g, axis, scale=1.0):
 
 def _row_loops(a):
     """kernels/softmax.py's row loops for a host array, kernels/cuda_norms.py's for a cupy
-    array (imported on first use: numba)."""
+    array with HPCGRAD_CUDA_NORMS=1, else None (imported on first use: numba)."""
     if backend.is_gpu_array(a):
+        if not cuda_norms_on():
+            return None
         from hpcgrad.base.kernels.cuda_norms import softmax as cuda_loops
         return cuda_loops
     from hpcgrad.base.kernels import softmax
