@@ -61,12 +61,16 @@ def allow_short_sleeps():
 class Backoff:
     """What a polling thread does between two polls: Note [One waiting policy]."""
 
-    __slots__ = ("yield_seconds", "spin_seconds", "longest", "first", "since", "delay", "_sleep")
+    __slots__ = ("yield_seconds", "spin_seconds", "longest", "first", "since", "delay", "_sleep",
+                 "_yield")
 
-    def __init__(self, yield_seconds, spin_seconds, longest, first=FIRST_SLEEP, clock=time):
-        """``clock``: what has ``monotonic`` and ``sleep`` (the time module; a test's fake)."""
+    def __init__(self, yield_seconds, spin_seconds, longest, first=FIRST_SLEEP, clock=time,
+                 yield_core=None):
+        """``clock``: what has ``monotonic`` and ``sleep`` (the time module; a test's fake);
+        ``yield_core``: what yields the core (None: sched_yield)."""
         self.yield_seconds, self.spin_seconds, self.longest = yield_seconds, spin_seconds, longest
         self.first, self._sleep = first, clock.sleep
+        self._yield = _yield_core if yield_core is None else yield_core
         self.restart(clock.monotonic())
 
     def restart(self, now):
@@ -82,7 +86,7 @@ class Backoff:
         ``deadline`` (a monotonic time, or None); returns the seconds it asked to sleep."""
         quiet = now - self.since
         if quiet < self.yield_seconds:
-            _yield_core()
+            self._yield()
             return 0.0
         if quiet > self.spin_seconds:
             self.delay = min(self.delay * 2, self.longest(quiet))

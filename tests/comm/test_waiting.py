@@ -8,13 +8,33 @@ import pytest
 from hpcgrad.comm import waiting
 
 
+class Recorder(list):
+    """A fake clock and core for one Backoff: each pause as ("yield",) or ("sleep", seconds),
+    instead of yielding or sleeping (other threads of the process keep the real ones)."""
+
+    def monotonic(self):
+        return 0.0
+
+    def sleep(self, seconds):
+        self.append(("sleep", seconds))
+
+    def yield_core(self):
+        self.append(("yield",))
+
+
 @pytest.fixture
-def pauses(monkeypatch):
-    """Each pause as ("yield",) or ("sleep", seconds), instead of yielding or sleeping."""
-    seen = []
-    monkeypatch.setattr(waiting, "_yield_core", lambda: seen.append(("yield",)))
-    monkeypatch.setattr(waiting.time, "sleep", lambda s: seen.append(("sleep", s)))
-    return seen
+def pauses():
+    return Recorder()
+
+
+def backoff(pauses, **kwargs):
+    return waiting.Backoff(clock=pauses, yield_core=pauses.yield_core, **kwargs)
+
+
+def recorded(pauses, made):
+    """A Backoff made by one of waiting's factories, pausing into ``pauses``."""
+    made._sleep, made._yield = pauses.sleep, pauses.yield_core
+    return made
 
 
 def run(backoff, times, deadline=None):
@@ -23,7 +43,7 @@ def run(backoff, times, deadline=None):
 
 
 def test_yields_in_the_window_then_sleeps_short_then_doubles_to_the_cap(pauses):
-    b = waiting.Backoff(yield_seconds=0.5e-3, spin_seconds=2e-3, longest=lambda q: 1e-4)
+    b = backoff(pauses, yield_seconds=0.5e-3, spin_seconds=2e-3, longest=lambda q: 1e-4)
     b.restart(0.0)
     run(b, [0.0, 0.4e-3])
     assert pauses == [("yield",), ("yield",)]
@@ -36,7 +56,7 @@ def test_yields_in_the_window_then_sleeps_short_then_doubles_to_the_cap(pauses):
 
 
 def test_restart_starts_over_and_a_deadline_shortens_the_sleep(pauses):
-    b = waiting.Backoff(yield_seconds=0.0, spin_seconds=0.0, longest=lambda q: 1.0)
+    b = backoff(pauses, yield_seconds=0.0, spin_seconds=0.0, longest=lambda q: 1.0)
     b.restart(0.0)
     run(b, [1.0, 2.0, 3.0])
     assert [s for _, s in pauses] == pytest.approx([2e-5, 4e-5, 8e-5])
@@ -67,7 +87,7 @@ def test_the_three_waits_numbers():
 
 
 def test_the_collective_wait_sleeps_once_a_peer_is_late(pauses):
-    b = waiting.collective()
+    b = recorded(pauses, waiting.collective())
     b.restart(0.0)
     run(b, [0.01, 0.049])
     assert pauses == [("yield",), ("yield",)]
