@@ -30,7 +30,6 @@ from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.base.timeline import TIMELINE
 from hpcgrad.training.loop import (Job, Loop, check_setup, counted, evaluate, exit_job, hosts,
                                    loaders, rank_places, say, start, stop_if_any)
-from hpcgrad.training.loop import Preemption  # noqa: F401  (tests/jobs import it from here)
 
 PROG = "train_ddp.py"
 

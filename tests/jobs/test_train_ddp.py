@@ -202,10 +202,10 @@ def test_preemption_notice_after_the_run_is_ignored():
     """A USR1 or TERM that arrives once main() has returned (SLURM's notice racing the end of the
     run) must not kill the finished process, whose status the scheduler reads as the job's."""
     import subprocess
-    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); "
-            "from train_ddp import Preemption; Preemption.ignore_from_now(); "
+    code = ("import os, signal; "
+            "from hpcgrad.training.loop import Preemption; Preemption.ignore_from_now(); "
             "os.kill(os.getpid(), signal.SIGUSR1); os.kill(os.getpid(), signal.SIGTERM); "
             "print('still here')")
-    done = subprocess.run([sys.executable, "-c", code, str(Path(JOB).parent)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0 and "still here" in done.stdout, done.stderr
