@@ -15,7 +15,7 @@ from pathlib import Path
 import hpcgrad
 from hpcgrad.base import config
 from hpcgrad import coverage
-from hpcgrad.comm import hierarchical
+from hpcgrad.comm import hierarchical, ulfm
 from hpcgrad.comm.mpi import (CUDA_AWARE_ENV, MPI, _intel_offload, _loaded_mpi_libraries,  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
                               comm_world, cuda_aware_decision, cuda_aware_mpi, mpix_query,
                               ompi_info_text, thread_level)
@@ -150,6 +150,74 @@ def probe_cuda_aware(nprocs=2, timeout=60, gpus=None):
         how = f"exited with status {job.returncode}"
     tail = " | ".join((job.stdout + job.stderr).strip().splitlines()[-3:])[:400]
     return "no", f"probe {how} at {where}: {tail}"
+
+
+ULFM_PROBE_OK = "ULFM PROBE OK"
+
+
+def ulfm_probe_child():
+    """Body of `python -m hpcgrad.info --ulfm-probe-child` (2 ranks under `mpirun --with-ft
+    ulfm`): rank 1 dies without finalizing; rank 0 must see MPI_ERR_PROC_FAILED naming it,
+    revoke, and shrink to a world of 1."""
+    comm = comm_world().Dup()
+    if comm.Get_rank() == 1:
+        os._exit(0)
+    try:
+        comm.Barrier()
+        print("ULFM PROBE WRONG: a barrier with a dead rank completed", flush=True)
+        return 1
+    except MPI.Exception as error:
+        if error.Get_error_class() not in ulfm.failure_classes():
+            print(f"ULFM PROBE WRONG: {error}", flush=True)
+            return 1
+    lost = ulfm.failed_ranks(comm)
+    ulfm.revoke([comm])
+    size = ulfm.shrink(comm, 20).Get_size()
+    ok = lost == [1] and size == 1
+    print(ULFM_PROBE_OK if ok else f"ULFM PROBE WRONG: lost {lost}, shrunk to {size} ranks",
+          flush=True)
+    return 0
+
+
+def ulfm_launch_args():
+    """mpirun's arguments for a fault-tolerant job on the Open MPI wheel (Note [Process
+    failures under ULFM]): ULFM on, the TCP transport it supports, root and oversubscription
+    allowed (the environment variables for root come from ``probe_command``)."""
+    return ["--oversubscribe", "--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "pml",
+            "ob1"]
+
+
+def probe_fault_tolerance(timeout=60, static=None):
+    """(bool, reason): ULFM statically available (``ulfm.available``) and proven by a 2-rank
+    job in which one rank dies and the other shrinks the world (``ulfm_probe_child``). Never
+    raises and never waits longer than ``timeout`` (+10 s to end the job)."""
+    ok, reason = ulfm.available() if static is None else static
+    if not ok:
+        return False, reason
+    argv, env = probe_command(2, timeout)
+    if argv[0] == sys.executable:
+        return False, f"{reason}, but no mpirun beside this Python to prove it"
+    at = argv.index("-n")
+    argv = [argv[0], *ulfm_launch_args(), *argv[at:-1], "--ulfm-probe-child"]
+    try:
+        job = subprocess.run(argv, check=False, env=env, capture_output=True, text=True,
+                             timeout=timeout + 10)
+    except subprocess.TimeoutExpired:
+        return False, f"{reason}, but the probe job timed out after {timeout + 10} s"
+    except OSError as exc:
+        return False, f"{reason}, but the probe job could not start: {exc}"
+    # mpirun's status is the dead rank's; the survivor's line is the verdict.
+    if ULFM_PROBE_OK in job.stdout:
+        return True, (f"{reason}; probe passed: a rank died, the survivor saw "
+                      f"MPI_ERR_PROC_FAILED naming it and shrank the world; launch with "
+                      f"{ulfm.LAUNCH_LINE}")
+    tail = " | ".join((job.stdout + job.stderr).strip().splitlines()[-3:])[:400]
+    return False, f"{reason}, but the probe job failed (status {job.returncode}): {tail}"
+
+
+def format_fault_tolerance(result):
+    ok, reason = result
+    return f"fault tolerance: ULFM {'available' if ok else 'not available'} ({reason})"
 
 
 def format_probe(static, probe):
@@ -291,9 +359,11 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print the gathered reports as JSON")
     parser.add_argument("--probe", action="store_true",
                         help="confirm CUDA-awareness with a device all-reduce in a bounded job "
-                             "(mpiexec -n 2 beside this Python); Note [CUDA-aware decision]")
+                             "(mpiexec -n 2 beside this Python); Note [CUDA-aware decision]; and "
+                             "fault tolerance (ULFM) with a 2-rank job in which one rank dies")
     parser.add_argument("--probe-timeout", type=float, default=60, help="seconds for the probe job")
     parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ulfm-probe-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--coverage", nargs="+", metavar="FILE",
                         help="list the torch.* names these scripts use that hpcgrad lacks, with their "
                              "lines (parsed, not run); status 1 when some are missing, 2 when a file "
@@ -310,15 +380,20 @@ def main(argv=None):
         return coverage.main(args.coverage, as_json=args.json)
     if args.probe_child:
         return probe_child()
+    if args.ulfm_probe_child:
+        return ulfm_probe_child()
     reports = gather_info()
     if reports is None:
         return 0
     if args.probe:  # rank 0 alone starts the probe job
         static = cuda_aware_decision()
         verdict, reason = probe_cuda_aware(timeout=args.probe_timeout)
+        fault_tolerance = probe_fault_tolerance(timeout=args.probe_timeout)
         for report in reports:
             report.update(cuda_aware_static=static[0], cuda_aware_static_reason=static[1],
-                          cuda_aware_probe=verdict, cuda_aware_probe_reason=reason)
+                          cuda_aware_probe=verdict, cuda_aware_probe_reason=reason,
+                          fault_tolerance=fault_tolerance[0],
+                          fault_tolerance_reason=fault_tolerance[1])
     if args.json:
         common, _ = summarize(reports)
         print(json.dumps({"size": len(reports), "common": common, "ranks": reports}, indent=2))
@@ -326,6 +401,7 @@ def main(argv=None):
         print(format_report(reports))
         if args.probe:
             print(format_probe(static, (verdict, reason)))
+            print(format_fault_tolerance(fault_tolerance))
     sys.stdout.flush()
     return 0
 

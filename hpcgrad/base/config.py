@@ -73,6 +73,9 @@ SETTINGS = (
     Setting("HPCGRAD_NO_ABORT_HOOK", "0", "at import of hpcgrad",
             "1: an uncaught exception ends only its own rank (interactive use); 0: the whole "
             "job"),
+    Setting("HPCGRAD_ELASTIC_TIMEOUT", "60", "at each recovery of hpcgrad.distributed.elastic",
+            "seconds a survivor waits for the others to join a recovery (agree, shrink, "
+            "rebuild) after a rank is lost; past it the job ends"),
     Setting("HPCGRAD_FAKE_NODES", "", "when a process group is created",
             "N: the ranks on this machine act as N nodes (the simulated cluster)",
             "simulation"),
