@@ -27,6 +27,7 @@ PUBLIC = {
     "hpcgrad.distributed.rpc": "hpcgrad.rpc",
     "hpcgrad.distributed.autograd": "hpcgrad.dist_autograd",
     "hpcgrad.distributed.optim": "hpcgrad.dist_optim",
+    "hpcgrad.distributed.elastic": "hpcgrad.elastic",
     "hpcgrad.distributed.nn": "hpcgrad.remote",
     "hpcgrad.distributed.nn.api": "hpcgrad.remote",
     "hpcgrad.distributed.nn.api.remote_module": "hpcgrad.remote.remote_module",

@@ -40,6 +40,7 @@ LAYERS = (
     ("dist autograd", ("hpcgrad.dist_autograd",), ("models", "ddp")),
     ("remote modules", ("hpcgrad.remote",), ("ddp",)),
     ("dist optim", ("hpcgrad.dist_optim",), ("ddp",)),
+    ("elastic", ("hpcgrad.elastic",), ()),
     ("training", ("hpcgrad.training",), ()),
     ("root", ("hpcgrad", "hpcgrad._paths", "hpcgrad.utils"), ()),  # what torch's namespace holds
     ("tools", ("hpcgrad.info", "hpcgrad.flight", "hpcgrad.plot", "hpcgrad.coverage"), ()),

@@ -1,0 +1,119 @@
+"""``run``: the decorator that keeps a training function going when ranks are lost (Horovod
+Elastic's ``hvd.elastic.run``), and the errors it ends with.
+
+Note [Elastic run]
+    ``run(fn)(state)`` commits ``state`` once, then calls ``fn(state)``. When a collective
+    inside it fails because a rank died (Note [Process failures under ULFM]), every survivor
+    comes back here with the error: it revokes the world's communicators, so the survivors
+    still waiting elsewhere come too; they agree on the newest commit all of them hold (Note
+    [Agreeing on a commit] in world.py), shrink the world to themselves and make that the
+    default process group; the state forgets its DDP (``state.ddp`` builds a new one over the
+    new world on first use, its buckets and hooks with it), restores the agreed commit and
+    re-shards its sampler. The callbacks see a WorldChange (old size, new size, lost ranks);
+    then ``fn(state)`` is called again and goes on from the commit. Below ``min_size`` ranks
+    the survivors raise WorldTooSmallError instead, with the restored state in hand, for the
+    caller to save a checkpoint and end (SLURM requeue takes over from there).
+
+    ``state.leave(ranks)`` is the same change by plan: every rank calls it at the same step,
+    the named ranks return None from the decorated function, the others go on over the
+    smaller world from the newest commit. A test uses it as the reference run that a lost
+    rank's run must equal bit for bit.
+
+    Without ULFM (the mpich extra, or Open MPI not launched with ``--with-ft ulfm``) the
+    function runs once and a lost rank ends the job as before (fail fast); rank 0 says so.
+
+    Not built: growing back (MPI_Comm_spawn to replace lost ranks), a lost rank's RPCs and
+    distributed autograd contexts (an RPC to a dead rank still waits for the RPC timeout),
+    the progress thread's and device thread's pending work on the old communicators, and
+    hierarchical all-reduce's node groups are not rebuilt: Note [What elastic does not
+    protect] in docs/elastic.rst.
+"""
+
+import functools
+import sys
+import time
+import warnings
+
+from hpcgrad.collectives import api
+from hpcgrad.comm import ulfm
+from hpcgrad.elastic import world
+
+
+class WorldTooSmallError(RuntimeError):
+    """The world shrank below ``min_size``; ``change`` says how, the state holds the commit."""
+
+    def __init__(self, message, change):
+        super().__init__(message)
+        self.change = change
+
+
+class LeaveRequest(Exception):
+    """Raised by ``State.leave`` to reach ``run`` (never seen by users)."""
+
+    def __init__(self, ranks):
+        super().__init__(f"ranks {sorted(ranks)} leave the world by plan")
+        self.ranks = frozenset(ranks)
+
+
+_warned = False
+
+
+def _warn_fail_fast():
+    global _warned
+    if not _warned and api._group(None).rank() == 0:
+        ok, reason = ulfm.available()
+        why = ("this job was not launched with fault tolerance on: " + ulfm.LAUNCH_LINE if ok
+               else reason)
+        warnings.warn(f"elastic.run: a lost rank will end the job ({why})", RuntimeWarning,
+                      stacklevel=3)
+    _warned = True
+
+
+def run(fn=None, *, min_size=1, on_change=None, timeout=None):
+    """Decorate ``fn(state, *args, **kwargs)`` so it survives lost ranks (Note [Elastic run]).
+
+    ``min_size``: fewest ranks to go on with; ``on_change(change)``: called on every survivor
+    after each change of the world, with a WorldChange; ``timeout``: seconds a recovery may
+    take (default HPCGRAD_ELASTIC_TIMEOUT, 60). Every rank calls the decorated function with
+    its State; the default process group must be initialized (it is, if not).
+    """
+    if fn is None:
+        return functools.partial(run, min_size=min_size, on_change=on_change, timeout=timeout)
+    if int(min_size) < 1:
+        raise ValueError(f"min_size must be at least 1, got {min_size}")
+
+    @functools.wraps(fn)
+    def wrapper(state, *args, **kwargs):
+        api.init_process_group()
+        seconds = world.recovery_timeout() if timeout is None else float(timeout)
+        tolerant = ulfm.enabled() and ulfm.failure_classes()
+        if not tolerant:
+            _warn_fail_fast()
+        if not state.commits():
+            state.commit()
+        while True:
+            try:
+                return fn(state, *args, **kwargs)
+            except LeaveRequest as request:
+                started = time.monotonic()
+                comm = world.survivors_by_plan(request.ranks, seconds)
+                if comm == ulfm.MPI.COMM_NULL:
+                    state._drop_ddp()
+                    return None
+                change = world.rebuild(state, comm, None, started, True, seconds)
+            except Exception as error:  # noqa: BLE001 - anything but a process failure re-raised
+                if not tolerant or ulfm.failure_in(error) is None:
+                    raise
+                started = time.monotonic()
+                del error  # its traceback holds the old world's DDP and buffers
+                comm, serial = world.survivors_after_failure(state, seconds)
+                change = world.rebuild(state, comm, serial, started, False, seconds)
+            if on_change is not None:
+                on_change(change)
+            if change.new_size < min_size:
+                raise WorldTooSmallError(
+                    f"the world shrank to {change.new_size} ranks, below min_size={min_size} "
+                    f"({change}); the state holds the restored commit: save a checkpoint and "
+                    f"end, so the job is requeued", change)
+            sys.stdout.flush()
+    return wrapper
