@@ -1,9 +1,10 @@
 """A DDP training job that loses a rank (kill) or is told to drop it (plan), under elastic.run.
 
-    mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIM STEP OUT_DIR
+    mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIM STEP OUT_DIR [MIN_SIZE]
 MODE: kill (world rank VICTIM does os._exit(9) at the top of step STEP), plan (every rank
 calls state.leave([VICTIM]) at the top of step STEP), none. Commits every COMMIT steps. Each
-survivor writes OUT_DIR/rank<R>.json (its changes, timings) and rank<R>.npy (final parameters).
+survivor writes OUT_DIR/rank<R>.json (its changes, timings) and rank<R>.npy (final parameters);
+below MIN_SIZE ranks (default 2) each survivor writes OUT_DIR/too_small<R>.json and ends.
 """
 
 import json
@@ -19,6 +20,7 @@ from hpcgrad import nn
 from hpcgrad.distributed import elastic
 
 MODE, VICTIM, STEP, OUT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+MIN_SIZE = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 COMMIT, BATCH, EPOCHS, N = 2, 4, 2, 96
 
 dist.init_process_group()
@@ -43,7 +45,7 @@ def on_change(change):
     print(f"[world rank {world_rank}] {change}", flush=True)
 
 
-@elastic.run(min_size=2, on_change=on_change)
+@elastic.run(min_size=MIN_SIZE, on_change=on_change)
 def train(state):
     while state.epoch < EPOCHS:
         state.sampler.set_epoch(state.epoch)
@@ -53,7 +55,7 @@ def train(state):
                 with open(os.path.join(OUT, "killed.json"), "w") as f:
                     json.dump({"time": time.time(), "step": state.step}, f)
                 os._exit(9)
-            if state.step == STEP and MODE == "plan" and dist.get_world_size() == 4:
+            if state.step == STEP and MODE == "plan" and not changes:
                 state.leave([VICTIM])
             batch = order[start:start + BATCH]
             x, y = hpcgrad.tensor(X[batch]), hpcgrad.tensor(Y[batch])
@@ -72,7 +74,12 @@ def train(state):
     return state.step
 
 
-steps = train(state)
+try:
+    steps = train(state)
+except elastic.WorldTooSmallError as error:  # the place to save a checkpoint for requeue
+    with open(os.path.join(OUT, f"too_small{world_rank}.json"), "w") as f:
+        json.dump({"message": str(error), "step": state.step, "new": error.change.new_size}, f)
+    sys.exit(0)
 if steps is not None:
     params = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     np.save(os.path.join(OUT, f"rank{world_rank}.npy"), params)
