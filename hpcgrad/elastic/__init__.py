@@ -1,5 +1,5 @@
 """hpcgrad.distributed.elastic: training that goes on when ranks are lost, on fault-tolerant MPI
-(ULFM) alone, with no agent or store to run beside the job (Note [Elastic run] in run.py).
+(ULFM) alone, with no agent or store to run beside the job (Note [Elastic run] in runner.py).
 
     state = elastic.State(model, optimizer, sampler=elastic.ElasticSampler(data, size, rank))
 
@@ -14,7 +14,7 @@ docs/elastic.rst says what is protected and what is not.
 """
 
 from hpcgrad.comm.ulfm import ProcessFailure, RecoveryTimeoutError  # noqa: F401
-from hpcgrad.elastic.run import LeaveRequest, WorldTooSmallError, run  # noqa: F401
+from hpcgrad.elastic.runner import LeaveRequest, WorldTooSmallError, run  # noqa: F401
 from hpcgrad.elastic.sampler import ElasticSampler  # noqa: F401
 from hpcgrad.elastic.state import State  # noqa: F401
 from hpcgrad.elastic.world import WorldChange  # noqa: F401

@@ -7,7 +7,7 @@ import copy
 from hpcgrad.ddp.data_parallel import DistributedDataParallel
 from hpcgrad.ddp.sync_batchnorm import SyncBatchNorm
 from hpcgrad.dist_optim.zero_redundancy_optimizer import ZeroRedundancyOptimizer
-from hpcgrad.elastic.run import LeaveRequest
+from hpcgrad.elastic.runner import LeaveRequest
 
 # Commits kept: the newest, and the one before it, since a rank that died inside a step may
 # leave some survivors one commit ahead of the others (Note [Agreeing on a commit]).

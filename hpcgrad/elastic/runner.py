@@ -34,8 +34,9 @@ import sys
 import time
 import warnings
 
+from hpcgrad import rpc
 from hpcgrad.collectives import api
-from hpcgrad.comm import ulfm
+from hpcgrad.comm import progress, ulfm
 from hpcgrad.elastic import world
 
 
@@ -69,6 +70,21 @@ def _warn_fail_fast():
     _warned = True
 
 
+def refuse_unprotected():
+    """NotImplementedError for what a recovery would leave on the old world's communicators."""
+    if getattr(rpc, "_agent", None) is not None:
+        raise NotImplementedError(
+            "elastic.run with RPC initialized is not built yet: the agent's communicator, a "
+            "lost rank's pending RPCs and the distributed autograd contexts that name it are "
+            "not rebuilt after a shrink; call rpc.shutdown() before elastic.run, or train "
+            "without RPC")
+    if progress.progress_thread() is not None:
+        raise NotImplementedError(
+            "elastic.run with the communication progress thread running is not built yet: "
+            "its pending requests on the old world's communicators are not recovered; set "
+            "HPCGRAD_PROGRESS_THREAD=0 for elastic jobs")
+
+
 def run(fn=None, *, min_size=1, on_change=None, timeout=None):
     """Decorate ``fn(state, *args, **kwargs)`` so it survives lost ranks (Note [Elastic run]).
 
@@ -89,6 +105,8 @@ def run(fn=None, *, min_size=1, on_change=None, timeout=None):
         tolerant = ulfm.enabled() and ulfm.failure_classes()
         if not tolerant:
             _warn_fail_fast()
+        else:
+            refuse_unprotected()
         if not state.commits():
             state.commit()
         while True:
