@@ -1,14 +1,16 @@
 """A DDP training job that loses a rank (kill) or is told to drop it (plan), under elastic.run.
 
     mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIM STEP OUT_DIR [MIN_SIZE]
-MODE: kill (world rank VICTIM does os._exit(9) at the top of step STEP), plan (every rank
-calls state.leave([VICTIM]) at the top of step STEP), none. Commits every COMMIT steps. Each
+MODE: kill (world rank VICTIM does os._exit(9) at the top of step STEP), kill9 (it sends
+itself SIGKILL, as `kill -9` would), plan (every rank calls state.leave(VICTIMS) at the top of
+step STEP), none. VICTIM: a world rank or several, "2,3" (a simulated node). Commits every COMMIT steps. Each
 survivor writes OUT_DIR/rank<R>.json (its changes, timings) and rank<R>.npy (final parameters);
 below MIN_SIZE ranks (default 2) each survivor writes OUT_DIR/too_small<R>.json and ends.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -19,7 +21,8 @@ import hpcgrad.distributed as dist
 from hpcgrad import nn
 from hpcgrad.distributed import elastic
 
-MODE, VICTIM, STEP, OUT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+MODE, STEP, OUT = sys.argv[1], int(sys.argv[3]), sys.argv[4]
+VICTIMS = [int(r) for r in sys.argv[2].split(",")]
 MIN_SIZE = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 COMMIT, BATCH, EPOCHS, N = 2, 4, 2, 96
 
@@ -51,12 +54,14 @@ def train(state):
         state.sampler.set_epoch(state.epoch)
         order = list(state.sampler)
         for start in range(0, len(order) - BATCH + 1, BATCH):
-            if state.step == STEP and MODE == "kill" and world_rank == VICTIM:
-                with open(os.path.join(OUT, "killed.json"), "w") as f:
+            if state.step == STEP and MODE in ("kill", "kill9") and world_rank in VICTIMS:
+                with open(os.path.join(OUT, f"killed{world_rank}.json"), "w") as f:
                     json.dump({"time": time.time(), "step": state.step}, f)
+                if MODE == "kill9":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(9)
             if state.step == STEP and MODE == "plan" and not changes:
-                state.leave([VICTIM])
+                state.leave(VICTIMS)
             batch = order[start:start + BATCH]
             x, y = hpcgrad.tensor(X[batch]), hpcgrad.tensor(Y[batch])
             loss = ((state.ddp(x) - y) ** 2).mean()
