@@ -22,11 +22,9 @@ Note [Elastic run]
     Without ULFM (the mpich extra, or Open MPI not launched with ``--with-ft ulfm``) the
     function runs once and a lost rank ends the job as before (fail fast); rank 0 says so.
 
-    Not built: growing back (MPI_Comm_spawn to replace lost ranks), a lost rank's RPCs and
-    distributed autograd contexts (an RPC to a dead rank still waits for the RPC timeout),
-    the progress thread's and device thread's pending work on the old communicators, and
-    hierarchical all-reduce's node groups are not rebuilt: Note [What elastic does not
-    protect] in docs/elastic.rst.
+    Not built: growing back (MPI_Comm_spawn to replace lost ranks); RPC and the progress
+    thread (refused at the start, ``refuse_unprotected``); process groups other than the
+    default one. docs/elastic.rst, "What is protected, and what is not".
 """
 
 import functools
