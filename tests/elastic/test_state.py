@@ -12,6 +12,17 @@ from hpcgrad.distributed import elastic
 from hpcgrad.elastic import world
 
 
+@pytest.fixture
+def default_group():
+    """run initializes the default group; the serial suite's later tests expect none, so a
+    group this test started is destroyed after it."""
+    import hpcgrad.distributed as dist
+    started = not dist.is_initialized()
+    yield
+    if started and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _model():
     hpcgrad.manual_seed(0)
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
@@ -118,7 +129,8 @@ def test_agreement_mask_picks_the_newest_commit_every_survivor_holds():
     assert world._mask([29, 30]) == (1 << 29) | 1  # serials wrap around the 30 bits
 
 
-def test_run_without_fault_tolerance_runs_once_and_says_a_loss_ends_the_job(monkeypatch):
+def test_run_without_fault_tolerance_runs_once_and_says_a_loss_ends_the_job(monkeypatch,
+                                                                          default_group):
     from hpcgrad.elastic import runner as run_module
     monkeypatch.setattr(run_module, "_warned", False)
     monkeypatch.delenv("OMPI_MCA_mpi_ft_enable", raising=False)
@@ -137,7 +149,7 @@ def test_run_without_fault_tolerance_runs_once_and_says_a_loss_ends_the_job(monk
     assert any("a lost rank will end the job" in str(w.message) for w in caught)
 
 
-def test_run_reraises_what_is_not_a_process_failure(monkeypatch):
+def test_run_reraises_what_is_not_a_process_failure(monkeypatch, default_group):
     from hpcgrad.elastic import runner
     monkeypatch.setattr(runner, "_warned", True)
 
