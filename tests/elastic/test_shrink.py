@@ -11,12 +11,13 @@ from elastic_jobs import run_ft_job
 COMMIT = 2  # shrink_train.py commits every 2 steps
 
 
-def _job(tmp_path, mode, victims, step, nprocs=4, min_size=2):
+def _job(tmp_path, mode, victims, step, nprocs=4, min_size=2, env=None):
     out = tmp_path / mode
     out.mkdir()
     job = run_ft_job("shrink_train.py", nprocs,
-                     [mode, ",".join(map(str, victims)), step, out, min_size], timeout=55)
-    assert not job.timed_out, job.output[-3000:]
+                     [mode, ",".join(map(str, victims)), step, out, min_size], env=env,
+                     timeout=55)
+    assert not job.timed_out, job.output[-3000:]  # every job ends by itself, well within 55 s
     return out, job
 
 
@@ -73,3 +74,13 @@ def test_below_min_size_every_survivor_ends_cleanly(tmp_path):
         ended = json.loads(path.read_text())
         assert ended["new"] == 2 and ended["step"] == 2  # the commit the survivors restored
         assert "below min_size=3" in ended["message"]
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_job_within_the_timeout(tmp_path):
+    """A rank that sleeps instead of dying is no process failure: the survivors' wait times
+    out (HPCGRAD_COMM_TIMEOUT) and the job ends, naming the call, instead of hanging."""
+    out, job = _job(tmp_path, "hang", [1], 3, env={"HPCGRAD_COMM_TIMEOUT": "5"})
+    assert (out / "hung1.json").exists(), job.output[-3000:]
+    assert job.returncode != 0 and not list(out.glob("rank*.json")), job.output[-3000:]
+    assert "did not complete within 5 s" in job.output and "MPI_Abort" in job.output

@@ -2,7 +2,7 @@
 
     mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIM STEP OUT_DIR [MIN_SIZE]
 MODE: kill (world rank VICTIM does os._exit(9) at the top of step STEP), kill9 (it sends
-itself SIGKILL, as `kill -9` would), plan (every rank calls state.leave(VICTIMS) at the top of
+itself SIGKILL, as `kill -9` would), hang (it sleeps for an hour instead), plan (every rank calls state.leave(VICTIMS) at the top of
 step STEP), none. VICTIM: a world rank or several, "2,3" (a simulated node). Commits every COMMIT steps. Each
 survivor writes OUT_DIR/rank<R>.json (its changes, timings) and rank<R>.npy (final parameters);
 below MIN_SIZE ranks (default 2) each survivor writes OUT_DIR/too_small<R>.json and ends.
@@ -60,6 +60,10 @@ def train(state):
                 if MODE == "kill9":
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(9)
+            if state.step == STEP and MODE == "hang" and world_rank in VICTIMS:
+                with open(os.path.join(OUT, f"hung{world_rank}.json"), "w") as f:
+                    json.dump({"time": time.time(), "step": state.step}, f)
+                time.sleep(3600)
             if state.step == STEP and MODE == "plan" and not changes:
                 state.leave(VICTIMS)
             batch = order[start:start + BATCH]
