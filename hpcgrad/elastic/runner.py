@@ -121,9 +121,15 @@ def run(fn=None, *, min_size=1, on_change=None, timeout=None):
                 if not tolerant or ulfm.failure_in(error) is None:
                     raise
                 started = time.monotonic()
+                failure = ulfm.as_failure(error, api._group(None).comm, "training")
+                failure.__traceback__ = None
                 del error  # its traceback holds the old world's DDP and buffers
-                comm, serial = world.survivors_after_failure(state, seconds)
-                change = world.rebuild(state, comm, serial, started, False, seconds)
+                print(f"[hpcgrad elastic] {failure}; recovering", file=sys.stderr, flush=True)
+                try:
+                    comm, serial = world.survivors_after_failure(state, seconds)
+                    change = world.rebuild(state, comm, serial, started, False, seconds)
+                except Exception as recovery_error:
+                    raise recovery_error from failure
             if on_change is not None:
                 on_change(change)
             if change.new_size < min_size:

@@ -51,6 +51,10 @@ def test_lost_ranks_equal_a_planned_departure_bit_for_bit(tmp_path, mode, victim
         assert change["restored_step"] == restored and not change["planned"]
         assert info[rank]["size"] == new
     assert sorted(info[r]["changes"][0]["rank"] for r in survivors) == list(range(new))
+    lost = f"rank{'s' if len(victims) > 1 else ''} {', '.join(map(str, victims))} failed"
+    for rank in survivors:  # each says which ranks it lost, as the error reached it
+        assert f"training on rank {rank} failed: " in job.stderr, job.stderr[-3000:]
+    assert lost in job.stderr, job.stderr[-3000:]
     ref_out, ref_job = _job(tmp_path, "plan", victims, restored)
     ref_info, ref_params = _results(ref_out, survivors)
     for rank in survivors:
