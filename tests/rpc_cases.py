@@ -2,7 +2,7 @@
 run remotely, seeded weights, and models run across ranks and, as the reference, in one process.
 
 Functions called through RPC live here, at module level: every rank imports this module under
-the same name (tests/distributed is on sys.path), so the callee unpickles them by reference.
+the same name (tests/ is on sys.path), so the callee unpickles them by reference.
 A weight is named after the rank that owns it and drawn from a seed derived from its name, so
 the caller can rebuild every rank's weights and compute the reference gradients locally.
 """

@@ -98,7 +98,8 @@ beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py)
 # The serial suite in two runs side by side: the tests that launch jobs under mpiexec (their
 # ranks' start-up, and waits on purpose for faults and timeouts, leave a core idle much of the
 # time) and the tests that run in this process.
-launched=(tests/jobs tests/distributed tests/comm tests/cluster tests/slurm)
+launched=(tests/jobs tests/comm tests/collectives tests/rpc tests/dist_autograd tests/remote
+          tests/dist_optim tests/cluster tests/slurm)
 # A run beside another has one core: its launched ranks take one thread each. A 1-rank job
 # otherwise runs BLAS and numba on both cores (Note [Threads per rank]), whose threads spin
 # while the other run holds one: train_resnet.py --arch resnet18 at 1 rank, beside a busy

@@ -215,7 +215,7 @@ def test_uninitialized_default_group(monkeypatch):
 
 
 def test_unknown_backend():
-    """gloo and nccl run over MPI now (issue 26, tests/distributed/test_startup_issue26.py);
+    """gloo and nccl run over MPI now (issue 26, tests/collectives/test_startup_issue26.py);
     a name PyTorch does not know is refused with the list."""
     with pytest.raises(ValueError, match=r"Invalid backend: 'ucc'; hpcgrad runs every backend "
                                          r"over MPI and accepts 'mpi', 'gloo', 'nccl' \(or None\)"):

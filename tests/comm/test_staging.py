@@ -2,7 +2,7 @@
 
 No GPU is needed: the stand-in records every stream, event and copy call in order and does the
 copies in host memory (a "device" array is numpy memory of a subclass MessageBuffer takes for a
-cupy array), as tests/distributed/test_kernels.py's check_cuda_streams does for the kernels.
+cupy array), as tests/base/kernels/test_scaled_copy.py's check_cuda_streams does for the kernels.
 """
 
 import ctypes

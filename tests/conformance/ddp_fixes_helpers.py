@@ -22,7 +22,7 @@ GROUP_TIMEOUT = 15
 
 @contextlib.contextmanager
 def timed_group(timeout=GROUP_TIMEOUT):
-    """A fresh communicator with a timeout (as tests/distributed/test_ddp.py's ``group``):
+    """A fresh communicator with a timeout (as tests/conftest.py's ``group``):
     what one test leaves pending stays out of the next."""
     dist.init_process_group()
     group = dist.new_group(timeout=timeout)

@@ -10,7 +10,7 @@ Left out, with the reason:
   sync_interval > 1 cases of test_ddp_uneven_inputs), join(throw_on_early_termination=True)
   (those cases, test_ddp_uneven_inputs_stop_iteration_sync_bn).
 - not ported here: the SyncBatchNorm and PowerSGD models (small_model_power_sgd_hook; both are
-  tested in tests/distributed/test_sync_batchnorm.py and test_powersgd.py); not built: torchvision
+  tested in tests/ddp/test_sync_batchnorm.py and test_powersgd.py); not built: torchvision
   (resnet_model), buffer comm hooks (_register_buffer_comm_hook: test_ddp_buffer_hook_allreduce*,
   test_ddp_broadcast_buffer_via_hook), the _authoritative_rank and _join_config attributes (the
   model equality they stand for is checked).

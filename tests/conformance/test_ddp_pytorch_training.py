@@ -13,7 +13,7 @@ Left out, with the reason:
   *_with_amp_and_grad_is_view, test_ddp_device, test_ddp_zero_output_features' device_ids,
   multi-device modules (test_gloo_backend_*gpu_module), test_ddp_sink_noclone (TorchDispatchMode).
 - Not built in hpcgrad: post-localSGD (test_ddp_hook_parity_post_localSGD; the PowerSGD parity
-  and state tests are ported in tests/distributed/test_powersgd.py),
+  and state tests are ported in tests/ddp/test_powersgd.py),
   _register_fused_optim / apply_optim_in_backward (test_ddp_hook_with_optimizer_parity_*,
   test_ddp_apply_optim_in_backward*), native mixed precision (test_ddp_native_mixed_precision_*),
   non-reentrant checkpointing (use_reentrant=False variants, test_ddp_checkpointing_dynamic_*),

@@ -1,6 +1,6 @@
 """Distributed autograd: gradients across ranks equal one process's; errors, timeouts, concurrency.
 
-Each model runs from rank 0 through the other ranks (tests/distributed/rpc_cases.py) and again
+Each model runs from rank 0 through the other ranks (tests/rpc_cases.py) and again
 in one process on rank 0 with the same seeded weights; every rank's gradients in the context
 must match the reference, and ``.grad`` must stay None.
 """

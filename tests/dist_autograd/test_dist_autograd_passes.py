@@ -1,7 +1,7 @@
 """Distributed autograd passes (issue 11): graph shape per message, hooks, retain_graph, failed passes,
 misuse errors, GPU-to-CPU continuations, concurrency and a soak, each bounded and at any rank count.
 
-Rank 0 drives each test; the others serve it (tests/distributed/rpc_cases.py holds the remote
+Rank 0 drives each test; the others serve it (tests/rpc_cases.py holds the remote
 functions). Every backward here has a timeout, so a defect shows as a failure, not a hang.
 """
 

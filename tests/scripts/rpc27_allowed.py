@@ -1,4 +1,4 @@
-"""RRef proxies under init_rpc(allowed=...) (2 ranks), for tests/distributed/test_rpc_issue27.py.
+"""RRef proxies under init_rpc(allowed=...) (2 ranks), for tests/rpc/test_rpc_issue27.py.
 
 Rank 1 allows the class Box only. Rank 0 calls Box's public method through each proxy (allowed),
 a private one (refused), and a public method of Other, a class Box made on rank 1 and that

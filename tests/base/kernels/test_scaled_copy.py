@@ -1,7 +1,7 @@
 """The reducer's fused divide-and-copy kernels against numpy: CPU (numba), CUDA under the simulator.
 
 Each check takes the kernel module (``hpcgrad.kernels.cpu`` or ``.cuda``), so the CUDA kernels run
-the very same checks: ``python tests/distributed/test_kernels.py`` with NUMBA_ENABLE_CUDASIM=1
+the very same checks: ``python tests/base/kernels/test_scaled_copy.py`` with NUMBA_ENABLE_CUDASIM=1
 (numba reads it at import, hence a subprocess) runs every CASE through ``hpcgrad.kernels.cuda``.
 """
 

@@ -1,6 +1,6 @@
 """The CUDA divide-and-copy kernels on a real GPU: cupy arrays against numpy, and ordered on cupy's stream.
 
-tests/distributed/test_kernels.py runs the same kernels under numba's simulator on numpy arrays;
+tests/base/kernels/test_scaled_copy.py runs the same kernels under numba's simulator on numpy arrays;
 what only a GPU shows is here: cupy arrays imported without a host synchronize, launches on
 cupy's current stream (a non-blocking one: nothing but the stream orders the kernel after the
 work that produced its source), the layout table on the device, float16 rounding of the device.
