@@ -90,6 +90,11 @@ def survivors_after_failure(state, timeout):
     revoke_all([old, *state._ddp_groups()])
     ulfm.failed_ranks(old.comm)  # acknowledge what is known, so the agreement can complete
     serial = agreed_commit(old.comm, state.commits(), timeout)
+    if serial is None:
+        raise RuntimeError(
+            f"elastic: the survivors hold no commit in common (rank "
+            f"{MPI.COMM_WORLD.Get_rank()} holds {state.commits()}): every rank must call "
+            f"state.commit() at the same steps, so that they can restore the same state")
     return ulfm.shrink(old.comm, timeout), serial
 
 
@@ -104,7 +109,7 @@ def survivors_by_plan(leaving, timeout):
     return comm
 
 
-def adopt(comm, timeout):
+def adopt(comm):
     """Make ``comm`` (the survivors, in their old order) the default process group; the old
     one is left unfreed (its communicators are revoked or abandoned; freeing them could wait
     on the lost ranks). Collective over ``comm``. Returns (old size, lost world ranks)."""
@@ -162,7 +167,7 @@ def _exit_without_finalize():
 
 def rebuild(state, comm, serial, started, planned, timeout):
     """Adopt ``comm``, restore commit ``serial``, re-shard the data: the WorldChange."""
-    old_size, lost = adopt(comm, timeout)
+    old_size, lost = adopt(comm)
     if not planned:
         arm_exit_without_finalize(timeout)
     state._drop_ddp()

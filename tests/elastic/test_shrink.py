@@ -3,11 +3,12 @@ to drop the same rank at the same commit (tests/elastic/scripts/shrink_train.py,
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
 
-from elastic_jobs import run_ft_job
+from elastic_jobs import ROOT, SCRIPTS, run_ft_job
 
 COMMIT = 2  # shrink_train.py commits every 2 steps
 
@@ -92,3 +93,21 @@ def test_a_hung_rank_ends_the_job_within_the_timeout(tmp_path):
     assert (out / "hung1.json").exists(), job.output[-3000:]
     assert job.returncode != 0 and not list(out.glob("rank*.json")), job.output[-3000:]
     assert "did not complete within 5 s" in job.output and "MPI_Abort" in job.output
+
+
+def test_planned_departure_under_the_default_mpi(tmp_path):
+    """state.leave needs no fault tolerance: under the venv's own MPI (the mpich extra in the
+    default suite) 3 ranks drop rank 1 by plan at step 2 and the other two finish together."""
+    from launching import run_job
+    out = tmp_path / "plan"
+    out.mkdir()
+    job = run_job([sys.executable, str(SCRIPTS / "shrink_train.py"), "plan", "1", "2", out],
+                  nprocs=3, env={"PYTHONPATH": str(ROOT)}, timeout=60)
+    assert job.returncode == 0 and not job.timed_out, job.output[-3000:]
+    for rank in (0, 2):
+        info = json.loads((out / f"rank{rank}.json").read_text())
+        (change,) = info["changes"]
+        assert (change["old"], change["new"], change["lost"], change["planned"]) == \
+            (3, 2, [1], True)
+        assert info["size"] == 2 and change["restored_step"] == 2
+    assert not (out / "rank1.json").exists()
