@@ -124,14 +124,14 @@ def failure_in(error):
     return None
 
 
-def world_ranks(comm, group):
-    """The COMM_WORLD ranks of the processes in ``group`` (a group of ``comm``)."""
+def world_ranks(group):
+    """The COMM_WORLD ranks of the processes in ``group``, in the group's order."""
     size = group.Get_size()
     if size == 0:
         return []
     world = MPI.COMM_WORLD.Get_group()
     try:
-        return sorted(MPI.Group.Translate_ranks(group, list(range(size)), world))
+        return list(MPI.Group.Translate_ranks(group, list(range(size)), world))
     finally:
         world.Free()
 
@@ -144,7 +144,7 @@ def failed_ranks(comm, acknowledge=True):
         comm.Ack_failed()
     group = comm.Get_failed()
     try:
-        return world_ranks(comm, group)
+        return sorted(world_ranks(group))
     finally:
         group.Free()
 

@@ -35,6 +35,7 @@ import warnings
 from hpcgrad import rpc
 from hpcgrad.collectives import api
 from hpcgrad.comm import progress, ulfm
+from hpcgrad.comm.flight_recorder import RECORDER
 from hpcgrad.elastic import world
 
 
@@ -125,6 +126,7 @@ def run(fn=None, *, min_size=1, on_change=None, timeout=None):
                 failure.__traceback__ = None
                 del error  # its traceback holds the old world's DDP and buffers
                 print(f"[hpcgrad elastic] {failure}; recovering", file=sys.stderr, flush=True)
+                RECORDER.dump(f"process failure: {failure}")  # the calls that met it
                 try:
                     comm, serial = world.survivors_after_failure(state, seconds)
                     change = world.rebuild(state, comm, serial, started, False, seconds)

@@ -115,7 +115,7 @@ def adopt(comm):
     on the lost ranks). Collective over ``comm``. Returns (old size, lost world ranks)."""
     old = default_group()
     group = comm.Get_group()
-    ranks = ulfm.world_ranks(comm, group)
+    ranks = ulfm.world_ranks(group)  # in the new world's rank order
     group.Free()
     stall.stop()  # the old inspector's communicator includes the lost ranks
     new = ProcessGroup(comm, old.timeout, ranks=ranks, name="default")

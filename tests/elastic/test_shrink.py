@@ -41,7 +41,8 @@ def test_lost_ranks_equal_a_planned_departure_bit_for_bit(tmp_path, mode, victim
     same ranks by plan at that commit's step: same parameters, bit for bit."""
     restored = kill_step - kill_step % COMMIT
     survivors = [r for r in range(4) if r not in victims]
-    out, job = _job(tmp_path, mode, victims, kill_step)
+    flight = tmp_path / "flight"
+    out, job = _job(tmp_path, mode, victims, kill_step, env={"HPCGRAD_FLIGHT_DIR": str(flight)})
     assert all((out / f"killed{r}.json").exists() for r in victims), job.output[-3000:]
     missing = [r for r in survivors if not (out / f"rank{r}.json").exists()]
     assert not missing, f"survivors {missing} did not finish:\n{job.output[-3000:]}"
@@ -53,6 +54,10 @@ def test_lost_ranks_equal_a_planned_departure_bit_for_bit(tmp_path, mode, victim
         assert change["restored_step"] == restored and not change["planned"]
         assert info[rank]["size"] == new
     assert sorted(info[r]["changes"][0]["rank"] for r in survivors) == list(range(new))
+    for rank in survivors:  # each survivor's flight record keeps the call that met the failure
+        record = json.loads((flight / f"flight_rank{rank}.json").read_text())
+        assert record["reason"].startswith(f"process failure: training on rank {rank} failed")
+        assert any(entry["state"] in ("posted", "failed") for entry in record["entries"]), record
     # Each survivor says how the failure reached it: the ranks it knew to be dead then (the
     # first of a node's two may be all it knew), or a peer's revocation.
     for rank in survivors:
