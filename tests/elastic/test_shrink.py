@@ -116,3 +116,23 @@ def test_planned_departure_under_the_default_mpi(tmp_path):
             (3, 2, [1], True)
         assert info["size"] == 2 and change["restored_step"] == 2
     assert not (out / "rank1.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_failures_in_turn_equal_two_planned_departures(tmp_path):
+    """Rank 1 is killed at step 5, then rank 3 at step 9 of the shrunk world: two recoveries,
+    each from its last commit, and the result equals leaving by plan at steps 4 and 8.
+    (SIGKILL: with Open MPI 5.0.11's runtime a second rank ending by os._exit(9) made mpirun
+    end the whole job; a second rank killed by a signal, or exiting 0, did not.)"""
+    out, job = _job(tmp_path, "kill9", ["1@5", "3@9"], 0)
+    ref_out, _ = _job(tmp_path, "plan", ["1@4", "3@8"], 0)
+    info, params = _results(out, [0, 2])
+    ref_info, ref_params = _results(ref_out, [0, 2])
+    for rank in (0, 2):
+        changes = [(c["old"], c["new"], c["lost"], c["restored_step"])
+                   for c in info[rank]["changes"]]
+        assert changes == [(4, 3, [1], 4), (3, 2, [3], 8)], job.output[-3000:]
+        assert [(c["old"], c["new"], c["lost"]) for c in ref_info[rank]["changes"]] == \
+            [(4, 3, [1]), (3, 2, [3])]
+        assert np.array_equal(params[rank], ref_params[rank])

@@ -1,11 +1,13 @@
-"""A DDP training job that loses a rank (kill) or is told to drop it (plan), under elastic.run.
+"""A DDP training job that loses ranks (kill) or is told to drop them (plan), under elastic.run.
 
-    mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIM STEP OUT_DIR [MIN_SIZE]
-MODE: kill (world rank VICTIM does os._exit(9) at the top of step STEP), kill9 (it sends
-itself SIGKILL, as `kill -9` would), hang (it sleeps for an hour instead), plan (every rank calls state.leave(VICTIMS) at the top of
-step STEP), none. VICTIM: a world rank or several, "2,3" (a simulated node). Commits every COMMIT steps. Each
-survivor writes OUT_DIR/rank<R>.json (its changes, timings) and rank<R>.npy (final parameters);
-below MIN_SIZE ranks (default 2) each survivor writes OUT_DIR/too_small<R>.json and ends.
+    mpirun <ULFM line> -n 4 python shrink_train.py MODE VICTIMS STEP OUT_DIR [MIN_SIZE]
+MODE: kill (each victim does os._exit(9) at the top of its step), kill9 (it sends itself
+SIGKILL, as `kill -9` would), hang (it sleeps for an hour instead), plan (every rank calls
+state.leave(victims) at the top of their step), none. VICTIMS: world ranks, each RANK or
+RANK@STEP (default STEP): "2,3" (a simulated node), "1@5,3@9" (two failures in turn).
+Commits every COMMIT steps. Each survivor writes OUT_DIR/rank<R>.json (its changes, timings)
+and rank<R>.npy (final parameters); below MIN_SIZE ranks (default 2) each survivor writes
+OUT_DIR/too_small<R>.json and ends.
 """
 
 import json
@@ -22,7 +24,11 @@ from hpcgrad import nn
 from hpcgrad.distributed import elastic
 
 MODE, STEP, OUT = sys.argv[1], int(sys.argv[3]), sys.argv[4]
-VICTIMS = [int(r) for r in sys.argv[2].split(",")]
+SCHEDULE = {}  # step -> the world ranks that go at its top
+for item in sys.argv[2].split(","):
+    rank, _, at = item.partition("@")
+    SCHEDULE.setdefault(int(at) if at else STEP, []).append(int(rank))
+VICTIMS = sorted(r for ranks in SCHEDULE.values() for r in ranks)
 MIN_SIZE = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 COMMIT, BATCH, EPOCHS, N = 2, 4, 2, 96
 
@@ -54,18 +60,19 @@ def train(state):
         state.sampler.set_epoch(state.epoch)
         order = list(state.sampler)
         for start in range(0, len(order) - BATCH + 1, BATCH):
-            if state.step == STEP and MODE in ("kill", "kill9") and world_rank in VICTIMS:
+            going = SCHEDULE.get(state.step, [])
+            if MODE in ("kill", "kill9") and world_rank in going:
                 with open(os.path.join(OUT, f"killed{world_rank}.json"), "w") as f:
                     json.dump({"time": time.time(), "step": state.step}, f)
                 if MODE == "kill9":
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(9)
-            if state.step == STEP and MODE == "hang" and world_rank in VICTIMS:
+            if MODE == "hang" and world_rank in going:
                 with open(os.path.join(OUT, f"hung{world_rank}.json"), "w") as f:
                     json.dump({"time": time.time(), "step": state.step}, f)
                 time.sleep(3600)
-            if state.step == STEP and MODE == "plan" and not changes:
-                state.leave(VICTIMS)
+            if MODE == "plan" and going and len(changes) == sorted(SCHEDULE).index(state.step):
+                state.leave(going)
             batch = order[start:start + BATCH]
             x, y = hpcgrad.tensor(X[batch]), hpcgrad.tensor(Y[batch])
             loss = ((state.ddp(x) - y) ** 2).mean()
