@@ -55,22 +55,28 @@ run() {
 }
 
 # start_beside NAME CMD...: run CMD in the background, its output kept in a log (printed when
-# it is collected); collect_beside waits for it and records its line. CI has two cores: a
-# run of launched jobs (mostly waiting on their ranks' start-up) beside one single-process run.
+# it is collected); collect_beside waits for every run started so and records their lines. CI
+# has two cores: runs of launched jobs (much of their time waiting on their ranks' start-up, or
+# on purpose for faults and timeouts) beside one single-process run.
+beside_names=(); beside_logs=(); beside_pids=(); beside_starts=()
 start_beside() {
-    beside_name=$1; shift
-    beside_log="$logs/run$runs.log"; beside_start=$SECONDS
+    local name=$1 log="$logs/run$runs.log"; shift
     runs=$((runs + 1))
-    echo "=== $beside_name (beside the next runs): $*"
-    ( "$@" > "$beside_log" 2>&1; echo $? > "$beside_log.rc" ) &
-    beside_pid=$!
+    echo "=== $name (beside the next runs): $*"
+    ( "$@" > "$log" 2>&1; echo $? > "$log.rc" ) &
+    beside_names+=("$name"); beside_logs+=("$log"); beside_pids+=($!); beside_starts+=("$SECONDS")
 }
 
 collect_beside() {
-    wait "$beside_pid"
-    echo "=== $beside_name: its output"
-    cat "$beside_log"
-    record "$beside_name" "$beside_log" "$(cat "$beside_log.rc")" "$beside_start"
+    local i
+    for i in "${!beside_pids[@]}"; do
+        wait "${beside_pids[$i]}"
+        echo "=== ${beside_names[$i]}: its output"
+        cat "${beside_logs[$i]}"
+        record "${beside_names[$i]}" "${beside_logs[$i]}" "$(cat "${beside_logs[$i]}.rc")" \
+            "${beside_starts[$i]}"
+    done
+    beside_names=(); beside_logs=(); beside_pids=(); beside_starts=()
 }
 
 # record NAME LOG STATUS START: one summary line for a finished run.
@@ -94,25 +100,33 @@ record() {
     [ -z "$reference" ] || summary+=("    $reference")
 }
 
-# The launched example and GPU-script tests run beside the plan-off and 1-rank runs (below).
-beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py)
-# The serial suite in two runs side by side: the tests that launch jobs under mpiexec (their
-# ranks' start-up, and waits on purpose for faults and timeouts, leave a core idle much of the
-# time) and the tests that run in this process.
-launched=(tests/jobs tests/comm tests/collectives tests/rpc tests/dist_autograd tests/remote
-          tests/dist_optim tests/cluster tests/slurm)
+# The launched example, GPU-script and elastic tests run beside the plan-off and 1-rank runs
+# (below); the elastic ones start their jobs with .venv-ft's fault-tolerant MPI (Open MPI with
+# ULFM, a venv of its own: tests/ft_env.sh), which is built beside the serial runs.
+beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py tests/elastic)
+# The serial suite in three runs side by side: the tests that run in this process, and two
+# halves of the tests that launch jobs under mpiexec (their ranks' start-up, and waits on
+# purpose for faults and timeouts, left a core idle half the time: 341 s of CPU in 332 s).
+launched_jobs=(tests/jobs)
+launched_rest=(tests/comm tests/collectives tests/rpc tests/dist_autograd tests/remote
+               tests/dist_optim tests/cluster tests/slurm)
+launched=("${launched_jobs[@]}" "${launched_rest[@]}")
 # A run beside another has one core: its launched ranks take one thread each. A 1-rank job
 # otherwise runs BLAS and numba on both cores (Note [Threads per rank]), whose threads spin
 # while the other run holds one: train_resnet.py --arch resnet18 at 1 rank, beside a busy
 # core, took 20 s with two threads and 4-6 s with one (38 s of the launched run in CI).
 one_core=(env HPCGRAD_THREADS_PER_RANK=1)
 if [ $# -eq 0 ]; then
+    start_beside "ft venv (.venv-ft)" bash tests/ft_env.sh
     # Each serial run writes down the files that hold mpi-marked tests (conftest.py).
     start_beside "serial, in process" env HPCGRAD_TEST_MPI_FILES="$logs/in-process.mpi-files" \
         timeout -k 10 "$serial_limit" "$python" -m pytest -q \
         "${beside[@]/#/--ignore=}" "${launched[@]/#/--ignore=}"
+    start_beside "serial, launched jobs" "${one_core[@]}" \
+        HPCGRAD_TEST_MPI_FILES="$logs/launched-jobs.mpi-files" \
+        timeout -k 10 "$serial_limit" "$python" -m pytest -q "${launched_jobs[@]}"
     run "serial, launched" "${one_core[@]}" HPCGRAD_TEST_MPI_FILES="$logs/launched.mpi-files" \
-        timeout -k 10 "$serial_limit" "$python" -m pytest "${launched[@]}"
+        timeout -k 10 "$serial_limit" "$python" -m pytest "${launched_rest[@]}"
     collect_beside
 else
     run "serial" timeout -k 10 "$serial_limit" "$python" -m pytest "$@"
@@ -125,7 +139,7 @@ fi
 # backward() runs from replayed plans by default (Note [Replayed backward plans]); the engine's
 # tests, and the 1-rank run, also run on the queue engine alone.
 if [ $# -eq 0 ]; then
-    start_beside "examples, GPU scripts" "${one_core[@]}" timeout -k 10 "$serial_limit" \
+    start_beside "examples, GPU, elastic" "${one_core[@]}" timeout -k 10 "$serial_limit" \
         "$python" -m pytest -q "${beside[@]}"
     # (the fuzzer runs every mode itself, and type promotion does not depend on the engine)
     run "serial, plan off" env HPCGRAD_BACKWARD_PLAN=off timeout -k 10 "$serial_limit" \
