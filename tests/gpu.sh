@@ -200,9 +200,10 @@ run() {
         *) verdict="FAILED (status $rc)" ;;
     esac
     [ "$rc" -eq 0 ] || failures=$((failures + 1))
-    # pytest's last line per rank ("12 passed, 3 skipped in 4.1s"), ranks that agree counted once.
-    counts=$(grep -aE '(passed|failed|errors?|skipped|deselected|no tests ran).* in [0-9.]+s' "$log" \
-             | sed -E 's/=//g; s/ in [0-9.]+s.*//; s/^ +//' | sort | uniq -c \
+    # pytest's last line per rank ("12 passed, 3 skipped in 4.1s"), ranks that agree counted once;
+    # only the counts are taken, since another rank's progress dots may share the line.
+    counts=$(grep -aoE '([0-9]+ [a-z]+(, )?)+ in [0-9.]+s|no tests ran in [0-9.]+s' "$log" \
+             | sed -E 's/ in [0-9.]+s$//' | sort | uniq -c \
              | awk '{n = $1; sub(/^ *[0-9]+ /, ""); print (n > 1 ? $0 " (on " n " ranks)" : $0)}' \
              | paste -sd';' -)
     summary+=("$(printf '%-34s %-20s %4ds  %s' "$name" "$verdict" $((SECONDS - start)) "$counts")")
