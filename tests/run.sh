@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every test: the serial suite, the documentation build, the mpi-marked tests at 1 and 2 ranks,
-# at 3 all but RPC and distributed autograd (those at 4), and the engine's tests with replayed
-# backward plans off. CI has two cores: the serial suite runs as two runs side by side, and the
-# launched example and GPU-script tests beside the plan-off and 1-rank runs. Extra args go to
-# each pytest (all serial).
+# at 3 all but RPC and distributed autograd (those at 4), the engine's tests with replayed
+# backward plans off, and the elastic tests under Open MPI with ULFM (.venv-ft, which
+# tests/ft_env.sh builds beside the serial runs). CI has two cores: the serial suite runs as
+# three runs side by side, and the launched example, GPU-script and elastic tests beside the
+# plan-off and 1-rank runs. Extra args go to each pytest (all serial).
 #
 #   tests/run.sh                      # everything
 #   tests/run.sh -k info              # narrow every run
