@@ -3,7 +3,7 @@
 # at 3 all but RPC and distributed autograd (those at 4), the engine's tests with replayed
 # backward plans off, and the elastic tests under Open MPI with ULFM (.venv-ft, which
 # tests/ft_env.sh builds beside the serial runs). CI has two cores: the serial suite runs as
-# three runs side by side, and the launched example, GPU-script and elastic tests beside the
+# four runs side by side, and the launched example, GPU-script and elastic tests beside the
 # plan-off and 1-rank runs. Extra args go to each pytest (all serial).
 #
 #   tests/run.sh                      # everything
@@ -105,13 +105,15 @@ record() {
 # (below); the elastic ones start their jobs with .venv-ft's fault-tolerant MPI (Open MPI with
 # ULFM, a venv of its own: tests/ft_env.sh), which is built beside the serial runs.
 beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py tests/elastic)
-# The serial suite in three runs side by side: the tests that run in this process, and two
-# halves of the tests that launch jobs under mpiexec (their ranks' start-up, and waits on
+# The serial suite in four runs side by side: two halves of the tests that run in this process,
+# and two of the tests that launch jobs under mpiexec (their ranks' start-up, and waits on
 # purpose for faults and timeouts, left a core idle half the time: 341 s of CPU in 332 s).
 launched_jobs=(tests/jobs)
 launched_rest=(tests/comm tests/collectives tests/rpc tests/dist_autograd tests/remote
                tests/dist_optim tests/cluster tests/slurm)
 launched=("${launched_jobs[@]}" "${launched_rest[@]}")
+# The tests that run in this process are CPU-bound, one core each: two runs, about even.
+in_process_a=(tests/autograd tests/conformance)
 # A run beside another has one core: its launched ranks take one thread each. A 1-rank job
 # otherwise runs BLAS and numba on both cores (Note [Threads per rank]), whose threads spin
 # while the other run holds one: train_resnet.py --arch resnet18 at 1 rank, beside a busy
@@ -120,9 +122,11 @@ one_core=(env HPCGRAD_THREADS_PER_RANK=1)
 if [ $# -eq 0 ]; then
     start_beside "ft venv (.venv-ft)" bash tests/ft_env.sh
     # Each serial run writes down the files that hold mpi-marked tests (conftest.py).
-    start_beside "serial, in process" env HPCGRAD_TEST_MPI_FILES="$logs/in-process.mpi-files" \
+    start_beside "serial, in process A" env HPCGRAD_TEST_MPI_FILES="$logs/in-process-a.mpi-files" \
+        timeout -k 10 "$serial_limit" "$python" -m pytest -q "${in_process_a[@]}"
+    start_beside "serial, in process B" env HPCGRAD_TEST_MPI_FILES="$logs/in-process-b.mpi-files" \
         timeout -k 10 "$serial_limit" "$python" -m pytest -q \
-        "${beside[@]/#/--ignore=}" "${launched[@]/#/--ignore=}"
+        "${beside[@]/#/--ignore=}" "${launched[@]/#/--ignore=}" "${in_process_a[@]/#/--ignore=}"
     start_beside "serial, launched jobs" "${one_core[@]}" \
         HPCGRAD_TEST_MPI_FILES="$logs/launched-jobs.mpi-files" \
         timeout -k 10 "$serial_limit" "$python" -m pytest -q "${launched_jobs[@]}"
