@@ -8,6 +8,8 @@ Exit statuses of jobs/*.py (the table in docs/distributed.rst):
          (MPI_Abort with the rank's traceback)
     2    usage: a bad argument, or a run that cannot start (too large a batch, an unwritable
          --checkpoint-dir, --resume without a checkpoint, another number of ranks)
+    75   with --elastic: the world shrank below --min-ranks after lost ranks; a checkpoint
+         was saved and PREEMPTED left: resumable with --resume (EX_TEMPFAIL)
     128+N  stopped by signal N after a checkpoint, resumable with --resume: 130 SIGINT (Ctrl-C),
          138 SIGUSR1 (SLURM's --signal=USR1 notice), 143 SIGTERM (preemption, scancel); the
          shell's and SLURM's reading of a job a signal ended. <checkpoint-dir>/PREEMPTED is left.
@@ -124,6 +126,21 @@ def add_run_arguments(p, *, checkpoint_dir, checkpoint_help, resume_help):
     p.add_argument("--tensorboard", action=_TensorBoard, nargs=0, default=False,
                    help="also write the metrics as TensorBoard events in "
                         "<checkpoint-dir>/tensorboard (needs tensorboardX)")
+    return p
+
+
+def add_elastic_arguments(p):
+    """--elastic and its settings (docs/elastic.rst): a data-parallel job that survives lost
+    ranks under fault-tolerant MPI."""
+    p.add_argument("--elastic", action="store_true",
+                   help="go on without ranks that die (needs fault-tolerant MPI: the ft extra, "
+                        "mpirun --with-ft ulfm; docs/elastic.rst)")
+    p.add_argument("--min-ranks", type=integer(1, "fewest ranks to go on with", 2), default=1,
+                   help="with --elastic: below this many ranks, checkpoint and exit 75 "
+                        "(requeue)")
+    p.add_argument("--commit-every", type=integer(1, "steps between in-memory commits", 10),
+                   default=10, help="with --elastic: steps between in-memory commits (the "
+                                    "steps a lost rank costs at most)")
     return p
 
 

@@ -3,6 +3,8 @@
     mpiexec -n 2 python jobs/train_ddp.py                  # train (a few seconds)
     mpiexec -n 2 python jobs/train_ddp.py --resume         # continue from checkpoints/last.npz
     sbatch slurm/train_ddp.sbatch                          # on a cluster
+    .venv-ft/bin/mpirun --with-ft ulfm --mca btl tcp,self --mca pml ob1 -n 4 \
+        python jobs/train_ddp.py --elastic                 # survive lost ranks (docs/elastic.rst)
 
 Each rank trains on its DistributedSampler shard; DistributedDataParallel averages gradients.
 Rank 0 prints a header and one line per epoch (train loss, test loss and accuracy over every test
@@ -12,12 +14,15 @@ checkpoints atomically every --checkpoint-every steps and at the end of each epo
 SIGUSR1 or SIGINT (preemption, Ctrl-C) all ranks stop at the next step after a final checkpoint,
 rank 0 leaves <checkpoint-dir>/PREEMPTED and the job exits with 128 + the signal's number
 (jobs/job_args.py: the exit statuses), so --resume (or slurm/train_ddp.sbatch's requeue)
-continues exactly where the job stopped. HPCGRAD_TIMELINE=path records a timeline of every rank.
+continues exactly where the job stopped. With --elastic (fault-tolerant MPI) the job goes on
+without ranks that die, from an in-memory commit, and the survivors' rank 0 takes over rank 0's
+roles (Note [Elastic training loop]). HPCGRAD_TIMELINE=path records a timeline of every rank.
 The loop around the step is hpcgrad.training's (Note [One training loop]); this file is the
 model, the data, one step and the evaluation.
 """
 
-from job_args import add_run_arguments, parse_together, real, training_parser
+from job_args import add_elastic_arguments, add_run_arguments, parse_together, real, \
+    training_parser
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
@@ -25,11 +30,14 @@ import hpcgrad.nn as nn
 import hpcgrad.nn.functional as F
 from hpcgrad import optim
 from hpcgrad.comm.mpi import MPI, cuda_aware_mpi
-from hpcgrad.data import load_digits
+from hpcgrad import elastic
+from hpcgrad.data import DataLoader, load_digits
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.base.timeline import TIMELINE
-from hpcgrad.training.loop import (Job, Loop, check_setup, counted, evaluate, exit_job, hosts,
-                                   loaders, rank_places, say, start, stop_if_any)
+from hpcgrad.training.elastic_loop import ElasticLoop
+from hpcgrad.training.loop import (EvaluationShard, Job, Loop, check_setup, counted, evaluate,
+                                   exit_job, hosts, loaders, rank_places, say, start,
+                                   stop_if_any)
 
 PROG = "train_ddp.py"
 
@@ -53,6 +61,7 @@ def parse_args(argv=None):
     add_run_arguments(p, checkpoint_dir="checkpoints",
                       checkpoint_help="checkpoints and metrics.jsonl of the run",
                       resume_help="continue from <checkpoint-dir>/last.npz")
+    add_elastic_arguments(p)
     return parse_together(p, argv)
 
 
@@ -83,12 +92,19 @@ def ddp_summary(model):
             f"{data['avg_backward_compute_comm_overlap_time'] / 1e6:.1f} ms")
 
 
-def resume_problem(meta, path, world):
+def resume_problem(meta, path, world, elastic_run=False):
     """Why the checkpoint cannot continue at this world size, or None: a run stopped mid-epoch
-    continues only on the shards it was cut into (an epoch's end, at any size)."""
+    continues only on the shards it was cut into (an epoch's end, at any size), unless it is
+    elastic (its sampler deals the rest of the epoch over any world)."""
     start_epoch, skip = meta["epoch"], meta["batches_done"]
     saved_world = int(meta.get("world_size", world))
-    if saved_world == world or not skip:
+    if elastic_run or not skip:
+        return None
+    if "sampler_processed" in meta:
+        return (f"{path} was saved by an --elastic run in the middle of epoch "
+                f"{start_epoch + 1}, whose place in the epoch only --elastic reads; resume "
+                "with --elastic")
+    if saved_world == world:
         return None
     return (f"{path} was saved by {saved_world} ranks in the middle of epoch {start_epoch + 1} "
             f"(after {skip} of its steps); at {world} ranks the epoch's shards differ, so it "
@@ -136,18 +152,40 @@ class Digits(Job):
     def first_epoch_note(self):
         return ddp_summary(self.model)
 
+    def world_changed(self, state, change):
+        """--elastic: the survivors' DDP, and the test set dealt over them."""
+        self.model = state.ddp
+        test = self.test_loader.dataset
+        shard = EvaluationShard(len(test), dist.get_rank(), dist.get_world_size())
+        self.test_loader = DataLoader(test, batch_size=256, sampler=shard)
+
 
 def main(argv=None):
     args = parse_args(argv)
-    rank, world, checkpoints = start(args, PROG, resume_problem)
+    rank, world, checkpoints = start(
+        args, PROG, lambda meta, path, size: resume_problem(meta, path, size, args.elastic))
     hg.manual_seed(args.seed)
-    model = DistributedDataParallel(build_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     train, test = load_digits("train"), load_digits("test")
-    sampler, train_loader, test_loader = loaders(args, train, test)
+    if args.elastic:  # Note [Elastic training loop]
+        module = build_model(args.model)
+        optimizer = optim.SGD(module.parameters(), lr=args.lr, momentum=args.momentum)
+        _, _, test_loader = loaders(args, train, test)
+        sampler = elastic.ElasticSampler(train, world, rank, seed=args.seed)
+        train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+        state = elastic.State(module, optimizer, sampler=sampler,
+                              ddp_kwargs={"bucket_cap_mb": args.bucket_cap_mb})
+        model = state.ddp
+    else:
+        model = DistributedDataParallel(build_model(args.model),
+                                        bucket_cap_mb=args.bucket_cap_mb)
+        optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+        sampler, train_loader, test_loader = loaders(args, train, test)
     stop_if_any(check_setup(args, world, train), PROG, "checking the set-up")
     say(header(args, world, train, test))
     job = Digits(args, model, optimizer, sampler, train_loader, test_loader)
+    if args.elastic:
+        return ElasticLoop(job, args, state, checkpoints, min_size=args.min_ranks,
+                           commit_every=args.commit_every).run()
     return Loop(job, args, model, optimizer, len(train_loader), checkpoints).run()
 
 

@@ -35,9 +35,26 @@ CUDA_AWARE_ENV = "HPCGRAD_CUDA_AWARE_MPI"
 NO_ABORT_HOOK_ENV = "HPCGRAD_NO_ABORT_HOOK"
 
 
+# Note [The job's world]
+#     ``comm_world()`` is the job's world: MPI_COMM_WORLD until an elastic job loses ranks,
+#     then the survivors' communicator (hpcgrad/elastic/world.py calls ``set_world`` when it
+#     makes them the default process group). What the ranks decide together before or beside
+#     the process group (training.loop's ``agree``, ``say``, a job's argument check, a
+#     DistributedSampler's default shard) then goes to the ranks that are still there, not
+#     into a communicator that holds dead ones. MPI_Abort still names MPI_COMM_WORLD: it ends
+#     every process the job started.
+_world = []  # [the survivors' communicator] after a shrink
+
+
 def comm_world():
-    """The world communicator (MPI is initialized when this module is imported)."""
-    return MPI.COMM_WORLD
+    """The job's world communicator (Note [The job's world]; MPI is initialized when this
+    module is imported)."""
+    return _world[0] if _world else MPI.COMM_WORLD
+
+
+def set_world(comm):
+    """Make ``comm`` (the survivors of a lost rank) the job's world (Note [The job's world])."""
+    _world[:] = [comm]
 
 
 def thread_level():

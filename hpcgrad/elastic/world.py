@@ -120,6 +120,7 @@ def adopt(comm):
     stall.stop()  # the old inspector's communicator includes the lost ranks
     new = ProcessGroup(comm, old.timeout, ranks=ranks, name="default")
     api._default_group = new
+    _mpi.set_world(comm)  # Note [The job's world]
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     api._local = (node.Get_rank(), node.Get_size())
     node.Free()

@@ -473,6 +473,10 @@ class Job:
     def restore(self, meta):
         """Take back what ``checkpoint_state`` saved (``meta``: the checkpoint's values)."""
 
+    def world_changed(self, state, change):
+        """An elastic run lost ranks (Note [Elastic training loop]): every survivor, after the
+        newest commit was restored, follows the new world (``state.ddp``, its rank and size)."""
+
     def first_epoch_note(self):
         """A line rank 0 prints after the first epoch's (or None)."""
         return None
@@ -501,7 +505,7 @@ class Loop:
         """Load the checkpoint (with --resume): False when the run is already complete."""
         if not self.args.resume:
             return True
-        meta = self.checkpoints.load(self.model, self.optimizer)
+        meta = self.resumed_meta = self.checkpoints.load(self.model, self.optimizer)
         self.step, self.epoch, self.skip = meta["step"], meta["epoch"], meta["batches_done"]
         self.job.restore(meta)
         say(f"resumed from {self.checkpoints.path}: epoch {self.epoch}, step {self.step}")
@@ -516,7 +520,7 @@ class Loop:
 
     def save(self, epoch, batches_done):
         values = dict(step=self.step, epoch=epoch, batches_done=batches_done,
-                      world_size=self.world, args=vars(self.args))
+                      world_size=self.world, args=vars(self.args), **self._place(epoch))
         with TIMELINE.span("checkpoint", "step", step=self.step):
             self.checkpoints.save(self.model, self.optimizer,
                                   {**values, **self.job.checkpoint_state()})
@@ -540,10 +544,9 @@ class Loop:
                                  unit="step", dynamic_ncols=True, file=sys.stdout)
         self.started = time.perf_counter()
         try:
-            for epoch in range(self.epoch, args.epochs):
-                status = self._epoch(epoch)
-                if status is not None:
-                    return status
+            status = self._train()
+            if status is not None:
+                return status
         finally:
             self.metrics.close()
             if self.progress is not None:
@@ -553,6 +556,25 @@ class Loop:
         self.finished = True
         return 0
 
+    def _place(self, epoch):
+        """What the checkpoint says of the place in the epoch beyond ``batches_done``."""
+        return {}
+
+    def _train(self):
+        """The epochs from ``self.epoch`` on: an exit status if the run stops, else None."""
+        for epoch in range(self.epoch, self.args.epochs):
+            status = self._epoch(epoch)
+            if status is not None:
+                return status
+        return None
+
+    def _batches(self, epoch):
+        """(the epoch's batches, how many the epoch has in all)."""
+        return self.job.batches(epoch), self.steps_per_epoch
+
+    def _stepped(self, count):
+        """After each step (``count``: the samples it held on this rank)."""
+
     def _write(self, text):
         (self.progress.write if self.progress is not None else print)(text, flush=True)
 
@@ -561,21 +583,23 @@ class Loop:
         args, job = self.args, self.job
         losses, samples, epoch_started = [], 0, time.perf_counter()
         stop = False
-        for batch, data in enumerate(job.batches(epoch)):
+        batches, steps = self._batches(epoch)
+        for batch, data in enumerate(batches):
             if batch < self.skip:
                 continue  # already trained before the checkpoint we resumed from
             with TIMELINE.span("step", "step", step=self.step + 1):
                 loss, count, extra = job.step(data, self.step + 1)
             self.step += 1
+            self._stepped(count)
             losses.append(loss)
             samples += count
             reached = bool(args.max_steps and self.step >= args.max_steps)
-            last = reached or batch + 1 == self.steps_per_epoch
+            last = reached or batch + 1 == steps
             for step, agreed_loss, agreed_extra in self.preemption.exchange(self.step, loss,
                                                                             extra, last):
                 self._record(step, epoch, agreed_loss, agreed_extra)
             stop = bool(self.preemption.stopped_by) or reached
-            if batch + 1 == self.steps_per_epoch:
+            if batch + 1 == steps:
                 break  # the epoch's end saves (and stops, if asked to) after its report
             if stop or (args.checkpoint_every and self.step % args.checkpoint_every == 0):
                 self.save(epoch, batch + 1)

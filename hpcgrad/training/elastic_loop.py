@@ -1,0 +1,158 @@
+"""ElasticLoop: the training loop (Note [One training loop]) whose epochs survive lost ranks.
+
+Note [Elastic training loop]
+    ``ElasticLoop`` is ``Loop`` with its epochs run inside ``elastic.run`` (Note [Elastic run]):
+    a job (jobs/train_ddp.py --elastic) hands it an ``elastic.State`` instead of a model, and
+    gets the same resume, checkpoints, metrics, preemption and epoch lines, plus:
+
+    - the data come from the state's ``ElasticSampler``, whose place in the epoch the loop
+      records after each step; an epoch has as many steps as that sampler deals to the current
+      world (fewer once ranks are lost), so no step index is skipped on a resume: the sampler's
+      place, saved in the checkpoint, is where the epoch goes on, at any number of ranks;
+    - ``state.commit()`` every ``commit_every`` steps and at each epoch's end (in memory);
+    - on a lost rank the survivors restore the newest commit they all hold and go on; the
+      loop then takes its step and epoch from the state, its rank and world size from the new
+      world, the model from ``state.ddp`` (a DDP over the survivors), and calls the job's
+      ``world_changed(state, change)`` (its evaluation shards, its own DDP handle). The new
+      world's rank 0 takes over rank 0's roles: the metrics log (reopened where the old rank
+      0 left it), the epoch lines, the checkpoints and the PREEMPTED marker;
+    - below ``min_size`` ranks the survivors save a checkpoint of the restored commit, leave
+      PREEMPTED and end with status 75 (``SHRUNK``, EX_TEMPFAIL), so a requeue resumes the run
+      on a whole allocation (slurm/train_ddp_elastic.sbatch);
+    - rank 0 of the last world writes the job's exit status to <checkpoint-dir>/exit_status:
+      Open MPI's mpirun returns a dead rank's status even when every survivor finished, so a
+      batch script reads the survivors' verdict there.
+
+    Steps done after the restored commit are done again, so metrics.jsonl holds their lines
+    twice (the later line is the one that counted, as after a resume).
+"""
+
+import os
+import sys
+
+from hpcgrad import collectives as dist
+from hpcgrad import elastic
+from hpcgrad.training.loop import PREEMPTED, Loop, say, stopped_line
+from hpcgrad.training.metrics import MetricsLog
+
+SHRUNK = 75  # EX_TEMPFAIL: the world shrank below min_size; checkpoint saved, requeue to go on
+STATUS_FILE = "exit_status"
+_FINISHED = "finished"  # the epochs ran to the end (None from elastic.run: this rank left)
+
+
+class ElasticLoop(Loop):
+    """``Loop`` over ``state`` (an elastic.State holding the model, optimizer and an
+    ElasticSampler) that survives lost ranks (Note [Elastic training loop]).
+
+    ``min_size``: fewest ranks to go on with; ``commit_every``: steps between in-memory
+    commits (each costs a copy of the model and optimizer state; the steps since the last one
+    are what a lost rank costs). The job's model is ``state.ddp``."""
+
+    def __init__(self, job, args, state, checkpoints=None, min_size=1, commit_every=10):
+        if state.sampler is None:
+            raise ValueError("ElasticLoop needs an elastic.State with an ElasticSampler "
+                             "(State(model, optimizer, sampler=ElasticSampler(...)))")
+        super().__init__(job, args, state.ddp, state.optimizer, len(job.batches(0)),
+                         checkpoints)
+        self.state, self.min_size, self.commit_every = state, int(min_size), int(commit_every)
+
+    # --- the sampler's place in the epoch, in the checkpoint -----------------------------
+    def _place(self, epoch):
+        sampler = self.state.sampler
+        processed = sampler.processed if sampler.epoch == epoch else 0  # else: epoch's end
+        return {"sampler_epoch": epoch, "sampler_processed": processed}
+
+    def resume(self):
+        going = super().resume()
+        if going and self.args.resume:
+            meta = self.resumed_meta
+            self.state.sampler.load_state_dict(
+                {"epoch": int(meta.get("sampler_epoch", self.epoch)),
+                 "processed": int(meta.get("sampler_processed", 0))})
+            self.skip = 0  # the sampler deals only the rest of the epoch
+        self.state.step, self.state.epoch = self.step, self.epoch
+        return going
+
+    def _batches(self, epoch):
+        batches = self.job.batches(epoch)  # sets the sampler's epoch: its rest, dealt
+        return batches, len(batches)
+
+    def _stepped(self, count):
+        state = self.state
+        state.sampler.record_batch(count)
+        state.step = self.step
+        if self.commit_every and self.step % self.commit_every == 0:
+            state.commit()
+
+    # --- the epochs inside elastic.run -------------------------------------------------
+    def _train(self):
+        train = elastic.run(self._train_state, min_size=self.min_size, on_change=self._changed)
+        try:
+            status = train(self.state)
+        except elastic.WorldTooSmallError as error:
+            status = self._too_small(error)
+        if status is None:  # this rank left by plan (state.leave): the rest go on without it
+            return 0
+        status = None if status is _FINISHED else status
+        self._write_status(status)
+        return status
+
+    def _train_state(self, state):
+        self.step, self.epoch = state.step, state.epoch
+        status = Loop._train(self)
+        return _FINISHED if status is None else status
+
+    def _epoch(self, epoch):
+        status = super()._epoch(epoch)
+        if status is None:  # the epoch's end is saved; remember it in memory too
+            self.state.epoch, self.state.step = epoch + 1, self.step
+            self.state.commit()
+        return status
+
+    def _changed(self, change):
+        """On every survivor, after the world changed: the loop and job follow the new world."""
+        was_zero = self.rank == 0
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.step, self.epoch, self.skip = self.state.step, self.state.epoch, 0
+        self.model = self.state.ddp  # collective: every survivor builds it here
+        pending = getattr(self.preemption, "_pending", None)
+        if pending is not None:  # LatePreemption's agreement was posted on the old world
+            self.preemption._pending = None
+        self.job.world_changed(self.state, change)
+        if self.rank == 0 and not was_zero:  # rank 0's roles come here
+            self.metrics.close()
+            self.metrics = MetricsLog(self.args.checkpoint_dir, 0,
+                                      tensorboard=self.args.tensorboard,
+                                      purge_step=self.step or None)
+        if self.progress is not None:
+            self.progress.n = self.step
+            self.progress.refresh()
+        lost = ", ".join(map(str, change.lost)) or "none"
+        going = (f"going on from step {change.restored_step}"
+                 if change.new_size >= self.min_size else f"below --min-ranks {self.min_size}")
+        say(f"world changed: {change.old_size} -> {change.new_size} ranks (lost world rank(s) "
+            f"{lost}); {going} (recovery {change.seconds:.3f} s)")
+
+    def _too_small(self, error):
+        """Below min_size: checkpoint the restored commit, leave PREEMPTED, status SHRUNK."""
+        state = self.state
+        self.step, self.epoch = state.step, state.epoch
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.model = state.ddp
+        self.save(state.epoch, int(state.sampler.epoch == state.epoch
+                                   and state.sampler.processed > 0))
+        if self.rank == 0:
+            open(os.path.join(self.args.checkpoint_dir, PREEMPTED), "w").close()
+            print(f"{stopped_line(self.step, self.checkpoints.path, 0).strip()}\n"
+                  f"the world shrank to {self.world} ranks, below --min-ranks "
+                  f"{self.min_size} ({error.change}); exit status {SHRUNK}: requeue the job "
+                  f"to go on with a whole allocation", file=sys.stdout, flush=True)
+        return SHRUNK
+
+    def _write_status(self, status):
+        """Rank 0 of the last world: the survivors' exit status, for the batch script."""
+        if self.rank == 0:
+            path = os.path.join(self.args.checkpoint_dir, STATUS_FILE)
+            with open(path + ".tmp", "w") as out:
+                out.write(f"{status or 0}\n")
+            os.replace(path + ".tmp", path)

@@ -1,0 +1,54 @@
+"""jobs/train_ddp.py with one fault at a chosen step: a rank dies, or ranks leave by plan.
+
+    JOB_FAULT="MODE RANKS STEP" job_fault.py JOB ARGUMENTS...
+
+MODE ``exit`` (``os._exit(9)``) or ``kill9`` (SIGKILL to itself): world ranks RANKS (comma
+separated) die at the top of step STEP. MODE ``leave``: every rank calls ``state.leave(RANKS)``
+there instead, the reference a lost rank's run must equal. Only the first time the step is
+reached: after a recovery the survivors do it again without a fault. The arguments are the
+job's; the job is unchanged otherwise (slurm/train_ddp_elastic.sbatch runs it with JOB=).
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "jobs"))
+import train_ddp  # noqa: E402  (jobs/ is not a package)
+
+from hpcgrad.training import elastic_loop  # noqa: E402
+
+mode, ranks, fault_step = os.environ["JOB_FAULT"].split()
+ranks, fault_step = {int(r) for r in ranks.split(",")}, int(fault_step)
+loops, fired = [], []
+
+_init = elastic_loop.ElasticLoop.__init__
+
+
+def _remember(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    loops.append(self)
+
+
+_step = train_ddp.Digits.step
+
+
+def _step_with_fault(self, batch, step):
+    if step == fault_step and not fired:
+        fired.append(step)
+        if mode == "leave":
+            loops[0].state.leave(ranks)
+        elif MPI.COMM_WORLD.Get_rank() in ranks:
+            sys.stdout.flush()
+            if mode == "exit":
+                os._exit(9)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return _step(self, batch, step)
+
+
+elastic_loop.ElasticLoop.__init__ = _remember
+train_ddp.Digits.step = _step_with_fault
+train_ddp.exit_job(train_ddp.main(sys.argv[1:]))
