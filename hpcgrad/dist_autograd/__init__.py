@@ -34,6 +34,7 @@ import threading
 import time
 
 from hpcgrad.base.futures import Future, FutureTimeoutError
+from hpcgrad.comm.ulfm import ProcessFailure
 from hpcgrad.tensor._tensor import Tensor
 from hpcgrad import rpc
 from hpcgrad.rpc import message
@@ -68,6 +69,7 @@ class _AutogradCodec(rpc.Codec):
         agent.register_handler("release", _serve_release, inline=True)
         agent.register_handler("abort", _serve_abort, inline=True)
         agent.register_handler("p2p", _serve_p2p, inline=True)  # arrival order is recv() order
+        agent.add_failure_listener(_workers_died)
 
     def uninstall(self):
         global _agent
@@ -110,11 +112,13 @@ def context():
         _release(ctx.context_id)
 
 
-def _release(context_id):
-    ctx = container.release(context_id)
+def _release(context_id, why=None):
+    """Release here and, on their next message, on the ranks the context reached; ``why``:
+    the ProcessFailure it is released for (Note [Contexts of a dead worker])."""
+    ctx = container.release(context_id, why)
     if ctx is None:
         return
-    _end_running_pass(ctx, f"context {context_id} was released")
+    _end_running_pass(ctx, f"context {context_id} was released", error=why)
     if _agent is None:
         return
     for worker in sorted(ctx.known_workers):
@@ -132,16 +136,43 @@ def _serve_release(src, envelope, payloads):
         _agent.carry(worker, "release", context_id=ctx.context_id)
 
 
-def _end_running_pass(ctx, why, pass_id=None):
-    """Fail the pass running in ``ctx`` (``pass_id``, or any): it answers and is cleaned up."""
+def _end_running_pass(ctx, why, pass_id=None, error=None):
+    """Fail the pass running in ``ctx`` (``pass_id``, or any): it answers and is cleaned up.
+    ``error``: the error to fail it with (default: an RpcError saying ``why``)."""
     state = ctx.current_pass
     if state is None or (pass_id is not None and state.pass_id != pass_id):
         return
-    error = RpcError(f"backward pass {state.pass_id:#x} in context {ctx.context_id} ended "
-                     f"on rank {container.rank}: {why}")
+    if error is None:
+        error = RpcError(f"backward pass {state.pass_id:#x} in context {ctx.context_id} ended "
+                         f"on rank {container.rank}: {why}")
     state.graph_task.fail(error)
     for future in state.outstanding():
         _agent.cancel(future, error)
+
+
+# Note [Contexts of a dead worker]
+#     Under ULFM the RPC agent tells this module which ranks died (Note [RPC to a dead rank] in
+#     rpc/agent.py). Every context here that reached one of them is of no further use: a
+#     backward pass through it would wait for gradients that never come. So each is released
+#     at once (on the ranks it reached too, as at a context's exit), and its pass, if one runs,
+#     fails with the ProcessFailure naming the dead worker: ``backward`` raises it (as "Error on
+#     Node N: ..."), a peer's ``wait_for_backward`` too, and so does any later use of the context
+#     (``retrieve``: backward, get_gradients), instead of "Could not find autograd context".
+#     ``recv`` from a dead rank raises it once the messages that rank sent before are taken.
+def _workers_died(ranks):
+    """The agent's failure listener: Note [Contexts of a dead worker]."""
+    dead = set(ranks)
+    for ctx in container.contexts():
+        reached = sorted(ctx.known_workers & dead)
+        if not reached:
+            continue
+        error = _agent.dead.error(reached[0], f"distributed autograd context {ctx.context_id} "
+                                              f"reached it and was released")
+        if not ctx.backward_done.is_set():
+            ctx.signal_done(error)
+        _release(ctx.context_id, error)
+    for rank in ranks:
+        _inbox_of(rank).put(_agent.dead.error(rank, f"recv(src={rank})"))
 
 
 @contextlib.contextmanager
@@ -296,8 +327,11 @@ def _abort(ctx, state, error):
     if _agent is None or state.graph_task is None:
         return
     for worker in sorted(ctx.known_workers - {_agent.rank}):
-        _agent.send(worker, "abort", context_id=ctx.context_id, pass_id=state.pass_id,
-                    error=str(error))
+        try:
+            _agent.send(worker, "abort", context_id=ctx.context_id, pass_id=state.pass_id,
+                        error=str(error))
+        except ProcessFailure:  # a dead worker runs nothing any more
+            continue
 
 
 def _serve_abort(src, envelope, payloads):
@@ -311,8 +345,11 @@ def _serve_abort(src, envelope, payloads):
         return
     _end_running_pass(ctx, f"rank {src} abandoned it ({envelope['error']})", pass_id)
     for worker in sorted(ctx.known_workers - {src, _agent.rank}):
-        _agent.send(worker, "abort", **{k: envelope[k] for k in ("context_id", "pass_id",
-                                                                 "error")})
+        try:
+            _agent.send(worker, "abort", **{k: envelope[k] for k in ("context_id", "pass_id",
+                                                                     "error")})
+        except ProcessFailure:
+            continue
 
 
 def _wait_for_pass(state, timeout):
@@ -358,6 +395,10 @@ def _node_error(exc):
     """``exc`` as "Error on Node N: <message>" (N: where it was raised; remote errors already
     are), as PyTorch words it; the Node that raised follows in the note."""
     text = str(exc)
+    if isinstance(exc, ProcessFailure):  # keeps its type: Note [Contexts of a dead worker]
+        if not text.startswith("Error on Node"):
+            text = f"Error on Node {container.rank}: {text}"
+        return ProcessFailure(text, exc.lost, exc.error_class)
     kind = RpcTimeoutError if isinstance(exc, TimeoutError) else RpcError
     if isinstance(exc, RpcError) and text.startswith("Error on Node"):
         return kind(text)
@@ -486,10 +527,15 @@ def recv(src, timeout=DEFAULT_TIMEOUT):
     agent = _require_agent()
     if src == agent.rank:
         raise ValueError("receive from self would deadlock")
+    inbox = _inbox_of(src)
     try:
-        envelope, payloads = _inbox_of(src).get(timeout=timeout)
+        item = inbox.get(timeout=timeout)
     except queue.Empty:
         raise TimeoutError(f"recv(src={src}): nothing arrived within {timeout:g} s") from None
+    if isinstance(item, ProcessFailure):  # src died: Note [Contexts of a dead worker]
+        inbox.put(item)  # (for the next recv from it too)
+        raise item
+    envelope, payloads = item
     return message.decode(envelope["body"], payloads,
                           lambda tensors, ids: attach_recv(tensors, ids, src))
 

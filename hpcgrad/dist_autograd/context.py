@@ -4,6 +4,7 @@ import collections
 import itertools
 import threading
 
+from hpcgrad.comm.ulfm import ProcessFailure
 from hpcgrad.tensor._tensor import Tensor
 
 
@@ -133,7 +134,8 @@ class DistAutogradContainer:
     def __init__(self):
         self._lock = threading.Lock()
         self._contexts = {}
-        self._released = collections.OrderedDict()  # id -> None, oldest first
+        # id -> None, or the ProcessFailure it was released for; oldest first
+        self._released = collections.OrderedDict()
         self._counter = itertools.count(1)
         self.rank = 0
 
@@ -146,10 +148,20 @@ class DistAutogradContainer:
     def retrieve(self, context_id):
         with self._lock:
             context = self._contexts.get(context_id)
+            why = self._released.get(context_id) if context is None else None
         if context is None:
+            if why is not None:  # Note [Contexts of a dead worker] in dist_autograd/__init__.py
+                raise ProcessFailure(f"Could not find autograd context with id: {context_id}: "
+                                     f"it was released because a worker it reached died: {why}",
+                                     why.lost, why.error_class)
             raise RuntimeError(f"Could not find autograd context with id: {context_id} (it was "
                                "released, or never created on this rank)")
         return context
+
+    def contexts(self):
+        """The contexts alive on this rank."""
+        with self._lock:
+            return list(self._contexts.values())
 
     def find(self, context_id):
         """The context; None when it was released here (the work at hand goes on outside
@@ -169,10 +181,12 @@ class DistAutogradContainer:
                 context = self._contexts[context_id] = DistAutogradContext(context_id)
             return context
 
-    def release(self, context_id):
-        """Forget the context (None if it is not here); it is never created again."""
+    def release(self, context_id, why=None):
+        """Forget the context (None if it is not here); it is never created again. ``why``:
+        the ProcessFailure it was released for, which ``retrieve`` raises from then on."""
         with self._lock:
-            self._released[context_id] = None
+            self._released[context_id] = why if why is not None else \
+                self._released.get(context_id)
             if len(self._released) > self.RELEASED_MEMORY:
                 self._released.popitem(last=False)
             return self._contexts.pop(context_id, None)

@@ -29,6 +29,7 @@ import traceback
 
 from hpcgrad.comm.flight_recorder import agree_job_id, install_signal_handler
 from hpcgrad.comm.mpi import comm_world
+from hpcgrad.comm.ulfm import ProcessFailure  # noqa: F401  (an RPC to a worker that died)
 from hpcgrad.comm.work import default_timeout
 from hpcgrad.rpc import functions, message
 from hpcgrad.rpc.agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
@@ -614,8 +615,11 @@ def _forget(agent, owner, rref_id):
     """On the progress thread: one handle to ``rref_id`` is gone."""
     if owner == agent.rank:
         _add_users(rref_id, -1)
-    else:
-        agent.send(owner, "forget", rref_id=rref_id)
+    elif owner not in agent.dead:  # a dead owner's values died with it
+        try:
+            agent.send(owner, "forget", rref_id=rref_id)
+        except ProcessFailure:
+            pass
 
 
 def _serve_fork(src, envelope, payloads):

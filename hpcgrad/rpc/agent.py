@@ -118,6 +118,38 @@ Note [Quiet shutdown]
     (PyTorch's DEFAULT_SHUTDOWN_TIMEOUT, 0): a worker parked in shutdown() serves while the
     master trains, for as long as that takes.
 
+Note [RPC to a dead rank]
+    Under MPICH, or Open MPI without ``--with-ft ulfm``, a rank that dies ends the job, and the
+    agent handles no failure: fail-fast. Under ULFM (``ulfm.enabled()``: ``mpirun --with-ft
+    ulfm``; Note [Process failures under ULFM] in comm/ulfm.py) the job goes on, and the agent
+    learns of a death from an MPI call that fails with MPI_ERR_PROC_FAILED (its communicator
+    returns errors). It needs no call of its own for that: while any failure on its
+    communicator is unacknowledged, the ``Iprobe(ANY_SOURCE)`` that every poll makes (the
+    progress thread's, every 10 us to 0.5 ms; a waiting thread's) fails, on every rank, whether
+    or not it ever talked to the dead one; so does a send to it (``Isend``, or its request's
+    test). Measured here (3 ranks on 2 cores, tests/elastic/test_rpc_failure.py): 10-20 ms
+    from ``os._exit(9)`` or SIGKILL to the failed future on the caller, most of it Open MPI's
+    runtime noticing the exit. A poll costs nothing more than before (a try block);
+    ``Comm.Get_failed`` each poll would add a call for what the failing Iprobe already says.
+    On such an error (``_peer_failure``) the agent acknowledges the failures
+    (MPI_Comm_ack_failed: receives from any source work again), asks which ranks failed
+    (MPI_Comm_get_failed), and for each new one fails every request pending to it with a
+    ProcessFailure (comm/ulfm.py's, a RuntimeError) naming the worker and rank, "RPC to worker
+    'worker2' (rank 2) failed: that process died (...)"; later requests to it fail at once with
+    the same error (rpc_async and remote return a failed future, so an RRef it owns fails at
+    ``to_here()``); replies and carried messages to it are dropped (nobody waits for them);
+    then the failure listeners run (distributed autograd's: Note [Contexts of a dead worker]
+    in dist_autograd/__init__.py). Graceful shutdown (Note [Quiet shutdown]) cannot
+    all-gather over a communicator with a dead rank, so once one died the survivors first
+    meet in MPI_Comm_shrink (on a helper thread while the caller serves; bounded by
+    shutdown's timeout) and run the quiet rounds on the shrunk communicator, counting only
+    messages between survivors; a death noticed during a round makes them shrink again. The
+    agent's communicator is then left unfreed, and each survivor ends at exit without
+    MPI_Finalize (failures.py). Not done: the world is not rebuilt (nothing replaces the dead
+    rank; elastic.run refuses RPC); the reference counts of RRefs the dead rank held stay up
+    (their owners keep those values); a rank that hangs without dying is no failure here (its
+    RPCs time out as before).
+
 Note [Carried messages]
     Some messages need not leave at once: a context release (nothing waits for it). ``carry``
     queues such a message for a peer; it rides inside the envelope of the next message to that
@@ -139,11 +171,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-from hpcgrad.comm import waiting
+from hpcgrad.comm import ulfm, waiting
 from hpcgrad.comm.buffers import MessageBuffer
 from hpcgrad.comm.progress import ProgressLoop
 from hpcgrad.comm.rendezvous import rendezvous
 from hpcgrad.base.futures import Future
+from hpcgrad.rpc.failures import DeadPeers, leave_without_finalize_at_exit, take_waiting_for
 
 ENVELOPE_TAG = 1
 INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
@@ -263,6 +296,17 @@ class MPIRpcAgent:
             self.comm.Free()
             raise RuntimeError(f"init_rpc: worker name {repeated[0]!r} is not unique (names by "
                                f"rank: {self.names}); give every rank its own name")
+        # Note [RPC to a dead rank]: under ULFM a peer's death is an error to handle, not an
+        # end of the job (under MPICH, or without --with-ft ulfm, none is handled: fail-fast)
+        self._failure_classes = ulfm.failure_classes() if ulfm.enabled() else frozenset()
+        if self._failure_classes:
+            self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        group = self.comm.Get_group()
+        self.dead = DeadPeers(self.names, ulfm.world_ranks(group), self.rank)
+        group.Free()
+        self._failure_lock = threading.Lock()
+        self._failure_listeners = []  # fn(ranks), called once per newly dead rank list
+        self._abandoned = []          # sends to the dead: buffers kept, never freed under MPI
         self._ids = itertools.count(1)
         self._tag_window = max(min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767, 1 << 30)
                                - _PAYLOAD_TAG_BASE, 1)
@@ -278,7 +322,8 @@ class MPIRpcAgent:
         self._callback_pool = ThreadPoolExecutor(num_callback_threads,
                                                  thread_name_prefix=f"hpcgrad-rpc-reply-{self.rank}")
         self.messages_sent = 0        # MPI messages posted (envelopes and payloads): a figure
-        self._envelopes = [0, 0]      # envelopes sent, received: Note [Quiet shutdown]
+        # envelopes sent to and received from each rank: Note [Quiet shutdown]
+        self._sent_to, self._received_from = [0] * self.size, [0] * self.size
         self._dispatched = 0          # work handed to a pool or a serving thread, not yet done
         self._dispatched_lock = threading.Lock()
         self.sent_by_kind = collections.Counter()  # envelopes per kind; "+kind": carried ones
@@ -326,6 +371,10 @@ class MPIRpcAgent:
         future = RpcFuture(describe or f"{kind} to {self.names[dst]} (rank {dst})", timeout,
                            agent=self)
         future.inline_reply = inline_reply
+        future.dst = dst  # a dead destination fails it: Note [RPC to a dead rank]
+        if dst in self.dead:
+            future.set_exception(self.dead.error(dst, f"{future.describe} was not sent"))
+            return future
         message_id = future.message_id = next(self._ids)
         future.deadline = time.monotonic() + timeout if timeout else None
         with self._waiting_lock:
@@ -334,6 +383,10 @@ class MPIRpcAgent:
                 heapq.heappush(self._deadlines, (future.deadline, message_id))
         try:
             self._send_with_id(message_id, dst, kind, body, payloads, None, fields)
+        except ulfm.ProcessFailure as error:  # it died before this rank knew: as above
+            with self._waiting_lock:
+                self._waiting.pop(message_id, None)
+            future.try_set_exception(error)
         except BaseException:
             with self._waiting_lock:
                 self._waiting.pop(message_id, None)
@@ -343,6 +396,8 @@ class MPIRpcAgent:
     def _send_with_id(self, message_id, dst, kind, body, payloads, reply_to, fields):
         if not 0 <= dst < self.size:
             raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        if dst in self.dead:  # Note [RPC to a dead rank]
+            raise self.dead.error(dst, f"a {kind!r} message was not sent")
         specs = []
         if payloads:  # Note [Broadcast payloads]: a broadcast array sends its distinct elements
             sent = []
@@ -365,18 +420,36 @@ class MPIRpcAgent:
         data = np.frombuffer(pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
         buffers = [MessageBuffer(a) for a in payloads]
         tag = self._payload_tag(message_id)
-        with self._send_lock:
-            requests = [self.comm.Isend(b.spec, dest=dst, tag=tag) for b in buffers]
-            requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
-            self._pending_sends.append((requests, (buffers, data)))
-            self.messages_sent += len(requests)
-            self._envelopes[0] += 1
-            self.sent_by_kind[kind] += 1
-            for carried_kind, _ in envelope.get("carried", ()):
-                self.sent_by_kind["+" + carried_kind] += 1
+        requests = []
+        try:
+            with self._send_lock:
+                for b in buffers:
+                    requests.append(self.comm.Isend(b.spec, dest=dst, tag=tag))
+                requests.append(self.comm.Isend([data, MPI.BYTE], dest=dst, tag=ENVELOPE_TAG))
+                self._pending_sends.append((requests, (buffers, data)))
+                self.messages_sent += len(requests)
+                self._sent_to[dst] += 1
+                self.sent_by_kind[kind] += 1
+                for carried_kind, _ in envelope.get("carried", ()):
+                    self.sent_by_kind["+" + carried_kind] += 1
+        except MPI.Exception as error:  # it died before this rank knew: Note [RPC to a dead rank]
+            if error.Get_error_class() not in self._failure_classes:
+                raise
+            self._abandoned.append((requests, (buffers, data)))  # MPI may still hold them
+            self._peer_failure(error)
+            if dst in self.dead:
+                raise self.dead.error(dst, f"a {kind!r} message was not sent") from None
+            raise
 
     def reply(self, dst, to_id, kind, body=b"", payloads=(), **fields):
-        self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
+        """Answer request ``to_id`` of ``dst``; nothing when ``dst`` died (nobody waits)."""
+        if dst in self.dead:
+            return
+        try:
+            self._send_with_id(next(self._ids), dst, kind, body, payloads, to_id, fields)
+        except ulfm.ProcessFailure:
+            if dst not in self.dead:
+                raise
 
     def carry(self, dst, kind, within=5e-3, **fields):
         """Send a message of ``kind`` (no body, no payloads, no reply) to ``dst`` on the next
@@ -384,6 +457,8 @@ class MPIRpcAgent:
         messages]. Its handler must be registered ``inline`` on the receiver."""
         if not 0 <= dst < self.size:
             raise ValueError(f"no worker with rank {dst} (world size {self.size})")
+        if dst in self.dead:  # what it says concerns the dead only (a context's release)
+            return
         deadline = time.monotonic() + within
         with self._carried_lock:
             self._carried.setdefault(dst, []).append((kind, fields))
@@ -403,7 +478,11 @@ class MPIRpcAgent:
             with self._carried_lock:
                 if dst not in self._carried:
                     continue
-            self.send(dst, "carrier")
+            try:
+                self.send(dst, "carrier")
+            except ulfm.ProcessFailure:
+                if dst not in self.dead:
+                    raise
 
     def call_soon(self, fn):
         """Run ``fn()`` on the progress thread soon. Safe from anywhere, also from ``__del__``
@@ -423,6 +502,57 @@ class MPIRpcAgent:
             waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
             future.try_set_exception(error)  # a reply may have won the race
+
+    # --- dead peers: Note [RPC to a dead rank] ----------------------------------------------------
+    def add_failure_listener(self, fn):
+        """Call ``fn(ranks)`` (a list of ranks that died) on the thread that notices a death,
+        after the RPCs pending to them have failed; it must be short and never block."""
+        self._failure_listeners.append(fn)
+
+    def _ranks_of(self, group):
+        """The ranks of this agent's communicator of the processes in ``group``."""
+        mine = self.comm.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), mine))
+        finally:
+            mine.Free()
+
+    def _peer_failure(self, error):
+        """An MPI call met MPI_ERR_PROC_FAILED (``error``): acknowledge the failures known here
+        (so receives from any source work again), fail every RPC pending to a rank that died,
+        drop what was carried to it and tell the listeners. Returns the newly dead ranks."""
+        with self._failure_lock:
+            try:
+                self.comm.Ack_failed()
+                group = self.comm.Get_failed()
+            except MPI.Exception:  # nothing more can be learned here; the caller goes on
+                return []
+            try:
+                ranks = self._ranks_of(group)
+            finally:
+                group.Free()
+        return self._mark_dead(ranks, str(error))
+
+    def _mark_dead(self, ranks, why):
+        """``ranks`` died (``why``: how it showed): the work of ``_peer_failure``."""
+        new = self.dead.add(ranks, why)
+        if not new:
+            return new
+        leave_without_finalize_at_exit()
+        with self._waiting_lock:
+            failed = take_waiting_for(self._waiting, new)
+        for future in failed:  # a reply may have won the race
+            future.try_set_exception(self.dead.error(future.dst,
+                                                     f"{future.describe} did not complete"))
+        with self._carried_lock:
+            for rank in new:
+                self._carried.pop(rank, None)
+        for listener in list(self._failure_listeners):
+            try:
+                listener(new)
+            except BaseException:  # noqa: BLE001  (a bug in a listener: report it, go on)
+                traceback.print_exc()
+        return new
 
     def cancel(self, future, error):
         """Forget the request of ``future`` (a reply is dropped) and fail it with ``error``."""
@@ -516,8 +646,14 @@ class MPIRpcAgent:
                         _serving.work = outer
                     return True
             return False
+        except MPI.Exception as error:  # Note [RPC to a dead rank]: how a death shows here
+            if error.Get_error_class() not in self._failure_classes:
+                raise
+            failure = error
         finally:
             self._receive_lock.release()
+        self._peer_failure(failure)  # (outside the receive lock: it runs listeners)
+        return True
 
     def progress_until(self, done, timeout=None, serve=False):
         """On a thread waiting for ``done()``: receive and dispatch this rank's messages itself
@@ -559,19 +695,30 @@ class MPIRpcAgent:
                 traceback.print_exc()
 
     def _complete_sends(self):
+        failure = None
         with self._send_lock:
             if not self._pending_sends:
                 return False
-            still = [(reqs, bufs) for reqs, bufs in self._pending_sends
-                     if not MPI.Request.Testall(reqs)]
+            still = []
+            for entry in self._pending_sends:
+                try:
+                    if not MPI.Request.Testall(entry[0]):
+                        still.append(entry)
+                except MPI.Exception as error:  # a send to a rank that died
+                    if error.Get_error_class() not in self._failure_classes:
+                        raise
+                    failure = error
+                    self._abandoned.append(entry)
             done = len(still) != len(self._pending_sends)
             self._pending_sends = still
-            return done
+        if failure is not None:
+            self._peer_failure(failure)
+        return done
 
     def _receive(self, src, nbytes):
         data = np.empty(nbytes, np.uint8)
         self.comm.Recv([data, MPI.BYTE], source=src, tag=ENVELOPE_TAG)
-        self._envelopes[1] += 1  # (under the receive lock)
+        self._received_from[src] += 1  # (under the receive lock)
         try:
             envelope = self._envelope_loads(data.tobytes())
         except pickle.UnpicklingError as exc:  # a refused global: no id to answer to
@@ -669,33 +816,88 @@ class MPIRpcAgent:
     def quiesce(self, timeout):
         """Return once every rank calls this and no work is left anywhere: Note [Quiet
         shutdown]. Serves meanwhile (Note [Serving threads]). Past ``timeout`` s (0 or None:
-        no limit) raise RpcTimeoutError saying which ranks still had work, if all came."""
+        no limit) raise RpcTimeoutError saying which ranks still had work, if all came. After
+        a worker died, the survivors meet without it (Note [RPC to a dead rank])."""
         deadline = time.monotonic() + timeout if timeout else None
         previous = None
-        rows = np.empty((self.size, 3), np.int64)
+        comm, live = self.comm, list(range(self.size))
         while True:
+            if any(rank in self.dead for rank in live):
+                comm, live = self._survivors(comm, deadline, timeout)
+                previous = None
             self.flush_carried()  # Note [Carried messages]: nothing is left behind
             with self._dispatched_lock, self._waiting_lock, self._carried_lock:
                 busy = (self._dispatched + len(self._waiting) + len(self._soon)
                         + len(self._carried))
-            mine = np.array([self._envelopes[0], self._envelopes[1], busy], np.int64)
-            request = self.comm.Iallgather(mine, rows)
+            mine = np.array([sum(self._sent_to[r] for r in live),
+                             sum(self._received_from[r] for r in live), busy], np.int64)
+            rows = np.empty((len(live), 3), np.int64)
+            request = comm.Iallgather(mine, rows)
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not self.progress_until(request.Test, left, serve=True):
+            if not self.progress_until(lambda: self._gathered(request, live), left, serve=True):
                 if previous is None:
                     raise RpcTimeoutError(f"rpc.shutdown(): not every worker reached shutdown "
                                           f"within {timeout:g} s")
-                working = [r for r in range(self.size) if previous[r, 2]]
+                working = [live[r] for r in range(len(live)) if previous[r, 2]]
                 raise RpcTimeoutError(
                     f"rpc.shutdown(): every worker reached shutdown, but work was still "
                     f"running within {timeout:g} s (RPCs waiting for a reply or being served "
                     f"on rank{'s' if len(working) != 1 else ''} "
                     f"{', '.join(map(str, working)) or '(messages in flight)'})")
+            if any(rank in self.dead for rank in live):  # a worker died meanwhile
+                self._abandoned.append((request, rows, mine))
+                continue
             totals = rows.sum(axis=0)
             if (previous is not None and not totals[2] and not previous[:, 2].any()
                     and totals[0] == totals[1] and (rows[:, :2] == previous[:, :2]).all()):
+                if comm is not self.comm:
+                    comm.Free()
                 return
             previous = rows.copy()
+
+    def _gathered(self, request, live):
+        """Whether quiesce's all-gather is done, or a rank of ``live`` died meanwhile."""
+        try:
+            return request.Test() or any(rank in self.dead for rank in live)
+        except MPI.Exception as error:
+            if error.Get_error_class() not in self._failure_classes:
+                raise
+            self._peer_failure(error)
+            return True
+
+    def _survivors(self, comm, deadline, timeout):
+        """(a communicator of ``comm``'s surviving ranks, their ranks here): MPI_Comm_shrink,
+        collective over the survivors, run on a helper thread while this one serves (Note
+        [Bounded recovery calls] in comm/ulfm.py), up to the deadline."""
+        done, outcome = threading.Event(), {}
+
+        def shrink():
+            try:
+                outcome["comm"] = comm.Shrink()
+            except BaseException as error:  # noqa: BLE001  (handed to the waiting thread)
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        threading.Thread(target=shrink, name=f"hpcgrad-rpc-shrink-{self.rank}",
+                         daemon=True).start()
+        left = None if deadline is None else max(deadline - time.monotonic(), 0)
+        if not self.progress_until(done.is_set, left, serve=True):
+            raise RpcTimeoutError(
+                f"rpc.shutdown(): not every surviving worker reached shutdown within "
+                f"{timeout:g} s (rank{'s' if len(self.dead) > 1 else ''} "
+                f"{', '.join(map(str, self.dead.ranks()))} died)")
+        if "error" in outcome:
+            raise outcome["error"]
+        survivors = outcome["comm"]
+        group = survivors.Get_group()
+        try:
+            live = self._ranks_of(group)
+        finally:
+            group.Free()
+        # a rank left out died, whether or not this one had noticed it yet
+        self._mark_dead(set(range(self.size)) - set(live), "left out by MPI_Comm_shrink")
+        return survivors, live
 
     def stop(self):
         self._running = False
@@ -706,4 +908,5 @@ class MPIRpcAgent:
             time.sleep(1e-4)
         self._pool.shutdown(wait=True)
         self._callback_pool.shutdown(wait=True)
-        self.comm.Free()
+        if not len(self.dead):  # else left unfreed: freeing it could wait on the dead
+            self.comm.Free()
