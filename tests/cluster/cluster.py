@@ -26,6 +26,15 @@ What works with the ``mpich`` wheel (MPICH 5.0, hydra, ch4 built with ucx and of
 - ``-iface hgc<id>br``: the proxies connect back to mpiexec's control port; from inside a node only
   the bridge's address reaches the root namespace (its loopback is the node's own).
 - The ranks' environment (see ``mpi_env``): see that function for the netmod settings and why.
+
+Open MPI 5's ``mpirun`` (prterun, the ``ft`` extra in .venv-ft; see ``mpirun_argv``) uses the same
+launcher, unchanged: ``--prtemca plm_ssh_agent tests/cluster/launcher.sh`` makes it exec
+``launcher.sh node<i> "PRTE_PREFIX=...; prted ..."`` per node, with a hostfile naming the nodes
+(``node<i> slots=R``). The HNP stays in the root namespace and runs no rank (its hostname is in
+no hostfile); ``oob_tcp_if_include`` and ``btl_tcp_if_include`` with the cluster's subnet make the
+daemons and the ranks talk over the bridge (the subnet, not an interface name: the bridge is
+``hgc<id>br`` in the root namespace, ``hgc0`` inside a node). Each rank has its world rank in
+its environment (``OMPI_COMM_WORLD_RANK``): a test can tell which ranks a namespace holds.
 """
 
 import argparse
@@ -197,6 +206,30 @@ class Cluster:
             "FI_PROVIDER": "tcp",
             "FI_TCP_IFACE": NODE_IFACE,
         }
+
+    @property
+    def subnet_cidr(self):
+        return f"{SUBNET_BASE}.{self.subnet}.0/24"
+
+    def mpirun_env(self):
+        """Environment for Open MPI's mpirun across the nodes: the launcher's hosts file only (the
+        MPICH netmod settings of ``mpi_env`` mean nothing to it)."""
+        return {"HPCGRAD_CLUSTER_HOSTS": str(self.hosts_file)}
+
+    def mpirun_argv(self, nprocs, command, mpirun, options=()):
+        """Open MPI 5's ``mpirun OPTIONS ... -n nprocs command`` over the nodes, ``nprocs / nodes``
+        ranks each in rank order (node1 holds ranks 0..R-1), through launcher.sh (Note [MPI
+        across namespaces]); writes the cluster's ``hostfile``."""
+        if nprocs % self.nodes:
+            raise ValueError(f"{nprocs} ranks do not divide evenly over {self.nodes} nodes; "
+                             f"pass a multiple of {self.nodes}")
+        hostfile = self.directory / "hostfile"
+        hostfile.write_text("".join(f"{self.hostname(i)} slots={nprocs // self.nodes}\n"
+                                    for i in range(1, self.nodes + 1)))
+        return [mpirun, *options, "--prtemca", "plm_ssh_agent", str(LAUNCHER),
+                "--prtemca", "oob_tcp_if_include", self.subnet_cidr,
+                "--mca", "btl_tcp_if_include", self.subnet_cidr,
+                "--hostfile", str(hostfile), "--map-by", "slot", "-n", str(nprocs), *command]
 
     def mpiexec_argv(self, nprocs, command, mpiexec=None):
         """`mpiexec ... -n nprocs command`, spreading nprocs ranks evenly over the nodes."""

@@ -4,6 +4,7 @@
 # file ($HPCGRAD_CLUSTER_HOSTS: "address hostname netns" per line, written by cluster.py) names
 # the node's namespace and hostname. CMD runs in that network namespace under a fresh UTS
 # namespace whose hostname is the node's (see Note [MPI across namespaces] in cluster.py).
+# Open MPI's prterun calls it the same way (`--prtemca plm_ssh_agent launcher.sh`: HOST CMD).
 set -eu
 while [ $# -gt 0 ]; do
     case "$1" in
