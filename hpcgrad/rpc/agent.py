@@ -144,7 +144,7 @@ Note [RPC to a dead rank]
     meet in MPI_Comm_shrink (on a helper thread while the caller serves; bounded by
     shutdown's timeout) and run the quiet rounds on the shrunk communicator, counting only
     messages between survivors; a death noticed during a round makes them shrink again. The
-    agent's communicator is then left unfreed, and each survivor ends at exit without
+    agent's communicator is then left unfreed, and the survivors end at exit together, without
     MPI_Finalize (failures.py). Not done: the world is not rebuilt (nothing replaces the dead
     rank; elastic.run refuses RPC); the reference counts of RRefs the dead rank held stay up
     (their owners keep those values); a rank that hangs without dying is no failure here (its
@@ -176,7 +176,8 @@ from hpcgrad.comm.buffers import MessageBuffer
 from hpcgrad.comm.progress import ProgressLoop
 from hpcgrad.comm.rendezvous import rendezvous
 from hpcgrad.base.futures import Future
-from hpcgrad.rpc.failures import DeadPeers, leave_without_finalize_at_exit, take_waiting_for
+from hpcgrad.rpc.failures import (DeadPeers, leave_without_finalize_at_exit, meet_at_exit,
+                                  take_waiting_for)
 
 ENVELOPE_TAG = 1
 INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
@@ -850,8 +851,8 @@ class MPIRpcAgent:
             totals = rows.sum(axis=0)
             if (previous is not None and not totals[2] and not previous[:, 2].any()
                     and totals[0] == totals[1] and (rows[:, :2] == previous[:, :2]).all()):
-                if comm is not self.comm:
-                    comm.Free()
+                if comm is not self.comm:  # the survivors leave together (failures.py)
+                    meet_at_exit(comm)
                 return
             previous = rows.copy()
 

@@ -8,6 +8,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 
 from mpi4py import MPI
 
@@ -66,11 +67,16 @@ def take_waiting_for(waiting, ranks):
 
 # Note [Leaving without MPI_Finalize after a failure] (hpcgrad/elastic/world.py) holds for RPC
 # jobs too: once a worker died, MPI_Finalize on the survivors can wait for ever in a PMIx fence
-# that includes the dead (open-mpi/ompi#11404). rpc.shutdown() is the survivors' meeting (Note
-# [Quiet shutdown] in agent.py, on their own communicator), so at exit each one just flushes its
-# output and leaves with os._exit(0). A rank that ends with sys.exit(non-zero) still aborts the
-# job (Note [Exit status] in comm/mpi.py); Python's later atexit functions do not run.
+# that includes the dead (open-mpi/ompi#11404). So each survivor leaves at exit with os._exit(0)
+# after flushing its output. Not alone: mpirun ended the job, killing a survivor still busy in
+# rpc.shutdown(), when another one left so (about 1 run in 5 here); so a survivor that ended
+# RPC after the death meets the others first in a barrier on the survivors' communicator of
+# rpc.shutdown() (``meet_at_exit``; bounded by EXIT_BARRIER_SECONDS, as elastic's by its
+# recovery timeout). A rank that ends with sys.exit(non-zero) still aborts the job (Note [Exit
+# status] in comm/mpi.py); Python's later atexit functions do not run.
+EXIT_BARRIER_SECONDS = 60.0
 _armed = []
+_survivors = []  # [communicator of the survivors] once rpc.shutdown() met them
 
 
 def leave_without_finalize_at_exit():
@@ -80,9 +86,29 @@ def leave_without_finalize_at_exit():
         atexit.register(_leave)
 
 
+def meet_at_exit(comm):
+    """At exit, meet the other survivors in a barrier on ``comm`` before leaving."""
+    _survivors[:] = [comm]
+
+
+def _barrier(comm, timeout):
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every survivor reached the end within {timeout:g} s")
+        time.sleep(1e-3)
+
+
 def _leave():
     if _mpi._failed_exit() is not None or MPI.Is_finalized():
         return  # comm/mpi.py aborts the job, as for any failed exit
+    if _survivors:
+        try:
+            _barrier(_survivors[0], EXIT_BARRIER_SECONDS)
+        except Exception as error:  # noqa: BLE001 - leaving regardless, but saying why
+            sys.stderr.write(f"[hpcgrad rpc] rank {MPI.COMM_WORLD.Get_rank()}: leaving without "
+                             f"meeting every survivor at exit: {error}\n")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

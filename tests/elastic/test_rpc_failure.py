@@ -48,3 +48,25 @@ def test_rpc_to_a_dead_worker_fails_fast_naming_it(tmp_path, mode):
         assert found and float(found.group(1)) < 20.0, job.output[-3000:]
     print(f"\n{mode}: rank 2's death -> rank 0's pending future failed in "
           f"{checks['pending_seconds']} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_backward_pass_fails_fast_when_a_worker_dies_in_its_part(tmp_path):
+    """Rank 2 dies running its part of rank 0's dist_autograd.backward (60 s pass timeout):
+    backward raises within seconds naming rank 2, the context is released on ranks 0 and 1,
+    and the survivors go on and shut down."""
+    job = run_ft_job("rpc_peer_death.py", 3, ["backward", tmp_path], timeout=60)
+    assert not job.timed_out, job.output[-3000:]
+    checks = _checks(job.stdout)
+    assert "backward_running" in checks, job.output[-3000:]
+    seconds, message = re.match(r"ProcessFailure in (\S+) s: (.*)",
+                                checks["backward_running"]).groups()
+    assert message.startswith(f"Error on Node 0: {NAMED}"), message
+    assert float(checks["pending_seconds"]) < 5.0, checks
+    assert checks["contexts"] == "1 -> 0" and checks["rank1_contexts"] == "0", checks
+    assert checks["worker1"] == "still here" and checks["new_sync"].startswith("ProcessFailure")
+    for rank in (0, 1):
+        assert re.search(rf"^SHUTDOWN rank {rank} in ", job.stdout, re.MULTILINE), job.output
+    print(f"\nbackward: rank 2's death -> rank 0's backward failed in "
+          f"{checks['pending_seconds']} s")
