@@ -1,0 +1,224 @@
+"""Direct convolution at stride 1 (numba, 256-bit vectors): no columns, the sums held in registers.
+
+Note [Direct convolution]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+At 16-32 channels the columns' product (nn/_conv.py, Note [Convolution columns]) is a GEMM with
+16-32 rows, which OpenBLAS runs at 30-46 GF/s on one core, and the columns and the transposed
+store cost 0.3-0.45x on top of it. PyTorch's oneDNN runs a direct convolution there; this is one.
+
+Each pass computes a block of 4 output channels x 2 vectors of one output row (16 float32 or 8
+float64 positions) as 8 accumulators that stay in registers through every tap (input channel,
+kernel row, kernel column) of the kernel: per tap two unaligned loads of the padded input's
+row at the tap's offset, four broadcast weights, eight fused multiply-adds. LLVM keeps a value in
+a register only when it is one; numba has no vector type, so this file gives it one (``_Vec``,
+an LLVM <8 x float> or <4 x double>) with four intrinsics: load, store, splat and a multiply-add
+with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add where it has
+not: the same code is correct on any x86 or ARM CPU, only its speed assumes AVX2).
+
+What did not work (ResNet-18's 3x3 layers, batch 32, one thread, this 2-core machine under
+load): numba's loop vectorizer over a whole output row, 2 outputs x 4 channels per pass with the
+sums in an L1 buffer, ran at the GEMM's speed (the sums' loads and stores bound it); 64 scalar
+accumulators for LLVM's SLP vectorizer to pack stayed scalar, 20x slower; blocks of (outputs x
+vectors) 2 x 4 and 1 x 8 were no faster than 4 x 2, 2 x 6 and 3 x 4 spill, and 4 x 3 (24
+positions) divides no ResNet row. Positions past a row's last whole block take a scalar loop,
+10x slower: the selection in nn/_conv.py sends only rows that are whole blocks here, and only up
+to 32 input channels (from 64, OpenBLAS's product runs at 50-70 GF/s and the kernel was no
+faster).
+Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst.
+
+The terms of each output are summed in tap order (channel, kernel row, kernel column), each
+product fused into the running sum where the CPU has FMA: not the GEMM's order, so results agree
+with the columns' path to rounding, not to the bit (tests/nn/test_direct_conv.py).
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, models, register_model
+
+BLOCK_OUTPUTS = 4  # output channels per pass
+BLOCK_VECTORS = 2  # 256-bit vectors of one output row per pass
+
+
+class _Vec(types.Type):
+    """A 256-bit vector of float32 or float64 lanes, as one LLVM value (a register)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.lanes = 256 // dtype.bitwidth
+        super().__init__(name=f"_Vec({dtype} x {self.lanes})")
+
+
+@register_model(_Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        lane = dmm.lookup(fe_type.dtype).get_value_type()
+        super().__init__(dmm, fe_type, ir.VectorType(lane, fe_type.lanes))
+
+
+def _element_pointer(context, builder, arytype, ary, index):
+    data = context.make_array(arytype)(context, builder, ary).data
+    return builder.gep(data, [index])
+
+
+@intrinsic
+def _vload(typingctx, arr, index):
+    """The vector at arr[index:index + lanes] (1-D contiguous ``arr``; unaligned, unchecked)."""
+    vec = _Vec(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        ptr = builder.bitcast(ptr, context.get_value_type(vec).as_pointer())
+        return builder.load(ptr, align=1)
+    return vec(arr, index), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, index, value):
+    """arr[index:index + lanes] = value (unaligned, unchecked)."""
+    def codegen(context, builder, sig, args):
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(ptr, args[2].type.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(arr, index, value), codegen
+
+
+@intrinsic
+def _vsplat(typingctx, scalar):
+    """A vector of ``scalar`` in every lane."""
+    vec = _Vec(scalar)
+
+    def codegen(context, builder, sig, args):
+        vt = context.get_value_type(vec)
+        lane0 = ir.Constant(ir.IntType(32), 0)
+        one = builder.insert_element(ir.Constant(vt, ir.Undefined), args[0], lane0)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), [0] * vec.lanes)
+        return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), zeros)
+    return vec(scalar), codegen
+
+
+@intrinsic
+def _vfma(typingctx, w, x, acc):
+    """w * x + acc, fused where the CPU can (LLVM's ``contract``)."""
+    def codegen(context, builder, sig, args):
+        product = builder.fmul(args[0], args[1], flags=("contract",))
+        return builder.fadd(product, args[2], flags=("contract",))
+    return acc(w, x, acc), codegen
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _direct(xf, wpk, offs, out, sample, wp, zero):
+    # xf: the padded input, flat; sample: its elements per sample; wp: its row's length.
+    # wpk: (K blocks, taps, 4) flat, zeros past K; offs: each tap's offset in a sample.
+    # out: (N, K, Ho, Wo). The accumulators a0..a3 (a block's first vector) and b0..b3 (its
+    # second) are one per output channel of the block. A block of channels sweeps a sample's
+    # rows with its weights (taps * 4) in L1: measured faster than each row sweeping all blocks.
+    n_, k_, ho, wo = out.shape
+    of = out.reshape(-1)
+    taps = offs.size
+    lanes = 32 // xf.itemsize
+    width = 2 * lanes
+    blocks = (k_ + 3) // 4
+    plane = ho * wo
+    for n in range(n_):
+        for kb in range(blocks):
+            k0 = kb * 4
+            for y in range(ho):
+                row = n * sample + y * wp
+                x0 = 0
+                while x0 + width <= wo:
+                    base = row + x0
+                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _vsplat(zero)
+                    wi = kb * taps * 4
+                    for t in range(taps):
+                        s = base + offs[t]
+                        u = _vload(xf, s)
+                        v = _vload(xf, s + lanes)
+                        w = _vsplat(wpk[wi])
+                        a0 = _vfma(w, u, a0)
+                        b0 = _vfma(w, v, b0)
+                        w = _vsplat(wpk[wi + 1])
+                        a1 = _vfma(w, u, a1)
+                        b1 = _vfma(w, v, b1)
+                        w = _vsplat(wpk[wi + 2])
+                        a2 = _vfma(w, u, a2)
+                        b2 = _vfma(w, v, b2)
+                        w = _vsplat(wpk[wi + 3])
+                        a3 = _vfma(w, u, a3)
+                        b3 = _vfma(w, v, b3)
+                        wi += 4
+                    at = (n * k_ + k0) * plane + y * wo + x0
+                    _vstore(of, at, a0)
+                    _vstore(of, at + lanes, b0)
+                    if k0 + 1 < k_:
+                        _vstore(of, at + plane, a1)
+                        _vstore(of, at + plane + lanes, b1)
+                    if k0 + 2 < k_:
+                        _vstore(of, at + 2 * plane, a2)
+                        _vstore(of, at + 2 * plane + lanes, b2)
+                    if k0 + 3 < k_:
+                        _vstore(of, at + 3 * plane, a3)
+                        _vstore(of, at + 3 * plane + lanes, b3)
+                    x0 += width
+                for x in range(x0, wo):  # the row's last positions, one at a time
+                    base = row + x
+                    s0 = s1 = s2 = s3 = zero
+                    wi = kb * taps * 4
+                    for t in range(taps):
+                        v = xf[base + offs[t]]
+                        s0 += wpk[wi] * v
+                        s1 += wpk[wi + 1] * v
+                        s2 += wpk[wi + 2] * v
+                        s3 += wpk[wi + 3] * v
+                        wi += 4
+                    at = (n * k_ + k0) * plane + y * wo + x
+                    of[at] = s0
+                    if k0 + 1 < k_:
+                        of[at + plane] = s1
+                    if k0 + 2 < k_:
+                        of[at + 2 * plane] = s2
+                    if k0 + 3 < k_:
+                        of[at + 3 * plane] = s3
+
+
+def block_width(dtype):
+    """Output positions of one row that one pass computes: 16 float32, 8 float64."""
+    return BLOCK_VECTORS * 32 // np.dtype(dtype).itemsize
+
+
+def takes(x, w):
+    """Whether ``conv2d_stride1`` takes these arrays: C-contiguous numpy float32/float64 of one
+    dtype, x 4-D and w 4-D."""
+    return (type(x) is np.ndarray and type(w) is np.ndarray and x.dtype == w.dtype
+            and x.dtype in (np.float32, np.float64) and x.ndim == 4 and w.ndim == 4
+            and x.flags.c_contiguous)
+
+
+def conv2d_stride1(x, w, dilation=(1, 1), out=None):
+    """The stride-1 convolution (groups 1, no bias) of the zero-padded input x (N, C, Hp, Wp)
+    with w (K, C, kh, kw): (N, K, Ho, Wo), into ``out`` (a C-contiguous array of that shape and
+    x's dtype) when given. ``takes(x, w)`` must hold."""
+    n, c, hp, wp = x.shape
+    k, cw, kh, kw = w.shape
+    if cw != c:
+        raise ValueError(f"conv2d_stride1: weight {list(w.shape)} has {cw} input channels, the "
+                         f"input {list(x.shape)} has {c}; groups are not supported here")
+    dh, dw = dilation
+    ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"conv2d_stride1: the padded input {hp}x{wp} is smaller than the "
+                         f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
+    if out is None:
+        out = np.empty((n, k, ho, wo), x.dtype)
+    if out.size == 0:
+        return out
+    blocks = -(-k // BLOCK_OUTPUTS)
+    packed = np.zeros((blocks * BLOCK_OUTPUTS, c * kh * kw), x.dtype)
+    packed[:k] = w.reshape(k, -1)
+    # (blocks, taps, 4): each tap's four weights side by side
+    packed = np.ascontiguousarray(
+        packed.reshape(blocks, BLOCK_OUTPUTS, -1).transpose(0, 2, 1)).reshape(-1)
+    ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
+    offs = (ci * (hp * wp) + i * (dh * wp) + j * dw).reshape(-1).astype(np.int64)
+    _direct(x.reshape(-1), packed, offs, out, c * hp * wp, wp, x.dtype.type(0))
+    return out

@@ -1,0 +1,196 @@
+"""The direct convolution kernel (kernels/direct_conv.py) beside slices and sums, the columns' path and PyTorch.
+
+Note [Direct convolution] says why the kernel exists. ``_check_kernel`` holds the kernel to a
+float64 slice-and-sum formula in numpy with the K-term rounding bound of
+tests/nn/test_fast_paths_differential.py (``2 * K * eps * sum |terms|``: any order of the sums,
+FMA or not) and to the columns' path (``_conv._columns_forward``) with twice that; the Node's
+tests run forward and backward (the input gradient at stride 1 is a forward convolution too,
+Note [Input gradient as a convolution]) with the direct kernel forced on at every row length
+and off (HPCGRAD_DIRECT_CONV=0), and gradcheck in float64.
+"""
+
+import numpy as np
+import pytest
+
+import hpcgrad as hg
+import hpcgrad.nn.functional as F
+from hpcgrad.autograd import gradcheck
+from hpcgrad.base.kernels import direct_conv
+from hpcgrad.nn import _conv
+
+
+def _slices_and_sums(padded, w, dilation):
+    """out[n, k, y, x] = sum_{c, i, j} padded[n, c, y + dh*i, x + dw*j] * w[k, c, i, j], in
+    float64 from slices: the value and the same sum of absolute terms (the error bound's scale)."""
+    n, c, hp, wp = padded.shape
+    k, _, kh, kw = w.shape
+    dh, dw = dilation
+    ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
+    x, w = padded.astype(np.float64), w.astype(np.float64)
+    out, magnitude = np.zeros((n, k, ho, wo)), np.zeros((n, k, ho, wo))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, dh * i:dh * i + ho, dw * j:dw * j + wo]
+            out += np.einsum("nchw,kc->nkhw", patch, w[:, :, i, j])
+            magnitude += np.einsum("nchw,kc->nkhw", np.abs(patch), np.abs(w[:, :, i, j]))
+    return out, magnitude
+
+
+def _assert_within(got, want, magnitude, terms, dtype, what):
+    tol = 2 * terms * np.finfo(dtype).eps * magnitude + np.finfo(dtype).tiny
+    err = np.abs(np.asarray(got, np.float64) - want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    assert np.all(err <= tol), (f"{what}: error {err.max():.3g} above the {terms}-term bound "
+                                f"(at most {tol.max():.3g}; {np.dtype(dtype).name})")
+
+
+def _check_kernel(dtype, n, c, k, size, kernel, padding, dilation=(1, 1), seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    w = rng.standard_normal((k, c) + kernel).astype(dtype)
+    padded = np.ascontiguousarray(_conv._padded(x, padding))
+    got = direct_conv.conv2d_stride1(padded, w, dilation)
+    want, magnitude = _slices_and_sums(padded, w, dilation)
+    terms = c * kernel[0] * kernel[1]
+    _assert_within(got, want, magnitude, terms, dtype, "direct vs slices and sums")
+    geo = _conv._Geometry(x.shape, w.shape, (1, 1), padding, dilation, 1)
+    columns = _conv._columns_forward(x, w, geo).reshape(got.shape)
+    _assert_within(got, columns.astype(np.float64), magnitude, 2 * terms, dtype,
+                   "direct vs columns")
+
+
+CASES = [  # (n, c, k, (h, w), (kh, kw), padding (top, bottom, left, right), dilation)
+    (32, 16, 16, (32, 32), (3, 3), (1, 1, 1, 1), (1, 1)),  # ResNet-18 width 16
+    (4, 32, 32, (16, 16), (3, 3), (1, 1, 1, 1), (1, 1)),
+    (2, 3, 16, (32, 32), (3, 3), (1, 1, 1, 1), (1, 1)),  # its stem
+    (2, 5, 7, (9, 19), (1, 1), (0, 0, 0, 0), (1, 1)),  # odd sizes, 1x1, outputs % 4 != 0
+    (3, 6, 5, (11, 21), (5, 5), (2, 2, 2, 2), (1, 1)),  # 5x5
+    (2, 4, 9, (12, 33), (3, 2), (1, 0, 2, 1), (2, 3)),  # asymmetric padding, dilation
+    (1, 1, 1, (1, 1), (3, 3), (1, 1, 1, 1), (1, 1)),  # one pixel, one channel
+    (2, 3, 2, (5, 40), (3, 3), (0, 0, 0, 0), (1, 1)),  # no padding: rows of 38
+    (0, 4, 4, (8, 16), (3, 3), (1, 1, 1, 1), (1, 1)),  # empty batch
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_slices_and_sums_and_the_columns(dtype, case):
+    _check_kernel(dtype, *case)
+
+
+def test_kernel_refuses_groups_and_a_kernel_larger_than_the_input():
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="input channels"):
+        direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="smaller than the dilated kernel"):
+        direct_conv.conv2d_stride1(x, np.zeros((2, 4, 3, 3), np.float32), (3, 1))
+
+
+@pytest.fixture
+def direct_everywhere(monkeypatch):
+    """The Node takes the direct kernel at any row length and channel count (stride 1, groups
+    1, numpy float32/float64), whatever its measured domain."""
+    monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "1")
+    monkeypatch.setattr(_conv, "_DIRECT_WHOLE_ROWS", False)
+    monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS", 1 << 30)
+
+
+def _spy(monkeypatch):
+    """A list that records each convolution the direct kernel runs."""
+    seen, real = [], direct_conv.conv2d_stride1
+
+    def spy(x, w, dilation=(1, 1), out=None):
+        seen.append((x.shape, w.shape))
+        return real(x, w, dilation, out)
+    monkeypatch.setattr(direct_conv, "conv2d_stride1", spy)
+    return seen
+
+
+def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
+    """ResNet-18's 16-channel 3x3 layer (float32 rows of 32) takes it, forward and input
+    gradient; stride 2, 64 input channels, rows of 8 float32 and HPCGRAD_DIRECT_CONV=0 do not."""
+    monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
+    seen = _spy(monkeypatch)
+    rng = np.random.default_rng(0)
+
+    def run(c, side, stride=1):
+        x = hg.tensor(rng.standard_normal((2, c, side, side)).astype(np.float32),
+                      requires_grad=True)
+        w = hg.tensor(rng.standard_normal((c, c, 3, 3)).astype(np.float32), requires_grad=True)
+        F.conv2d(x, w, stride=stride, padding=1).sum().backward()
+
+    run(16, 32)
+    assert len(seen) == 2  # the forward and the input gradient
+    seen.clear()
+    run(16, 32, stride=2)
+    run(64, 32)
+    run(32, 8)
+    monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
+    run(16, 32)
+    assert seen == []
+
+
+def _node_run(x, w, b, padding, dilation):
+    hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
+    hb = hg.tensor(b, requires_grad=True)
+    out = F.conv2d(hx, hw, hb, padding=padding, dilation=dilation)
+    u = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
+    (out * hg.tensor(u)).sum().backward()
+    return out.array, hx.grad.array, hw.grad.array, hb.grad.array
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [((3, 5, 7, 13), (6, 5, 3, 3), 1, 1),
+                                   ((2, 16, 32, 32), (16, 16, 3, 3), 1, 1),
+                                   ((2, 3, 9, 10), (4, 3, 5, 5), 2, 1),
+                                   ((2, 4, 8, 17), (5, 4, 1, 1), 0, 1),
+                                   ((2, 4, 9, 14), (3, 4, 3, 3), 2, 2),
+                                   ((0, 4, 8, 16), (4, 4, 3, 3), 1, 1)])
+def test_the_node_with_the_kernel_matches_the_node_without(dtype, shape, monkeypatch,
+                                                           direct_everywhere):
+    """Forward, input, weight and bias gradients, the input a non-contiguous view (the Node
+    makes it contiguous), the direct kernel on and off."""
+    xs, ws, padding, dilation = shape
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    seen = _spy(monkeypatch)
+    on = _node_run(x, w, b, padding, dilation)
+    assert seen or xs[0] == 0
+    monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
+    off = _node_run(x, w, b, padding, dilation)
+    terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3]) + 1
+    rtol = 4 * terms * np.finfo(dtype).eps
+    for got, want, what in zip(on, off, ("output", "input gradient", "weight gradient",
+                                         "bias gradient")):
+        scale = np.abs(want).max() if want.size else 0
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(scale, 1), err_msg=what)
+
+
+def test_gradcheck_through_the_node_with_the_kernel(direct_everywhere):
+    rng = np.random.default_rng(3)
+    x = hg.tensor(rng.standard_normal((2, 3, 5, 6)), requires_grad=True)
+    w = hg.tensor(rng.standard_normal((4, 3, 3, 3)), requires_grad=True)
+    b = hg.tensor(rng.standard_normal(4), requires_grad=True)
+    assert gradcheck(lambda x, w, b: F.conv2d(x, w, b, padding=1), (x, w, b))
+    assert gradcheck(lambda x, w: F.conv2d(x, w, padding=(2, 1), dilation=(2, 1)), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_node_with_the_kernel_matches_torch(dtype, direct_everywhere):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 16, 32, 32)).astype(dtype)
+    w = (rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(dtype)
+    b = rng.standard_normal(16).astype(dtype)
+    ours = _node_run(x, w, b, 1, 1)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = torch.nn.functional.conv2d(tx, tw, tb, padding=1)
+    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(dtype)
+    (out * torch.tensor(u)).sum().backward()
+    theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for got, want in zip(ours, theirs):
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale)
