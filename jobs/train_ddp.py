@@ -145,9 +145,10 @@ class Digits(Job):
         saved_world, world = int(meta.get("world_size", dist.get_world_size())), \
             dist.get_world_size()
         if saved_world != world and dist.get_rank() == 0:
+            where = (f"where epoch {meta['epoch'] + 1} stopped, its rest dealt over {world} ranks"
+                     if self.args.elastic else f"from the start of epoch {meta['epoch'] + 1}")
             print(f"note: the checkpoint was saved by {saved_world} ranks; continuing at {world} "
-                  f"from the start of epoch {meta['epoch'] + 1} (global batch now "
-                  f"{self.args.batch_size * world})", flush=True)
+                  f"{where} (global batch now {self.args.batch_size * world})", flush=True)
 
     def first_epoch_note(self):
         return ddp_summary(self.model)

@@ -15,11 +15,15 @@ class ElasticSampler(Sampler):
     (``range(n)`` without shuffle), as DistributedSampler does. ``processed`` counts the
     samples of that order the whole world has consumed this epoch; ``record_batch(b)`` after
     each step adds ``b * num_replicas``. The rest, ``order[processed:]``, padded to a multiple
-    of num_replicas by repeating from its start, is dealt round-robin: rank r takes
-    ``rest[r::num_replicas]``. ``reshard(num_replicas, rank)`` after the world changed deals
-    the same rest over the new world, so which sample goes where depends only on (seed, epoch,
-    processed, world size, rank): a run that loses a rank and a run told in advance to drop it
-    at the same step visit the same samples in the same order.
+    of num_replicas by repeating the epoch's order from its start (as DistributedSampler pads
+    the whole epoch), is dealt round-robin: rank r takes ``rest[r::num_replicas]``.
+    ``reshard(num_replicas, rank)`` after the world changed deals the same rest over the new
+    world, so which sample goes where depends only on (seed, epoch, processed, world size,
+    rank): a run that loses a rank and a run told in advance to drop it at the same step visit
+    the same samples in the same order. While the world keeps its size, ``processed`` is a
+    multiple of it and the rest is exactly what DistributedSampler has left to deal, padding
+    included: an elastic run that never loses a rank, or resumes at the same size, is a plain
+    DDP run, bit for bit.
     """
 
     def __init__(self, dataset, num_replicas, rank, shuffle=True, seed=0):
@@ -43,10 +47,11 @@ class ElasticSampler(Sampler):
         return np.arange(n)
 
     def _rest(self):
-        rest = self.permutation()[self.processed:]
+        order = self.permutation()
+        rest = order[self.processed:]
         total = math.ceil(len(rest) / self.num_replicas) * self.num_replicas
-        if total > len(rest) > 0:  # repeat from the start, whole copies if the padding is longer
-            rest = np.concatenate([rest, np.resize(rest, total - len(rest))])
+        if total > len(rest) > 0:  # the epoch's start again, whole copies if the padding is longer
+            rest = np.concatenate([rest, np.resize(order, total - len(rest))])
         return rest
 
     def __iter__(self):

@@ -22,6 +22,7 @@ def _fault_run(tmp_path, name, mode, rank, *extra):
     job = run_ft_job("job_fault.py", 4, [*ARGS, "--checkpoint-dir", out, *extra], timeout=90,
                      env={"JOB_FAULT": f"{mode} {rank} {FAULT_STEP}"})
     assert not job.timed_out, job.output[-3000:]
+    assert (out / "exit_status").exists(), f"{name}: the job did not end:\n{job.output[-3000:]}"
     return out, job.stdout
 
 

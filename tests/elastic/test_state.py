@@ -8,6 +8,7 @@ import pytest
 
 import hpcgrad
 from hpcgrad import nn
+from hpcgrad.data import DistributedSampler
 from hpcgrad.distributed import elastic
 from hpcgrad.elastic import world
 
@@ -92,7 +93,7 @@ def test_sampler_rest_of_epoch_is_dealt_over_any_world(size):
     for s in first:
         s.record_batch(2)  # 4 ranks x 2 samples consumed
     rest = [list(s) for s in first]
-    assert sorted(sum(rest, [])) == sorted(order[8:].tolist() + order[8:9].tolist())
+    assert sorted(sum(rest, [])) == sorted(order[8:].tolist() + order[:1].tolist())
     for s in first:
         s.reshard(size, min(s.rank, size - 1))
     shards = [list(elastic.ElasticSampler(data, size, r, seed=5)) for r in range(size)]
@@ -103,10 +104,27 @@ def test_sampler_rest_of_epoch_is_dealt_over_any_world(size):
         s.reshard(size, r)
         moved.append(list(s))
     covered = sum(moved, [])
-    assert set(covered) == set(order[8:].tolist())  # the rest of the epoch, nothing from before
-    assert len(covered) == -(-15 // size) * size  # padded to a multiple of the world
+    pad = -(-15 // size) * size - 15  # padded to a multiple of the world ...
+    assert sorted(covered) == sorted(order[8:].tolist() + order[:pad].tolist())  # ... from its start
     assert max(map(len, moved)) == min(map(len, moved)) == len(moved[0])
     assert all(len(shard) == -(-23 // size) for shard in shards)
+
+
+@pytest.mark.parametrize("size,batch,steps", [(4, 2, 2), (3, 5, 1), (2, 3, 3), (5, 1, 4)])
+def test_sampler_at_one_world_size_is_distributed_sampler(size, batch, steps):
+    """Never re-dealt over another size, the rest of the epoch (padding included) is what
+    DistributedSampler's shard has left: an elastic run without failures, or resumed at the
+    same size, is a plain DDP run."""
+    data = list(range(23))
+    for epoch in (0, 3):
+        for rank in range(size):
+            plain = DistributedSampler(data, size, rank, seed=5)
+            plain.set_epoch(epoch)
+            s = elastic.ElasticSampler(data, size, rank, seed=5)
+            s.set_epoch(epoch)
+            assert list(s) == list(plain)
+            s.load_state_dict({"epoch": epoch, "processed": steps * batch * size})  # resumed
+            assert list(s) == list(plain)[steps * batch:]
 
 
 def test_sampler_new_epoch_starts_over_and_same_epoch_keeps_its_place():

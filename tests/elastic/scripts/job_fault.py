@@ -1,12 +1,14 @@
 """jobs/train_ddp.py with one fault at a chosen step: a rank dies, or ranks leave by plan.
 
-    JOB_FAULT="MODE RANKS STEP" job_fault.py JOB ARGUMENTS...
+    JOB_FAULT="MODE RANKS STEP [ONCE]" job_fault.py JOB ARGUMENTS...
 
 MODE ``exit`` (``os._exit(9)``) or ``kill9`` (SIGKILL to itself): world ranks RANKS (comma
 separated) die at the top of step STEP. MODE ``leave``: every rank calls ``state.leave(RANKS)``
 there instead, the reference a lost rank's run must equal. Only the first time the step is
 reached: after a recovery the survivors do it again without a fault. The arguments are the
-job's; the job is unchanged otherwise (slurm/train_ddp_elastic.sbatch runs it with JOB=).
+job's; the job is unchanged otherwise (slurm/train_ddp_elastic.sbatch runs it with JOB=). With
+ONCE, a path, a rank that dies first creates that file, and no run of the job that finds it there
+(a requeued one) dies again.
 """
 
 import os
@@ -21,7 +23,7 @@ import train_ddp  # noqa: E402  (jobs/ is not a package)
 
 from hpcgrad.training import elastic_loop  # noqa: E402
 
-mode, ranks, fault_step = os.environ["JOB_FAULT"].split()
+mode, ranks, fault_step, *once = os.environ["JOB_FAULT"].split()
 ranks, fault_step = {int(r) for r in ranks.split(",")}, int(fault_step)
 loops, fired = [], []
 
@@ -41,7 +43,9 @@ def _step_with_fault(self, batch, step):
         fired.append(step)
         if mode == "leave":
             loops[0].state.leave(ranks)
-        elif MPI.COMM_WORLD.Get_rank() in ranks:
+        elif MPI.COMM_WORLD.Get_rank() in ranks and not (once and os.path.exists(once[0])):
+            if once:
+                open(once[0], "w").close()
             sys.stdout.flush()
             if mode == "exit":
                 os._exit(9)
