@@ -52,7 +52,7 @@ import threading
 import time
 
 from hpcgrad.base import config
-from hpcgrad.comm import waiting
+from hpcgrad.comm import ulfm, waiting
 
 PROGRESS_ENV = "HPCGRAD_PROGRESS_THREAD"
 DEFAULT_INTERVAL = 200e-6
@@ -220,9 +220,13 @@ def machine_id():
 def start_for_nodes(nodes, ranks_here=1, cores=None):
     """DDP over a group spanning ``nodes`` nodes, ``ranks_here`` of its ranks on this machine
     with ``cores`` cores (None: os.cpu_count()): start the thread unless the environment says
-    0, or the machine has more ranks than cores (Note [Progress across nodes]). Returns the
-    running thread or None."""
+    0, the machine has more ranks than cores (Note [Progress across nodes]), or the job runs
+    with fault tolerance on (``mpirun --with-ft ulfm``: a recovery revokes the communicators
+    whose requests the thread would hold, and elastic.run refuses a running thread; set
+    HPCGRAD_PROGRESS_THREAD=1 to have it anyway). Returns the running thread or None."""
     cores = cores or os.cpu_count() or 1
+    if nodes > 1 and ranks_here <= cores and env_mode() == "auto" and ulfm.enabled():
+        return _thread
     if nodes > 1 and ranks_here <= cores and env_mode() != "0":
         return start_progress_thread()
     return _thread

@@ -127,6 +127,12 @@ def test_one_node_leaves_the_thread_off(group, monkeypatch):
     assert progress.start_for_nodes(2) is not None  # what DDP does across nodes
     dist.stop_progress_thread()
     assert progress.start_for_nodes(2, ranks_here=3, cores=2) is None  # oversubscribed
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")  # mpirun --with-ft ulfm: elastic jobs
+    assert progress.start_for_nodes(2) is None
+    monkeypatch.setenv(progress.PROGRESS_ENV, "1")  # asked for all the same
+    assert progress.start_for_nodes(2) is not None
+    dist.stop_progress_thread()
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_enable")
     monkeypatch.setenv(progress.PROGRESS_ENV, "0")
     assert progress.start_for_nodes(2) is None
     monkeypatch.setenv(progress.PROGRESS_ENV, "sometimes")
