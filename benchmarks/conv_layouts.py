@@ -2,6 +2,8 @@
 
     python benchmarks/conv_layouts.py            # ResNet-18's 3x3 stride-1 layers at width 16
     python benchmarks/conv_layouts.py --batch 16 --rounds 31
+    python benchmarks/conv_layouts.py --direct   # the direct kernel against the columns' forward
+    python benchmarks/conv_layouts.py --step --width 16 --batch 32 --rounds 15  # a whole step
 
 One thread (OPENBLAS_NUM_THREADS=1, set before numpy loads), float32, medians of interleaved
 rounds. Per layer, the forward pass (``hpcgrad/nn/_conv.py``) in parts: the padding copy, the
@@ -11,6 +13,12 @@ copy); the weight gradient's product both ways (g @ columns.T, and (columns @ g.
 _conv.py uses); and two whole-forward alternatives that avoid the columns: nine products with a shifted
 view of the padded input (one per kernel offset, K = channels), and columns taken as whole
 shifted rows of a padded grid (longer copies, a wider product). See Note [Convolution columns].
+--direct: per 3x3 stride-1 layer of ResNet-18 at widths 16 and 64, the forward through the
+columns (``_forward_arrays``' im2col + GEMM), the direct kernel (kernels/direct_conv.py, Note
+[Direct convolution], the padding included) and PyTorch's conv2d where it is installed; the
+median of each, the range of its rounds, and the ratios' medians. --step: ResNet-18's training
+step (benchmarks/models.py) with the direct kernel on and off (HPCGRAD_DIRECT_CONV, switched
+between steps of one process) and PyTorch's, interleaved.
 """
 
 import os
@@ -26,6 +34,7 @@ from numpy.lib.stride_tricks import as_strided  # noqa: E402
 from hpcgrad.nn import _conv  # noqa: E402
 
 LAYERS = ((16, 32), (32, 16), (64, 8), (128, 4))  # (channels, side) at width 16
+WIDE_LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # ... at width 64
 
 
 def median_ms(fn, rounds):
@@ -88,11 +97,102 @@ def grid_columns(a, w, chunk=1 << 19):
     return out
 
 
+def columns_forward(a, w):
+    """The columns' path alone (the direct kernel off), as _conv.py ran before it."""
+    geo = _conv._Geometry(a.shape, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    return _conv._columns_forward(a, w, geo).reshape(geo.n, geo.o, geo.ho, geo.wo)
+
+
+def direct_forward(a, w):
+    from hpcgrad.base.kernels import direct_conv
+    return direct_conv.conv2d_stride1(_conv._padded(a, (1, 1, 1, 1)), w)
+
+
+def compare_direct(args):
+    """--direct: the columns' forward, the direct kernel and PyTorch, interleaved."""
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    print(f"3x3 stride-1 forward, batch {args.batch}, float32, one thread; medians [ranges] of "
+          f"{args.rounds} interleaved rounds (ms)")
+    for channels, side in LAYERS + WIDE_LAYERS:
+        a = rng.standard_normal((args.batch, channels, side, side)).astype(np.float32)
+        w = (rng.standard_normal((channels, channels, 3, 3)) * 0.1).astype(np.float32)
+        np.testing.assert_allclose(direct_forward(a, w), columns_forward(a, w), rtol=1e-4,
+                                   atol=1e-4)
+        timed = {"columns": lambda: columns_forward(a, w), "direct": lambda: direct_forward(a, w)}
+        if torch is not None:
+            ta, tw = torch.from_numpy(a), torch.from_numpy(w)
+            timed["torch"] = lambda: torch.nn.functional.conv2d(ta, tw, padding=1)
+        times = {name: [] for name in timed}
+        for fn in timed.values():
+            fn()
+        for _ in range(args.rounds):
+            for name, fn in timed.items():
+                times[name].append(median_ms(fn, 1))
+        gflop = 2 * args.batch * channels * channels * 9 * side * side / 1e9
+        line = f"{channels:>4} ch {side:>2}x{side:<2} |"
+        for name, t in times.items():
+            line += (f" {name} {np.median(t):6.2f} [{min(t):.2f}-{max(t):.2f}] "
+                     f"({gflop / np.median(t) * 1e3:.0f} GF/s) |")
+        ratio = np.median(np.array(times["direct"]) / np.array(times["columns"]))
+        line += f" direct/columns {ratio:.2f}x"
+        if torch is not None:
+            ratio = np.median(np.array(times["direct"]) / np.array(times["torch"]))
+            line += f", direct/torch {ratio:.2f}x"
+        print(line, flush=True)
+
+
+def compare_step(args):
+    """--step: ResNet-18's step with the direct kernel on, off, and PyTorch's, interleaved."""
+    import statistics
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models  # benchmarks/models.py
+
+    setup = argparse.Namespace(model="resnet18", width=args.width, batch=args.batch, block=128)
+    runs = {"on": "1", "off": "0"}
+    steps = {name: models.make_step(models.library("hpcgrad"), setup)[0] for name in runs}
+    try:
+        steps["torch"] = models.make_step(models.library("torch"), setup)[0]
+    except ImportError:
+        pass
+    times = {name: [] for name in steps}
+    for _ in range(2 + args.rounds):  # two warm-up rounds, then interleaved
+        for name, step in steps.items():
+            os.environ["HPCGRAD_DIRECT_CONV"] = runs.get(name, "1")
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    os.environ.pop("HPCGRAD_DIRECT_CONV")
+    times = {name: t[2:] for name, t in times.items()}
+    print(f"ResNet-18 width {args.width}, batch {args.batch}, one thread; medians [ranges] of "
+          f"{args.rounds} interleaved rounds (ms)")
+    print("  " + "; ".join(f"{name} {1e3 * statistics.median(t):.1f} [{1e3 * min(t):.1f}-"
+                           f"{1e3 * max(t):.1f}]" for name, t in times.items()))
+    pairs = [("on", "off")] + ([("on", "torch"), ("off", "torch")] if "torch" in times else [])
+    print("  " + "; ".join(
+        f"{a}/{b} {statistics.median(x / y for x, y in zip(times[a], times[b])):.2f}x"
+        for a, b in pairs))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--direct", action="store_true",
+                        help="the direct kernel against the columns' forward and PyTorch")
+    parser.add_argument("--step", action="store_true",
+                        help="ResNet-18's step, the direct kernel on and off, and PyTorch's")
+    parser.add_argument("--width", type=int, default=16, help="--step: the first stage's width")
     args = parser.parse_args(argv)
+    if args.direct:
+        return compare_direct(args)
+    if args.step:
+        return compare_step(args)
     rng = np.random.default_rng(0)
     print(f"3x3 stride-1 convolutions, batch {args.batch}, float32, one thread; medians of "
           f"{args.rounds} rounds (ms)")

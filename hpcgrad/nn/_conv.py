@@ -37,13 +37,17 @@ layers at width 16, batch 32, the input gradient alone took 0.75-0.86x the time 
 times each layer both ways, interleaved).
 The sums are the same terms in another order: the plain reference, not col2im, is what the tests
 hold both to.
+
+Where a stride-1 convolution has few input channels (``_direct_kernel``), the forward, and so the
+input gradient above, skips the columns: kernels/direct_conv.py (Note [Direct convolution]) sums
+in registers, measured faster there than the columns' product; HPCGRAD_DIRECT_CONV=0 turns it off.
 """
 
 import threading
 
 import numpy as np
 
-from hpcgrad.base import backend
+from hpcgrad.base import backend, config
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.shape import cat
@@ -54,6 +58,11 @@ from hpcgrad.nn._window import Col2Im, Im2Col, offsets, out_size, windows
 # layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch.
 _CHUNK_ELEMENTS = 1 << 19
 _LOCAL = threading.local()
+# The direct kernel's domain (Note [Direct convolution]): faster than the columns up to 32 input
+# channels (ResNet-18's stem and its 16- and 32-channel layers), no faster from 64.
+_DIRECT_MAX_CHANNELS = 32
+_DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
+_DIRECT_DEFAULT = True
 
 
 def _workspace(like, size):
@@ -142,7 +151,35 @@ def _unfold_source(a, geo):
 
 
 def _forward_arrays(a, w, geo):
-    """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo)."""
+    """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo); by the
+    direct kernel where it is faster (Note [Direct convolution]), else through columns."""
+    direct = _direct_kernel(a, w, geo)
+    if direct is not None:
+        source = np.ascontiguousarray(_padded(a, geo.padding))
+        out = direct.conv2d_stride1(source, w, geo.dilation)
+        return out.reshape(geo.n, geo.o, geo.positions)
+    return _columns_forward(a, w, geo)
+
+
+def _direct_kernel(a, w, geo):
+    """kernels/direct_conv.py where it takes this convolution and is measured faster than the
+    columns (Note [Direct convolution]): stride 1, groups 1, numpy float32/float64, output rows
+    that are whole blocks, at most _DIRECT_MAX_CHANNELS input channels; HPCGRAD_DIRECT_CONV=0
+    turns it off. Else None."""
+    if geo.stride != (1, 1) or geo.groups != 1 or not (geo.n and geo.o) or geo.c > \
+            _DIRECT_MAX_CHANNELS or type(a) is not np.ndarray or type(w) is not np.ndarray \
+            or a.dtype != w.dtype or a.dtype not in (np.float32, np.float64):
+        return None
+    if not config.flag("HPCGRAD_DIRECT_CONV", _DIRECT_DEFAULT, "1 runs stride-1 convolutions "
+                       "of few channels as a direct kernel, 0 always through columns"):
+        return None
+    from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
+    whole = geo.wo % direct_conv.block_width(a.dtype) == 0
+    return direct_conv if whole or not _DIRECT_WHOLE_ROWS else None
+
+
+def _columns_forward(a, w, geo):
+    """``_forward_arrays`` through columns and a product (the plain reference path)."""
     xp = backend.get_array_module(a)
     out = xp.empty((geo.n, geo.o, geo.positions), a.dtype)
     if geo.n and geo.o:
