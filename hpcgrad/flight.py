@@ -227,7 +227,7 @@ def analyze(dumps):
         ranks[rank] = {"reason": dump["reason"], "host": dump.get("host"), "pid": dump.get("pid"),
                        "last": entries[-1] if entries else None,
                        "pending": [e for e in entries if e["state"] == "posted"],
-                       "time": dump["time"]}
+                       "time": dump["time"], "events": dump.get("events", [])}
     missing = [r for r in range(world) if r not in dumps]
     jobs = _jobs(dumps)
     return {"directory_ranks": sorted(dumps), "world_size": world,
@@ -332,6 +332,9 @@ def report(findings, dumps):
         pending = len(info["pending"])
         more = f"; {pending} calls still posted" if pending > 1 else ""
         lines.append(f"  rank {rank}: {doing}{more} [record written on {info['reason']!r}]")
+        for event in info.get("events", []):  # the job's own events before it (recoveries)
+            details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("what", "time"))
+            lines.append(f"    before it: {event['what']}" + (f" ({details})" if details else ""))
     return "\n".join(lines)
 
 

@@ -69,6 +69,7 @@ Note [Job ids]
     launcher's name only (or none: MPICH's hydra gives none), and says so.
 """
 
+import collections
 import contextlib
 import itertools
 import json
@@ -93,6 +94,7 @@ FORMAT_VERSION = 1
 
 _now = time.time
 _MIN_RING = 64  # with the recorder off, the stall inspector still reads the latest calls
+_MAX_EVENTS = 32  # events of the job kept (recoveries): a few per job
 
 
 def capacity_from_env():
@@ -130,6 +132,7 @@ class FlightRecorder:
         self._dumps = itertools.count()
         self.job_id = launcher_job_id()  # until the ranks agree on one: Note [Job ids]
         self.job_agreed = False
+        self._events = collections.deque(maxlen=_MAX_EVENTS)  # what happened to the job
 
     # --- groups -----------------------------------------------------------------------------
     def register_group(self, ranks, name=None):
@@ -167,6 +170,11 @@ class FlightRecorder:
         """Mark the call of ``slot`` completed (or failed, ``ok=False``). A slot the ring has
         since reused keeps its new entry's state: the end carries its slot."""
         self._ends[slot % self._n] = (slot, _now() if ok else -_now())
+
+    def event(self, what, **details):
+        """Keep an event of the job itself (an elastic recovery: old and new size, lost ranks),
+        not a call: every later record lists the last few, with their time."""
+        self._events.append({"time": _now(), "what": str(what), **details})
 
     # --- reading ----------------------------------------------------------------------------
     def _next_slot(self):
@@ -219,7 +227,7 @@ class FlightRecorder:
         return {"version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
                 "job": self.job_id, "job_agreed": self.job_agreed, "host": socket.gethostname(), "pid": os.getpid(), "reason": str(reason),
                 "time": _now(), "capacity": self.capacity,
-                "recorded": self._next_slot(),
+                "recorded": self._next_slot(), "events": list(self._events),
                 "groups": [{"id": gid, "name": name, "ranks": ranks}
                            for gid, (name, ranks) in enumerate(self._groups)],
                 "entries": self.entries()}

@@ -132,6 +132,11 @@ def run(fn=None, *, min_size=1, on_change=None, timeout=None):
                     change = world.rebuild(state, comm, serial, started, False, seconds)
                 except Exception as recovery_error:
                     raise recovery_error from failure
+            RECORDER.event("world changed", old_size=change.old_size, new_size=change.new_size,
+                           lost=list(change.lost), restored_step=change.restored_step,
+                           seconds=round(change.seconds, 4), planned=change.planned)
+            if not change.planned:  # the record of the failure, now with how it ended
+                RECORDER.dump(f"process failure: {failure}; recovered: {change}")
             if on_change is not None:
                 on_change(change)
             if change.new_size < min_size:

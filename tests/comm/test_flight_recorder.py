@@ -118,6 +118,17 @@ def test_dump_is_atomic_json_with_the_header(tmp_path):
     assert os.listdir(tmp_path) == ["flight_rank1.json"]  # no temporary left behind
 
 
+def test_events_of_the_job_ride_along_in_every_later_record(tmp_path):
+    recorder, g = _recorder(tmp_path)
+    assert recorder.snapshot("x")["events"] == []
+    recorder.event("world changed", old_size=4, new_size=3, lost=[1])
+    for n in range(40):  # a long job keeps the newest few
+        recorder.event("world changed", old_size=4, new_size=3, lost=[n])
+    record = json.loads(Path(recorder.dump("process failure")).read_text())
+    assert len(record["events"]) == 32 and record["events"][-1]["lost"] == [39]
+    assert record["events"][-1]["what"] == "world changed" and record["events"][-1]["time"] > 0
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_dump_never_raises_it_logs(tmp_path, capsys):
     locked = tmp_path / "locked"

@@ -57,7 +57,11 @@ def test_lost_ranks_equal_a_planned_departure_bit_for_bit(tmp_path, mode, victim
     for rank in survivors:  # each survivor's flight record keeps the call that met the failure
         record = json.loads((flight / f"flight_rank{rank}.json").read_text())
         assert record["reason"].startswith(f"process failure: training on rank {rank} failed")
+        assert "; recovered: WorldChange(4 -> " in record["reason"], record["reason"]
         assert any(entry["state"] in ("posted", "failed") for entry in record["entries"]), record
+        (event,) = record["events"]  # the recovery, as an event of the job
+        assert (event["what"], event["old_size"], event["new_size"], event["lost"]) == \
+            ("world changed", 4, new, victims), event
     # Each survivor says how the failure reached it: the ranks it knew to be dead then (the
     # first of a node's two may be all it knew), or a peer's revocation.
     for rank in survivors:

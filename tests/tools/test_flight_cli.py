@@ -46,6 +46,19 @@ def test_consistent_records_exit_0(tmp_path, capsys):
     assert "The records agree" in out
 
 
+def test_a_recovery_before_the_record_is_printed_under_its_rank(tmp_path, capsys):
+    for rank in range(3):
+        _write(tmp_path, rank, [_entry(1)])
+    path = tmp_path / "flight_rank2.json"
+    record = json.loads(path.read_text())
+    record["events"] = [{"time": T0, "what": "world changed", "old_size": 4, "new_size": 3,
+                         "lost": [3]}]
+    path.write_text(json.dumps(record))
+    status, out = _run(tmp_path, capsys)
+    assert status == 0, out
+    assert "    before it: world changed (old_size 4, new_size 3, lost [3])" in out
+
+
 def test_a_skipped_collective_names_the_rank_that_never_posted_it(tmp_path, capsys):
     usual = [_entry(1), _entry(2), _entry(3, state="posted")]
     _write(tmp_path, 0, usual)
