@@ -823,7 +823,7 @@ class MPIRpcAgent:
         previous = None
         comm, live = self.comm, list(range(self.size))
         while True:
-            if any(rank in self.dead for rank in live):
+            if self.dead.any_of(live):
                 comm, live = self._survivors(comm, deadline, timeout)
                 previous = None
             self.flush_carried()  # Note [Carried messages]: nothing is left behind
@@ -845,7 +845,7 @@ class MPIRpcAgent:
                     f"running within {timeout:g} s (RPCs waiting for a reply or being served "
                     f"on rank{'s' if len(working) != 1 else ''} "
                     f"{', '.join(map(str, working)) or '(messages in flight)'})")
-            if any(rank in self.dead for rank in live):  # a worker died meanwhile
+            if self.dead.any_of(live):  # a worker died meanwhile
                 self._abandoned.append((request, rows, mine))
                 continue
             totals = rows.sum(axis=0)
@@ -859,11 +859,13 @@ class MPIRpcAgent:
     def _gathered(self, request, live):
         """Whether quiesce's all-gather is done, or a rank of ``live`` died meanwhile."""
         try:
-            return request.Test() or any(rank in self.dead for rank in live)
+            return request.Test() or self.dead.any_of(live)
         except MPI.Exception as error:
             if error.Get_error_class() not in self._failure_classes:
                 raise
             self._peer_failure(error)
+            if not self.dead.any_of(live):  # failed, yet no survivor known to be dead
+                raise
             return True
 
     def _survivors(self, comm, deadline, timeout):

@@ -36,6 +36,10 @@ class DeadPeers:
     def ranks(self):
         return sorted(self._why)
 
+    def any_of(self, ranks):
+        """Whether one of ``ranks`` died (cheap while none did: shutdown asks it each poll)."""
+        return bool(self._why) and not self._why.keys().isdisjoint(ranks)
+
     def add(self, ranks, why):
         """Record ``ranks`` as dead (``why``: the MPI error that showed it); the ones that were
         not known before, in order."""

@@ -22,6 +22,8 @@ def test_a_death_is_recorded_once_and_never_for_this_rank():
     assert dead.add([2, 3], "later") == [3]  # 2 was known already
     assert 2 in dead and 3 in dead and 1 not in dead and 0 not in dead
     assert dead.ranks() == [2, 3] and len(dead) == 2
+    assert dead.any_of(range(4)) and dead.any_of([3]) and not dead.any_of([0, 1])
+    assert not DeadPeers(["a"]).any_of([0])
 
 
 def test_the_error_names_the_worker_its_rank_and_the_call():
