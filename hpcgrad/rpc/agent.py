@@ -129,9 +129,9 @@ Note [RPC to a dead rank]
     or not it ever talked to the dead one; so does a send to it (``Isend``, or its request's
     test). Measured here (3 ranks on 2 cores, tests/elastic/test_rpc_failure.py with -s):
     7-20 ms from ``os._exit(9)`` or SIGKILL to the failed future on the caller (once 60 ms, on
-    a loaded machine), against the 60 s RPC timeout. A poll costs nothing more than before (a
-    try block; a destination's check on each send, ~80 ns);
-    ``Comm.Get_failed`` each poll would add a call for what the failing Iprobe already says.
+    a loaded machine), against the 60 s RPC timeout. Messages pay a try block around each
+    poll and a check of the destination on each send (~80 ns); ``Comm.Get_failed`` on each
+    poll would add an MPI call for what the failing Iprobe already says.
     On such an error (``_peer_failure``) the agent acknowledges the failures
     (MPI_Comm_ack_failed: receives from any source work again), asks which ranks failed
     (MPI_Comm_get_failed), and for each new one fails every request pending to it with a
