@@ -58,9 +58,9 @@ from hpcgrad.nn._window import Col2Im, Im2Col, offsets, out_size, windows
 # layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch.
 _CHUNK_ELEMENTS = 1 << 19
 _LOCAL = threading.local()
-# The direct kernel's domain (Note [Direct convolution]): faster than the columns up to 32 input
-# channels (ResNet-18's stem and its 16- and 32-channel layers), no faster from 64.
-_DIRECT_MAX_CHANNELS = 32
+# The direct kernel's domain (Note [Direct convolution]): faster than the columns up to 64 input
+# channels (ResNet-18's stem and its 16-, 32- and 64-channel layers), no faster at 128.
+_DIRECT_MAX_CHANNELS = 64
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
@@ -174,8 +174,8 @@ def _direct_kernel(a, w, geo):
                        "of few channels as a direct kernel, 0 always through columns"):
         return None
     from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
-    whole = geo.wo % direct_conv.block_width(a.dtype) == 0
-    return direct_conv if whole or not _DIRECT_WHOLE_ROWS else None
+    fast = direct_conv.whole_rows(geo.wo, a.dtype) or not _DIRECT_WHOLE_ROWS
+    return direct_conv if fast else None
 
 
 def _columns_forward(a, w, geo):

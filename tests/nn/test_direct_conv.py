@@ -1,4 +1,4 @@
-"""The direct convolution kernel (kernels/direct_conv.py) beside slices and sums, the columns' path and PyTorch.
+"""The direct convolution (kernels/direct_conv.py) beside slices and sums, the columns and PyTorch.
 
 Note [Direct convolution] says why the kernel exists. ``_check_kernel`` holds the kernel to a
 float64 slice-and-sum formula in numpy with the K-term rounding bound of
@@ -69,6 +69,8 @@ CASES = [  # (n, c, k, (h, w), (kh, kw), padding (top, bottom, left, right), dil
     (1, 1, 1, (1, 1), (3, 3), (1, 1, 1, 1), (1, 1)),  # one pixel, one channel
     (2, 3, 2, (5, 40), (3, 3), (0, 0, 0, 0), (1, 1)),  # no padding: rows of 38
     (0, 4, 4, (8, 16), (3, 3), (1, 1, 1, 1), (1, 1)),  # empty batch
+    (2, 40, 6, (8, 8), (3, 3), (1, 1, 1, 1), (1, 1)),  # chunks of channels; float32 row pairs
+    (3, 20, 5, (7, 4), (3, 3), (1, 1, 1, 1), (1, 1)),  # float64 row pairs, an odd row left
 ]
 
 
@@ -107,8 +109,9 @@ def _spy(monkeypatch):
 
 
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
-    """ResNet-18's 16-channel 3x3 layer (float32 rows of 32) takes it, forward and input
-    gradient; stride 2, 64 input channels, rows of 8 float32 and HPCGRAD_DIRECT_CONV=0 do not."""
+    """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
+    block) take it, forward and input gradient; stride 2, 128 input channels, rows of 12 float32
+    and HPCGRAD_DIRECT_CONV=0 do not."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
     seen = _spy(monkeypatch)
     rng = np.random.default_rng(0)
@@ -120,11 +123,12 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
         F.conv2d(x, w, stride=stride, padding=1).sum().backward()
 
     run(16, 32)
-    assert len(seen) == 2  # the forward and the input gradient
+    run(64, 8)
+    assert len(seen) == 4  # the forwards and the input gradients
     seen.clear()
     run(16, 32, stride=2)
-    run(64, 32)
-    run(32, 8)
+    run(128, 16)
+    run(16, 12)
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     run(16, 32)
     assert seen == []

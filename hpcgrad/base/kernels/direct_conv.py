@@ -6,14 +6,16 @@ At 16-32 channels the columns' product (nn/_conv.py, Note [Convolution columns])
 16-32 rows, which OpenBLAS runs at 30-46 GF/s on one core, and the columns and the transposed
 store cost 0.3-0.45x on top of it. PyTorch's oneDNN runs a direct convolution there; this is one.
 
-Each pass computes a block of 4 output channels x 2 vectors of one output row (16 float32 or 8
-float64 positions) as 8 accumulators that stay in registers through every tap (input channel,
-kernel row, kernel column) of the kernel: per tap two unaligned loads of the padded input's
-row at the tap's offset, four broadcast weights, eight fused multiply-adds. LLVM keeps a value in
-a register only when it is one; numba has no vector type, so this file gives it one (``_Vec``,
-an LLVM <8 x float> or <4 x double>) with four intrinsics: load, store, splat and a multiply-add
-with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add where it has
-not: the same code is correct on any x86 or ARM CPU, only its speed assumes AVX2).
+Each block is 4 output channels x 2 vectors of output (16 float32 or 8 float64 positions of a
+row, or, where a row is one vector long, that position range of two rows) as 8 accumulators
+that stay in registers through the taps (input channel, kernel row, kernel column) of a chunk of
+16 input channels: per tap two unaligned loads of the padded input at the tap's offset, four
+broadcast weights, eight fused multiply-adds; the next chunk adds to what the first stored. A
+block of output channels sweeps a sample's rows with the chunk's weights in L1. LLVM keeps a
+value in a register only when it is one; numba has no vector type, so this file gives it one
+(``_Vec``, an LLVM <8 x float> or <4 x double>) with four intrinsics: load, store, splat and a
+multiply-add with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add
+where it has not: the same code is correct on any x86 or ARM CPU, only its speed assumes AVX2).
 
 What did not work (ResNet-18's 3x3 layers, batch 32, one thread, this 2-core machine under
 load): numba's loop vectorizer over a whole output row, 2 outputs x 4 channels per pass with the
@@ -21,9 +23,10 @@ sums in an L1 buffer, ran at the GEMM's speed (the sums' loads and stores bound 
 accumulators for LLVM's SLP vectorizer to pack stayed scalar, 20x slower; blocks of (outputs x
 vectors) 2 x 4 and 1 x 8 were no faster than 4 x 2, 2 x 6 and 3 x 4 spill, and 4 x 3 (24
 positions) divides no ResNet row. Positions past a row's last whole block take a scalar loop,
-10x slower: the selection in nn/_conv.py sends only rows that are whole blocks here, and only up
-to 32 input channels (from 64, OpenBLAS's product runs at 50-70 GF/s and the kernel was no
-faster).
+10x slower: the selection in nn/_conv.py sends only rows without them here (``whole_rows``), and
+only up to 64 input channels (at 128, OpenBLAS's product runs at 50-70 GF/s and the kernel was no
+faster). The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
+LLVM call it ran 1.5-1.9x slower.
 Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst.
 
 The terms of each output are summed in tap order (channel, kernel row, kernel column), each
@@ -38,6 +41,7 @@ from numba.extending import intrinsic, models, register_model
 
 BLOCK_OUTPUTS = 4  # output channels per pass
 BLOCK_VECTORS = 2  # 256-bit vectors of one output row per pass
+CHUNK_CHANNELS = 16  # input channels per pass over the outputs
 
 
 class _Vec(types.Type):
@@ -106,84 +110,121 @@ def _vfma(typingctx, w, x, acc):
     return acc(w, x, acc), codegen
 
 
+@njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
+def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane, live, zero):
+    """One block: 4 output channels (``live`` of them real) x 2 vectors, the second at
+    ``second_in`` past the first in the input and ``second_out`` in the output (the next
+    vector of the row, or the next row's), over taps [t0, t1): from zero at the first tap, else
+    added to what ``of`` holds."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _vsplat(zero)
+    if t0:
+        a0, b0 = _vload(of, at), _vload(of, at + second_out)
+        if live > 1:
+            a1, b1 = _vload(of, at + plane), _vload(of, at + plane + second_out)
+        if live > 2:
+            a2, b2 = _vload(of, at + 2 * plane), _vload(of, at + 2 * plane + second_out)
+        if live > 3:
+            a3, b3 = _vload(of, at + 3 * plane), _vload(of, at + 3 * plane + second_out)
+    for t in range(t0, t1):
+        s = base + offs[t]
+        u = _vload(xf, s)
+        v = _vload(xf, s + second_in)
+        w = _vsplat(wpk[wi])
+        a0 = _vfma(w, u, a0)
+        b0 = _vfma(w, v, b0)
+        w = _vsplat(wpk[wi + 1])
+        a1 = _vfma(w, u, a1)
+        b1 = _vfma(w, v, b1)
+        w = _vsplat(wpk[wi + 2])
+        a2 = _vfma(w, u, a2)
+        b2 = _vfma(w, v, b2)
+        w = _vsplat(wpk[wi + 3])
+        a3 = _vfma(w, u, a3)
+        b3 = _vfma(w, v, b3)
+        wi += 4
+    _vstore(of, at, a0)
+    _vstore(of, at + second_out, b0)
+    if live > 1:
+        _vstore(of, at + plane, a1)
+        _vstore(of, at + plane + second_out, b1)
+    if live > 2:
+        _vstore(of, at + 2 * plane, a2)
+        _vstore(of, at + 2 * plane + second_out, b2)
+    if live > 3:
+        _vstore(of, at + 3 * plane, a3)
+        _vstore(of, at + 3 * plane + second_out, b3)
+
+
+@njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
+def _position(xf, wpk, offs, of, base, wi, t0, t1, at, plane, live, zero):
+    """``_block`` for one output position, without vectors (a row's last positions)."""
+    s0 = s1 = s2 = s3 = zero
+    if t0:
+        s0 = of[at]
+        s1 = of[at + plane] if live > 1 else zero
+        s2 = of[at + 2 * plane] if live > 2 else zero
+        s3 = of[at + 3 * plane] if live > 3 else zero
+    for t in range(t0, t1):
+        v = xf[base + offs[t]]
+        s0 += wpk[wi] * v
+        s1 += wpk[wi + 1] * v
+        s2 += wpk[wi + 2] * v
+        s3 += wpk[wi + 3] * v
+        wi += 4
+    of[at] = s0
+    if live > 1:
+        of[at + plane] = s1
+    if live > 2:
+        of[at + 2 * plane] = s2
+    if live > 3:
+        of[at + 3 * plane] = s3
+
+
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _direct(xf, wpk, offs, out, sample, wp, zero):
+def _direct(xf, wpk, offs, out, sample, wp, chunk, zero):
     # xf: the padded input, flat; sample: its elements per sample; wp: its row's length.
-    # wpk: (K blocks, taps, 4) flat, zeros past K; offs: each tap's offset in a sample.
-    # out: (N, K, Ho, Wo). The accumulators a0..a3 (a block's first vector) and b0..b3 (its
-    # second) are one per output channel of the block. A block of channels sweeps a sample's
-    # rows with its weights (taps * 4) in L1: measured faster than each row sweeping all blocks.
+    # wpk: (K blocks, taps, 4) flat, zeros past K; offs: each tap's offset in a sample; chunk:
+    # taps per pass over the outputs (whole channels). out: (N, K, Ho, Wo). A block of channels
+    # sweeps a chunk of the sample's channels with its weights (chunk * 4) and the chunk's rows
+    # around the current one in L1.
     n_, k_, ho, wo = out.shape
     of = out.reshape(-1)
     taps = offs.size
     lanes = 32 // xf.itemsize
-    width = 2 * lanes
     blocks = (k_ + 3) // 4
     plane = ho * wo
     for n in range(n_):
-        for kb in range(blocks):
-            k0 = kb * 4
-            for y in range(ho):
-                row = n * sample + y * wp
-                x0 = 0
-                while x0 + width <= wo:
-                    base = row + x0
-                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _vsplat(zero)
-                    wi = kb * taps * 4
-                    for t in range(taps):
-                        s = base + offs[t]
-                        u = _vload(xf, s)
-                        v = _vload(xf, s + lanes)
-                        w = _vsplat(wpk[wi])
-                        a0 = _vfma(w, u, a0)
-                        b0 = _vfma(w, v, b0)
-                        w = _vsplat(wpk[wi + 1])
-                        a1 = _vfma(w, u, a1)
-                        b1 = _vfma(w, v, b1)
-                        w = _vsplat(wpk[wi + 2])
-                        a2 = _vfma(w, u, a2)
-                        b2 = _vfma(w, v, b2)
-                        w = _vsplat(wpk[wi + 3])
-                        a3 = _vfma(w, u, a3)
-                        b3 = _vfma(w, v, b3)
-                        wi += 4
-                    at = (n * k_ + k0) * plane + y * wo + x0
-                    _vstore(of, at, a0)
-                    _vstore(of, at + lanes, b0)
-                    if k0 + 1 < k_:
-                        _vstore(of, at + plane, a1)
-                        _vstore(of, at + plane + lanes, b1)
-                    if k0 + 2 < k_:
-                        _vstore(of, at + 2 * plane, a2)
-                        _vstore(of, at + 2 * plane + lanes, b2)
-                    if k0 + 3 < k_:
-                        _vstore(of, at + 3 * plane, a3)
-                        _vstore(of, at + 3 * plane + lanes, b3)
-                    x0 += width
-                for x in range(x0, wo):  # the row's last positions, one at a time
-                    base = row + x
-                    s0 = s1 = s2 = s3 = zero
-                    wi = kb * taps * 4
-                    for t in range(taps):
-                        v = xf[base + offs[t]]
-                        s0 += wpk[wi] * v
-                        s1 += wpk[wi + 1] * v
-                        s2 += wpk[wi + 2] * v
-                        s3 += wpk[wi + 3] * v
-                        wi += 4
-                    at = (n * k_ + k0) * plane + y * wo + x
-                    of[at] = s0
-                    if k0 + 1 < k_:
-                        of[at + plane] = s1
-                    if k0 + 2 < k_:
-                        of[at + 2 * plane] = s2
-                    if k0 + 3 < k_:
-                        of[at + 3 * plane] = s3
+        for t0 in range(0, taps, chunk):
+            t1 = min(t0 + chunk, taps)
+            for kb in range(blocks):
+                k0 = kb * 4
+                live = min(4, k_ - k0)
+                wi = (kb * taps + t0) * 4
+                first = (n * k_ + k0) * plane
+                y = 0
+                while y < ho:
+                    row = n * sample + y * wp
+                    if wo == lanes and y + 1 < ho:  # rows of one vector: two rows a block
+                        _block(xf, wpk, offs, of, row, wp, wi, t0, t1, first + y * wo, wo,
+                               plane, live, zero)
+                        y += 2
+                        continue
+                    x = 0
+                    while x + 2 * lanes <= wo:
+                        _block(xf, wpk, offs, of, row + x, lanes, wi, t0, t1,
+                               first + y * wo + x, lanes, plane, live, zero)
+                        x += 2 * lanes
+                    for x in range(x, wo):  # the row's last positions, one at a time
+                        _position(xf, wpk, offs, of, row + x, wi, t0, t1, first + y * wo + x,
+                                  plane, live, zero)
+                    y += 1
 
 
-def block_width(dtype):
-    """Output positions of one row that one pass computes: 16 float32, 8 float64."""
-    return BLOCK_VECTORS * 32 // np.dtype(dtype).itemsize
+def whole_rows(wo, dtype):
+    """Whether rows of ``wo`` output positions take no scalar loop: whole blocks (multiples of 16
+    float32 or 8 float64 positions), or one vector (8 float32 or 4 float64: two rows a block)."""
+    lanes = 32 // np.dtype(dtype).itemsize
+    return wo % (BLOCK_VECTORS * lanes) == 0 or wo == lanes
 
 
 def takes(x, w):
@@ -220,5 +261,6 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None):
         packed.reshape(blocks, BLOCK_OUTPUTS, -1).transpose(0, 2, 1)).reshape(-1)
     ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
     offs = (ci * (hp * wp) + i * (dh * wp) + j * dw).reshape(-1).astype(np.int64)
-    _direct(x.reshape(-1), packed, offs, out, c * hp * wp, wp, x.dtype.type(0))
+    chunk = CHUNK_CHANNELS * kh * kw
+    _direct(x.reshape(-1), packed, offs, out, c * hp * wp, wp, chunk, x.dtype.type(0))
     return out
