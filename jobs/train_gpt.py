@@ -3,6 +3,8 @@
     mpiexec -n 2 python jobs/train_gpt.py                          # train (a minute or two)
     mpiexec -n 2 python jobs/train_gpt.py --zero --checkpoint-activations
     mpiexec -n 2 python jobs/train_gpt.py --resume                 # from checkpoints-gpt/last.npz
+    .venv-ft/bin/mpirun --with-ft ulfm --mca btl tcp,self --mca pml ob1 -n 4 \
+        python jobs/train_gpt.py --elastic                         # survive lost ranks
 
 The text: the top-level .py files of sysconfig.get_paths()["stdlib"], sorted by name and joined,
 cut at --corpus-mb (every machine with Python has it, no download); the last --val-fraction of the
@@ -26,7 +28,9 @@ draws it: the validation curves are its "test" ones), an atomic checkpoint every
 steps and at each epoch's end (the model, AdamW's state, consolidated on rank 0 under --zero, and
 the scheduler), and on SIGTERM/SIGUSR1/SIGINT a checkpoint at the next step,
 <checkpoint-dir>/PREEMPTED and exit status 128 + the signal's number, so --resume continues exactly
-where the job stopped. At the end rank 0 prints --sample-bytes bytes generated from --prompt.
+where the job stopped. With --elastic (fault-tolerant MPI, docs/elastic.rst) the job goes on
+without ranks that die, from an in-memory commit: each step then draws --batch-size windows per
+rank left. At the end rank 0 prints --sample-bytes bytes generated from --prompt.
 HPCGRAD_TIMELINE=path records a timeline of every rank.
 """
 
@@ -36,17 +40,19 @@ import os
 import sysconfig
 
 import numpy as np
-from job_args import add_run_arguments, integer, parse_together, real, training_parser
+from job_args import (add_elastic_arguments, add_run_arguments, integer, parse_together, real,
+                      training_parser)
 
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 import hpcgrad.nn.functional as F
-from hpcgrad import nn, optim
+from hpcgrad import elastic, nn, optim
 from hpcgrad.distributed.optim import ZeroRedundancyOptimizer
 from hpcgrad.nn.parallel import DistributedDataParallel
 from hpcgrad.nn.utils import clip_grad_norm_
 from hpcgrad.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from hpcgrad.base.timeline import TIMELINE
+from hpcgrad.training.elastic_loop import ElasticLoop
 from hpcgrad.training.loop import (Job, Loop, counted, exit_job, rank_places, say, start,
                                    stop_if_any, unwritable)
 from hpcgrad.training.loop import hosts as dist_hosts
@@ -268,6 +274,7 @@ def parse_args(argv=None):
     add_run_arguments(p, checkpoint_dir="checkpoints-gpt",
                       checkpoint_help="checkpoints and metrics.jsonl of the run",
                       resume_help="continue from <checkpoint-dir>/last.npz")
+    add_elastic_arguments(p)
     args = parse_together(p, argv)
     stop_if_any(flag_problem(args), PROG, "checking the command line")
     return args
@@ -284,6 +291,9 @@ def flag_problem(args):
         return (f"--warmup {args.warmup} leaves no steps to decay over: the run has {total} "
                 f"(--epochs {args.epochs} x --steps-per-epoch {args.steps_per_epoch}); pass "
                 f"--warmup {total // 10} or train longer")
+    if args.elastic and args.zero:
+        return ("--elastic with --zero is not built yet: ZeRO's shards of AdamW's state would "
+                "have to be re-partitioned over the ranks left; drop one of them")
     if not args.prompt:
         return "--prompt is empty; pass the text the sample should continue, for example 'def '"
     root, names = corpus_files()
@@ -381,6 +391,12 @@ class BytesGPT(Job):
         self.scheduler.step()
         return loss.item(), args.batch_size, {"lr": lr, "grad_norm": norm}
 
+    def world_changed(self, state, change):
+        """--elastic: the survivors' DDP; each step draws --batch-size windows per rank left."""
+        self.model = state.ddp
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.mine = slice(self.rank * self.args.batch_size, (self.rank + 1) * self.args.batch_size)
+
     def end_epoch(self, epoch):
         val_loss, val_accuracy = evaluate(self.module, self.val, self.args, self.rank,
                                           self.world)
@@ -409,14 +425,22 @@ def main(argv=None):
     hg.manual_seed(args.seed)
     module = GPT(args.d_model, args.heads, args.layers, args.block_size,
                  args.checkpoint_activations)
-    model = DistributedDataParallel(module)
     optimizer = adamw(module, args)
     scheduler = schedule(optimizer, args)
+    if args.elastic:  # Note [Elastic training loop]; the step number draws the data
+        state = elastic.State(module, optimizer)
+        model = state.ddp
+    else:
+        model = DistributedDataParallel(module)
     say(header(args, world, files, root, train, val, module))
     job = BytesGPT(args, model, module, optimizer, scheduler, train, val, digest)
-    loop = Loop(job, args, model, optimizer, args.steps_per_epoch, checkpoints)
+    if args.elastic:
+        loop = ElasticLoop(job, args, state, checkpoints, min_size=args.min_ranks,
+                           commit_every=args.commit_every)
+    else:
+        loop = Loop(job, args, model, optimizer, args.steps_per_epoch, checkpoints)
     status = loop.run()
-    if loop.finished and rank == 0 and args.sample_bytes:
+    if loop.finished and dist.get_rank() == 0 and args.sample_bytes:
         print(sample_lines(module, args), flush=True)
     return status
 

@@ -8,8 +8,12 @@ Note [Elastic training loop]
     - the data come from the state's ``ElasticSampler``, whose place in the epoch the loop
       records after each step; an epoch has as many steps as that sampler deals to the current
       world (fewer once ranks are lost), so no step index is skipped on a resume: the sampler's
-      place, saved in the checkpoint, is where the epoch goes on, at any number of ranks;
-    - ``state.commit()`` every ``commit_every`` steps and at each epoch's end (in memory);
+      place, saved in the checkpoint, is where the epoch goes on, at any number of ranks. A
+      job without a sampler (jobs/train_gpt.py: the step number draws the data) has a fixed
+      number of steps per epoch, and a restored commit skips those of its epoch already done;
+    - ``state.commit()`` every ``commit_every`` steps and at each epoch's end (in memory),
+      with a copy of what the job adds to a checkpoint (``Job.checkpoint_state``: a learning
+      rate scheduler, say), which ``Job.restore`` takes back after a change;
     - on a lost rank the survivors restore the newest commit they all hold and go on; the
       loop then takes its step and epoch from the state, its rank and world size from the new
       world, the model from ``state.ddp`` (a DDP over the survivors), and calls the job's
@@ -27,6 +31,7 @@ Note [Elastic training loop]
     twice (the later line is the one that counted, as after a resume).
 """
 
+import copy
 import os
 import sys
 
@@ -42,29 +47,51 @@ _FINISHED = "finished"  # the epochs ran to the end (None from elastic.run: this
 
 class ElasticLoop(Loop):
     """``Loop`` over ``state`` (an elastic.State holding the model, optimizer and an
-    ElasticSampler) that survives lost ranks (Note [Elastic training loop]).
+    ElasticSampler, or no sampler) that survives lost ranks (Note [Elastic training loop]).
 
     ``min_size``: fewest ranks to go on with; ``commit_every``: steps between in-memory
     commits (each costs a copy of the model and optimizer state; the steps since the last one
     are what a lost rank costs). The job's model is ``state.ddp``."""
 
     def __init__(self, job, args, state, checkpoints=None, min_size=1, commit_every=10):
-        if state.sampler is None:
-            raise ValueError("ElasticLoop needs an elastic.State with an ElasticSampler "
-                             "(State(model, optimizer, sampler=ElasticSampler(...)))")
         super().__init__(job, args, state.ddp, state.optimizer, len(job.batches(0)),
                          checkpoints)
         self.state, self.min_size, self.commit_every = state, int(min_size), int(commit_every)
+        self.sampler = state.sampler  # an ElasticSampler, or None: fixed steps per epoch
+        self._job_commits = {}  # the state's commit serial -> the job's checkpoint_state
+
+    def _commit(self):
+        """``state.commit()`` with a copy of the job's own state beside it."""
+        self.state.commit()
+        serials = self.state.commits()
+        self._job_commits[serials[-1]] = copy.deepcopy(self.job.checkpoint_state())
+        for serial in list(self._job_commits):
+            if serial not in serials:
+                del self._job_commits[serial]
+
+    def _restored(self):
+        """After the state restored a commit: the loop's place, and the job's own state."""
+        state = self.state
+        self.step, self.epoch = state.step, state.epoch
+        self.skip = 0 if self.sampler is not None else \
+            self.step - self.epoch * self.steps_per_epoch
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.model = state.ddp  # collective: every survivor builds it here
+        saved = self._job_commits.get(state.commits()[-1])
+        if saved:
+            self.job.restore(copy.deepcopy(saved))
 
     # --- the sampler's place in the epoch, in the checkpoint -----------------------------
     def _place(self, epoch):
-        sampler = self.state.sampler
+        sampler = self.sampler
+        if sampler is None:
+            return {}
         processed = sampler.processed if sampler.epoch == epoch else 0  # else: epoch's end
         return {"sampler_epoch": epoch, "sampler_processed": processed}
 
     def resume(self):
         going = super().resume()
-        if going and self.args.resume:
+        if going and self.args.resume and self.sampler is not None:
             meta = self.resumed_meta
             self.state.sampler.load_state_dict(
                 {"epoch": int(meta.get("sampler_epoch", self.epoch)),
@@ -74,18 +101,21 @@ class ElasticLoop(Loop):
         return going
 
     def _batches(self, epoch):
+        if self.sampler is None:
+            return super()._batches(epoch)
         batches = self.job.batches(epoch)  # sets the sampler's epoch: its rest, dealt
         return batches, len(batches)
 
     def _stepped(self, count):
-        state = self.state
-        state.sampler.record_batch(count)
-        state.step = self.step
+        if self.sampler is not None:
+            self.sampler.record_batch(count)
+        self.state.step = self.step
         if self.commit_every and self.step % self.commit_every == 0:
-            state.commit()
+            self._commit()
 
     # --- the epochs inside elastic.run -------------------------------------------------
     def _train(self):
+        self._commit()  # the first commit (elastic.run would make one without the job's state)
         train = elastic.run(self._train_state, min_size=self.min_size, on_change=self._changed)
         try:
             status = train(self.state)
@@ -106,15 +136,13 @@ class ElasticLoop(Loop):
         status = super()._epoch(epoch)
         if status is None:  # the epoch's end is saved; remember it in memory too
             self.state.epoch, self.state.step = epoch + 1, self.step
-            self.state.commit()
+            self._commit()
         return status
 
     def _changed(self, change):
         """On every survivor, after the world changed: the loop and job follow the new world."""
         was_zero = self.rank == 0
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.step, self.epoch, self.skip = self.state.step, self.state.epoch, 0
-        self.model = self.state.ddp  # collective: every survivor builds it here
+        self._restored()
         pending = getattr(self.preemption, "_pending", None)
         if pending is not None:  # LatePreemption's agreement was posted on the old world
             self.preemption._pending = None
@@ -135,12 +163,10 @@ class ElasticLoop(Loop):
 
     def _too_small(self, error):
         """Below min_size: checkpoint the restored commit, leave PREEMPTED, status SHRUNK."""
-        state = self.state
-        self.step, self.epoch = state.step, state.epoch
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.model = state.ddp
-        self.save(state.epoch, int(state.sampler.epoch == state.epoch
-                                   and state.sampler.processed > 0))
+        self._restored()
+        sampler = self.sampler
+        self.save(self.epoch, self.skip if sampler is None else
+                  int(sampler.epoch == self.epoch and sampler.processed > 0))
         if self.rank == 0:
             open(os.path.join(self.args.checkpoint_dir, PREEMPTED), "w").close()
             print(f"{stopped_line(self.step, self.checkpoints.path, 0).strip()}\n"

@@ -65,6 +65,32 @@ def test_job_goes_on_without_a_lost_rank(tmp_path, mode, rank):
     assert _epoch_lines(reference_text) == lines  # the same losses and accuracies, printed
 
 
+GPT = ("--d-model", "32", "--heads", "2", "--layers", "2", "--block-size", "16", "--epochs", "2",
+       "--steps-per-epoch", "8", "--warmup", "2", "--lr", "1e-2", "--corpus-mb", "0.1",
+       "--val-windows", "16", "--sample-bytes", "40", "--no-progress", "--elastic",
+       "--commit-every", "3")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gpt_job_goes_on_without_rank_0(tmp_path):
+    """jobs/train_gpt.py --elastic (no sampler: the step number draws the windows, and the
+    scheduler rides in the commit): rank 0 killed at step 11 of 16, the survivors go back to
+    step 9's commit and end equal bit for bit to rank 0 leaving by plan there; the new rank 0
+    prints the sample."""
+    runs = {}
+    for mode in ("kill9", "leave"):
+        out = tmp_path / mode
+        job = run_ft_job("job_fault.py", 4, [*GPT, "--checkpoint-dir", out], timeout=150,
+                         env={"JOB_FAULT": f"{mode} 0 11", "JOB_FAULT_PROGRAM": "train_gpt.py"})
+        assert not job.timed_out and (out / "exit_status").exists(), job.output[-3000:]
+        assert "world changed: 4 -> 3 ranks (lost world rank(s) 0); going on from step 9" in \
+            job.stdout, job.output[-3000:]
+        assert "sample (40 bytes after 'def '" in job.stdout, job.output[-3000:]
+        runs[mode] = out
+    _assert_equal(runs["kill9"], runs["leave"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_below_min_ranks_the_job_checkpoints_and_resumes_on_fewer(tmp_path):

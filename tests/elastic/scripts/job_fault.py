@@ -1,4 +1,5 @@
-"""jobs/train_ddp.py with one fault at a chosen step: a rank dies, or ranks leave by plan.
+"""A job (jobs/train_ddp.py, or $JOB_FAULT_PROGRAM) with one fault at a chosen step: a rank
+dies, or ranks leave by plan.
 
     JOB_FAULT="MODE RANKS STEP [ONCE]" job_fault.py JOB ARGUMENTS...
 
@@ -11,6 +12,7 @@ ONCE, a path, a rank that dies first creates that file, and no run of the job th
 (a requeued one) dies again.
 """
 
+import importlib
 import os
 import signal
 import sys
@@ -18,8 +20,10 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "jobs"))
-import train_ddp  # noqa: E402  (jobs/ is not a package)
+JOBS = Path(__file__).resolve().parents[3] / "jobs"
+sys.path.insert(0, str(JOBS))  # jobs/ is not a package
+program = importlib.import_module(
+    Path(os.environ.get("JOB_FAULT_PROGRAM", "train_ddp.py")).stem)
 
 from hpcgrad.training import elastic_loop  # noqa: E402
 
@@ -33,12 +37,15 @@ _init = elastic_loop.ElasticLoop.__init__
 def _remember(self, *args, **kwargs):
     _init(self, *args, **kwargs)
     loops.append(self)
+    job_step = self.job.step
+
+    def step_with_fault(batch, step):
+        _fault(step)
+        return job_step(batch, step)
+    self.job.step = step_with_fault
 
 
-_step = train_ddp.Digits.step
-
-
-def _step_with_fault(self, batch, step):
+def _fault(step):
     if step == fault_step and not fired:
         fired.append(step)
         if mode == "leave":
@@ -50,9 +57,7 @@ def _step_with_fault(self, batch, step):
             if mode == "exit":
                 os._exit(9)
             os.kill(os.getpid(), signal.SIGKILL)
-    return _step(self, batch, step)
 
 
 elastic_loop.ElasticLoop.__init__ = _remember
-train_ddp.Digits.step = _step_with_fault
-train_ddp.exit_job(train_ddp.main(sys.argv[1:]))
+program.exit_job(program.main(sys.argv[1:]))
