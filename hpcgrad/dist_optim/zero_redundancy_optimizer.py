@@ -36,8 +36,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     ``consolidate_state_dict(to)`` first, on every rank, and then works on rank ``to`` only; it
     has the unsharded optimizer's layout, so ``load_state_dict`` takes it at any world size
     (or a plain optimizer's), each rank keeping its own shard. Every rank of ``process_group``
-    (None: the default group) calls ``step``, ``consolidate_state_dict`` and
-    ``add_param_group`` at the same point: they communicate or must agree.
+    (None: the default group) calls ``step``, ``consolidate_state_dict``,
+    ``gather_state_dict`` and ``add_param_group`` at the same point: they communicate or must
+    agree.
 
     Uneven inputs: ``with Join([ddp_model, zero]):`` a rank that ran out takes part in every
     later ``step`` of the others (its shard stepped with the gradients its DDP shadowed, and
@@ -223,13 +224,18 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 "Optimizer state has not been consolidated on this rank. Please call "
                 f"`consolidate_state_dict(to={self.rank})` on all ranks beforehand if you meant "
                 "to save the global state.")
+        return self._whole_state_dict(self._all_state_dicts)
+
+    def _whole_state_dict(self, shards):
+        """The unsharded optimizer's state dict from every rank's local state dict (rank
+        order), as the current partition assigns them."""
         groups = []
         for group in self.param_groups:
             packed = {key: value for key, value in group.items() if key != "params"}
             packed["params"] = [self._param_to_index[id(p)] for p in group["params"]]
             groups.append(packed)
         state = {}
-        for rank, local in enumerate(self._all_state_dicts):
+        for rank, local in enumerate(shards):
             shard_groups = self._partition_parameters()[rank]
             for local_group, shard in zip(local["param_groups"], shard_groups):
                 for local_index, p in zip(local_group["params"], shard["params"]):
@@ -283,6 +289,35 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         # The local optimizer copies the arrays and checks the shapes.
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
+
+    # --- elastic.run (Note [ZeRO under elastic.run] in hpcgrad/elastic/state.py) -------------
+    def gather_state_dict(self):
+        """The whole optimizer's state (``state_dict()``'s layout) on every rank: each rank's
+        shard all-gathered. Every rank of the group calls it at the same point. The result is
+        a private host copy of the whole state (the unsharded optimizer's size) on each rank;
+        nothing is kept here (``state_dict()`` still needs ``consolidate_state_dict``)."""
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        shards = _all_gather_objects(_to_host(self.optim.state_dict()), self.process_group)
+        whole = self._whole_state_dict(shards)
+        whole["param_groups"] = copy.deepcopy(whole["param_groups"])  # options, not live ones
+        return whole
+
+    def _repartition(self, process_group=None):
+        """Partition the parameters again over ``process_group`` (None: the default group,
+        e.g. the world ``elastic.run`` shrank): a new local optimizer over this rank's new
+        shard, with every group's current options and no state. Then ``load_state_dict`` of
+        the whole state gives each rank its new shard's state. No communication."""
+        self.process_group = api._group(process_group)
+        self.world_size, self.rank = self.process_group.size(), self.process_group.rank()
+        self.global_rank = self.process_group.ranks[self.rank]
+        self._clear_cache()
+        self._all_state_dicts = []
+        # The partition's groups carry the full groups' options (a scheduler's lr included).
+        self.optim = self.optimizer_class(self._partition_parameters()[self.rank],
+                                          **self._optim_defaults)
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        if self.parameters_as_bucket_view:
+            self._build_param_buckets()
 
 
 class _ZeROJoinHook(JoinHook):
@@ -361,3 +396,20 @@ def _recv_object(src, group):
     payload = np.empty(int(length[0]), np.uint8)
     api.recv(payload, src, group)
     return pickle.loads(payload.tobytes())
+
+
+def _all_gather_objects(obj, group):
+    """Every rank's ``obj``, in rank order, on every rank: the lengths all-gathered, then one
+    broadcast per rank of exactly its bytes. Not all_gather_object, whose equal padded blocks
+    move N times the largest shard (ZeRO's shards are uneven: twice as slow here)."""
+    mine = np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                         np.uint8)
+    lengths = np.empty(group.size(), np.int64)
+    api.all_gather_into_tensor(lengths, np.array([mine.size], np.int64), group)
+    payloads = [mine if rank == group.rank() else np.empty(int(n), np.uint8)
+                for rank, n in enumerate(lengths)]
+    works = [api.broadcast(payload, group.ranks[rank], group, async_op=True)
+             for rank, payload in enumerate(payloads)]
+    for work in works:
+        work.wait()
+    return [pickle.loads(payload) for payload in payloads]

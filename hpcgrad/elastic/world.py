@@ -172,6 +172,7 @@ def rebuild(state, comm, serial, started, planned, timeout):
     if not planned:
         arm_exit_without_finalize(timeout)
     state._drop_ddp()
+    state._repartition()  # ZeRO's shards over the new world (Note [ZeRO under elastic.run])
     state.restore(serial)
     if state.sampler is not None:
         state.sampler.reshard(comm.Get_size(), comm.Get_rank())
