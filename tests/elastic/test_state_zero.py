@@ -86,12 +86,15 @@ def test_commit_holds_sync_batchnorm_running_statistics():
 
 
 @mpi
-def test_zero_commit_holds_the_whole_state_and_repartitions_over_another_world(world):
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_zero_commit_holds_the_whole_state_and_repartitions_over_another_world(world,
+                                                                              bucket_view):
     """On every rank the commit holds what ``consolidate_state_dict`` gives rank 0; restored
     after re-partitioning over a one-rank world per rank, ZeRO steps on equal to the
     unsharded Adam loaded from the same state, bit for bit, and is the same object."""
     model = _model()
-    zero = ZeroRedundancyOptimizer(model.parameters(), hpcgrad.optim.Adam, lr=0.01)
+    zero = ZeroRedundancyOptimizer(model.parameters(), hpcgrad.optim.Adam, lr=0.01,
+                                   parameters_as_bucket_view=bucket_view)
     state = elastic.State(model, zero)
     for step in range(3):
         _step(model, zero, step)
