@@ -291,9 +291,6 @@ def flag_problem(args):
         return (f"--warmup {args.warmup} leaves no steps to decay over: the run has {total} "
                 f"(--epochs {args.epochs} x --steps-per-epoch {args.steps_per_epoch}); pass "
                 f"--warmup {total // 10} or train longer")
-    if args.elastic and args.zero:
-        return ("--elastic with --zero is not built yet: ZeRO's shards of AdamW's state would "
-                "have to be re-partitioned over the ranks left; drop one of them")
     if not args.prompt:
         return "--prompt is empty; pass the text the sample should continue, for example 'def '"
     root, names = corpus_files()

@@ -8,8 +8,10 @@ Note [Elastic run]
     still waiting elsewhere come too; they agree on the newest commit all of them hold (Note
     [Agreeing on a commit] in world.py), shrink the world to themselves and make that the
     default process group; the state forgets its DDP (``state.ddp`` builds a new one over the
-    new world on first use, its buckets and hooks with it), restores the agreed commit and
-    re-shards its sampler. The callbacks see a WorldChange (old size, new size, lost ranks);
+    new world on first use, its buckets and hooks with it), re-partitions a
+    ZeroRedundancyOptimizer over the new world (Note [ZeRO under elastic.run] in state.py),
+    restores the agreed commit and re-shards its sampler; SyncBatchNorm over the default group
+    follows the new group by itself. The callbacks see a WorldChange (old size, new size, lost ranks);
     then ``fn(state)`` is called again and goes on from the commit. Below ``min_size`` ranks
     the survivors raise WorldTooSmallError instead, with the restored state in hand, for the
     caller to save a checkpoint and end (SLURM requeue takes over from there).
@@ -119,7 +121,7 @@ def run(fn=None, *, min_size=1, on_change=None, timeout=None):
                     return None
                 change = world.rebuild(state, comm, None, started, True, seconds)
             except Exception as error:  # noqa: BLE001 - anything but a process failure re-raised
-                if not tolerant or ulfm.failure_in(error) is None:
+                if not tolerant or ulfm.failure_in(error, api._group(None).comm) is None:
                     raise
                 started = time.monotonic()
                 failure = ulfm.as_failure(error, api._group(None).comm, "training")

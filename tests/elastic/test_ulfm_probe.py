@@ -65,6 +65,27 @@ def test_failure_in_finds_a_process_failure_under_a_wrapper():
     assert ulfm.as_failure(failure) is failure
 
 
+def test_another_mpi_error_is_a_failure_only_where_a_rank_failed(monkeypatch):
+    """Open MPI's non-blocking collectives may report a peer's death as MPI_ERR_OTHER: with the
+    communicator, such an error counts where ranks are known to have failed, and only there."""
+    other = ulfm.MPI.Exception(ulfm.MPI.ERR_OTHER)
+    comm = object()  # what failed_ranks is asked about
+    failed = {"ranks": []}
+    monkeypatch.setattr(ulfm, "failed_ranks", lambda c, acknowledge=True:
+                        failed["ranks"] if c is comm else pytest.fail("another communicator"))
+    assert ulfm.failure_in(other) is None  # no communicator to ask
+    assert ulfm.failure_in(other, comm, wait=0.05) is None  # nobody failed: a real error
+    failed["ranks"] = [0]
+    try:
+        try:
+            raise other
+        except ulfm.MPI.Exception as error:
+            raise RuntimeError("Error on Node AccumulateGrad") from error
+    except RuntimeError as wrapped:
+        assert ulfm.failure_in(wrapped, comm) is other
+    assert ulfm.failure_in(ValueError("no"), comm) is None  # not an MPI error at all
+
+
 def test_probe_under_the_ft_venv_proves_a_shrink():
     """The real probe: a 2-rank job under `mpirun --with-ft ulfm` in which one rank dies."""
     info = ft_bin("hpcgrad-info")
