@@ -58,9 +58,12 @@ from hpcgrad.nn._window import Col2Im, Im2Col, offsets, out_size, windows
 # layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch.
 _CHUNK_ELEMENTS = 1 << 19
 _LOCAL = threading.local()
-# The direct kernel's domain (Note [Direct convolution]): faster than the columns up to 64 input
-# channels (ResNet-18's stem and its 16-, 32- and 64-channel layers), no faster at 128.
-_DIRECT_MAX_CHANNELS = 64
+# The direct kernel's domain (Note [Direct convolution]): measured faster than the columns up to
+# 32 input channels (ResNet-18's stem and its 16- and 32-channel layers), and up to 64 on planes
+# of at most 64 positions (its 64-channel layers at width 16); at 64 channels of 16x16 and 32x32
+# it was 0.8-1.3x, run to run, and no faster at 128.
+_DIRECT_MAX_CHANNELS = 32
+_DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 positions
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
@@ -164,11 +167,12 @@ def _forward_arrays(a, w, geo):
 def _direct_kernel(a, w, geo):
     """kernels/direct_conv.py where it takes this convolution and is measured faster than the
     columns (Note [Direct convolution]): stride 1, groups 1, numpy float32/float64, output rows
-    that are whole blocks, at most _DIRECT_MAX_CHANNELS input channels; HPCGRAD_DIRECT_CONV=0
-    turns it off. Else None."""
-    if geo.stride != (1, 1) or geo.groups != 1 or not (geo.n and geo.o) or geo.c > \
-            _DIRECT_MAX_CHANNELS or type(a) is not np.ndarray or type(w) is not np.ndarray \
-            or a.dtype != w.dtype or a.dtype not in (np.float32, np.float64):
+    without a scalar loop, at most _DIRECT_MAX_CHANNELS input channels (_SMALL on small planes);
+    HPCGRAD_DIRECT_CONV=0 turns it off. Else None."""
+    most = _DIRECT_MAX_CHANNELS_SMALL if geo.positions <= 64 else _DIRECT_MAX_CHANNELS
+    if geo.stride != (1, 1) or geo.groups != 1 or not (geo.n and geo.o) or geo.c > most \
+            or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
+            or a.dtype not in (np.float32, np.float64):
         return None
     if not config.flag("HPCGRAD_DIRECT_CONV", _DIRECT_DEFAULT, "1 runs stride-1 convolutions "
                        "of few channels as a direct kernel, 0 always through columns"):

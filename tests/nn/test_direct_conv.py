@@ -95,6 +95,7 @@ def direct_everywhere(monkeypatch):
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "1")
     monkeypatch.setattr(_conv, "_DIRECT_WHOLE_ROWS", False)
     monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS", 1 << 30)
+    monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS_SMALL", 1 << 30)
 
 
 def _spy(monkeypatch):
@@ -110,8 +111,8 @@ def _spy(monkeypatch):
 
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
-    block) take it, forward and input gradient; stride 2, 128 input channels, rows of 12 float32
-    and HPCGRAD_DIRECT_CONV=0 do not."""
+    block) take it, forward and input gradient; stride 2, 64 input channels of 16x16, 128 of
+    8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
     seen = _spy(monkeypatch)
     rng = np.random.default_rng(0)
@@ -127,7 +128,8 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     assert len(seen) == 4  # the forwards and the input gradients
     seen.clear()
     run(16, 32, stride=2)
-    run(128, 16)
+    run(64, 16)
+    run(128, 8)
     run(16, 12)
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     run(16, 32)

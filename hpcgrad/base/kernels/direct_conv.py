@@ -24,9 +24,13 @@ accumulators for LLVM's SLP vectorizer to pack stayed scalar, 20x slower; blocks
 vectors) 2 x 4 and 1 x 8 were no faster than 4 x 2, 2 x 6 and 3 x 4 spill, and 4 x 3 (24
 positions) divides no ResNet row. Positions past a row's last whole block take a scalar loop,
 10x slower: the selection in nn/_conv.py sends only rows without them here (``whole_rows``), and
-only up to 64 input channels (at 128, OpenBLAS's product runs at 50-70 GF/s and the kernel was no
-faster). The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
-LLVM call it ran 1.5-1.9x slower.
+only up to 32 input channels, 64 on planes of 8x8 or less: at 64 channels of 16x16 and 32x32 the
+kernel ran 0.8-1.3x the columns' time from run to run, at 128 no faster (OpenBLAS's product
+runs at 50-70 GF/s there). The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
+LLVM call it ran 1.5-1.9x slower. The weight gradient the same way (4 outputs x 2 taps of
+vectors along a row, summed over the samples in registers, the lanes at the end) ran 0.66-0.89x
+the columns' time at 16 channels of 32x32, 0.93-1.17x at 32 of 16x16, 2.3x at 64 of 8x8: not
+kept (the columns' product has the batch's positions as its long inner dimension).
 Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst.
 
 The terms of each output are summed in tap order (channel, kernel row, kernel column), each
