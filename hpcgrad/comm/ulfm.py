@@ -21,8 +21,10 @@ Note [Process failures under ULFM]
     ``available()`` says which of these holds for the MPI this process loaded.
 """
 
+import atexit
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -286,3 +288,63 @@ def shrink(comm, timeout):
     """A new communicator of ``comm``'s surviving ranks (in their order); collective over
     them, bounded by ``timeout`` seconds."""
     return _bounded(comm.Shrink, timeout, "shrink (MPI_Comm_shrink)")
+
+
+# Note [Leaving without MPI_Finalize after a failure]
+#     After a rank died, MPI_Finalize on the survivors sometimes never returned (Open MPI 5.0.11
+#     wheel, about 1 run in 7 here, with one rank lost or two): it waits in the PMIx fence of
+#     every process of the job, the dead included (open-mpi/ompi#11404, still open; #9434
+#     describes the same fence). So once a rank of the job is known dead (an elastic recovery,
+#     or an RPC agent that saw a worker die), each survivor ends at exit by meeting the other
+#     survivors in a barrier on their communicator (the newest one given: the shrunk world,
+#     or rpc.shutdown()'s survivors), bounded (nobody leaves while another may still talk to
+#     it: mpirun killed a survivor still in rpc.shutdown() when another one had left first),
+#     flushing its output and leaving with os._exit(0), without MPI_Finalize. A rank ending
+#     with sys.exit(non-zero) still aborts the job (Note [Exit status] in comm/mpi.py);
+#     Python's later atexit functions do not run (what must stop first is passed as
+#     ``before``: the stall inspector).
+_leaving = []  # [True] once armed
+_meeting = []  # [(the survivors' communicator, seconds)], the newest given
+_before_leaving = []  # functions run first
+
+
+def leave_without_finalize_at_exit(meet=None, timeout=60.0, before=None):
+    """A rank of the job died: end this process at exit without MPI_Finalize (Note [Leaving
+    without MPI_Finalize after a failure]), first meeting the other survivors in a barrier on
+    ``meet`` (a communicator of them; the newest given counts) for at most ``timeout`` s, after
+    calling ``before`` (once each). Any thread, any number of times."""
+    if meet is not None:
+        _meeting[:] = [(meet, float(timeout))]
+    if before is not None and before not in _before_leaving:
+        _before_leaving.append(before)
+    if not _leaving:
+        _leaving.append(True)
+        atexit.register(_leave)
+
+
+def _meet(comm, timeout):
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every survivor reached the end within {timeout:g} s")
+        time.sleep(1e-3)
+
+
+def _leave():
+    if _mpi._failed_exit() is not None or MPI.Is_finalized():
+        return  # comm/mpi.py aborts the job, as for any failed exit
+    try:
+        for fn in _before_leaving:
+            fn()
+        if _meeting:
+            _meet(*_meeting[0])
+    except Exception as error:  # noqa: BLE001 - leaving regardless, but saying why
+        sys.stderr.write(f"[hpcgrad] rank {MPI.COMM_WORLD.Get_rank()}: leaving without meeting "
+                         f"every survivor at exit: {error}\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)

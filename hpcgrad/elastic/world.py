@@ -12,9 +12,6 @@ Note [Agreeing on a commit]
     commits share a bit.
 """
 
-import atexit
-import os
-import sys
 import time
 
 from mpi4py import MPI
@@ -128,49 +125,11 @@ def adopt(comm):
     return old.size(), sorted(set(old.ranks) - set(ranks))
 
 
-# Note [Leaving without MPI_Finalize after a failure]
-#     After a rank died, MPI_Finalize on the survivors sometimes never returned (Open MPI 5.0.11
-#     wheel, about 1 run in 7 here, with one rank lost or two): it waits in the PMIx fence of
-#     every process of the job, the dead included (open-mpi/ompi#11404, still open; #9434
-#     describes the same fence). So once a job has survived a failure, each survivor ends at
-#     exit by meeting the other survivors in a barrier on the shrunk world (bounded by the
-#     recovery timeout: nobody leaves while another may still talk to it), flushing its
-#     output and leaving with os._exit(0), without MPI_Finalize. A rank ending with
-#     sys.exit(non-zero) still aborts the job (Note [Exit status] in comm/mpi.py); Python's
-#     later atexit functions do not run (the stall inspector is stopped here first).
-_exit_armed = []  # [timeout] once armed
-
-
-def arm_exit_without_finalize(timeout):
-    """After a survived failure: end this process at exit without MPI_Finalize (Note
-    [Leaving without MPI_Finalize after a failure])."""
-    if not _exit_armed:
-        _exit_armed.append(timeout)
-        atexit.register(_exit_without_finalize)
-
-
-def _exit_without_finalize():
-    if _mpi._failed_exit() is not None or MPI.Is_finalized():
-        return  # comm/mpi.py aborts the job, as for any failed exit
-    stall.stop()
-    try:
-        default_group().ibarrier().wait(_exit_armed[0])
-    except Exception as error:  # noqa: BLE001 - leaving regardless, but saying why
-        sys.stderr.write(f"[hpcgrad elastic] rank {MPI.COMM_WORLD.Get_rank()}: leaving without "
-                         f"meeting every survivor at exit: {error}\n")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)
-
-
 def rebuild(state, comm, serial, started, planned, timeout):
     """Adopt ``comm``, restore commit ``serial``, re-shard the data: the WorldChange."""
     old_size, lost = adopt(comm)
-    if not planned:
-        arm_exit_without_finalize(timeout)
+    if not planned:  # Note [Leaving without MPI_Finalize after a failure] in comm/ulfm.py
+        ulfm.leave_without_finalize_at_exit(meet=comm, timeout=timeout, before=stall.stop)
     state._drop_ddp()
     state._repartition()  # ZeRO's shards over the new world (Note [ZeRO under elastic.run])
     state.restore(serial)

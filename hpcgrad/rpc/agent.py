@@ -177,8 +177,7 @@ from hpcgrad.comm.buffers import MessageBuffer
 from hpcgrad.comm.progress import ProgressLoop
 from hpcgrad.comm.rendezvous import rendezvous
 from hpcgrad.base.futures import Future
-from hpcgrad.rpc.failures import (DeadPeers, leave_without_finalize_at_exit, meet_at_exit,
-                                  take_waiting_for)
+from hpcgrad.rpc.failures import DeadPeers, take_waiting_for
 
 ENVELOPE_TAG = 1
 INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RPC wire format]
@@ -540,7 +539,7 @@ class MPIRpcAgent:
         new = self.dead.add(ranks, why)
         if not new:
             return new
-        leave_without_finalize_at_exit()
+        ulfm.leave_without_finalize_at_exit()  # Note [Leaving without MPI_Finalize after a failure]
         with self._waiting_lock:
             failed = take_waiting_for(self._waiting, new)
         for future in failed:  # a reply may have won the race
@@ -852,8 +851,8 @@ class MPIRpcAgent:
             totals = rows.sum(axis=0)
             if (previous is not None and not totals[2] and not previous[:, 2].any()
                     and totals[0] == totals[1] and (rows[:, :2] == previous[:, :2]).all()):
-                if comm is not self.comm:  # the survivors leave together (failures.py)
-                    meet_at_exit(comm)
+                if comm is not self.comm:  # the survivors leave together (comm/ulfm.py)
+                    ulfm.leave_without_finalize_at_exit(meet=comm)
                 return
             previous = rows.copy()
 
