@@ -62,6 +62,29 @@ def test_fuzz_family(fuzzer, family):
                 + fuzzer.script(program, cut or found), pytrace=False)
 
 
+@pytest.mark.slow
+def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch):
+    """The direct convolution (kernels/direct_conv.py, on by default for the shapes it is
+    measured faster on) taken for every stride-1, one-group convolution the nn programs draw,
+    whatever its channels and row length: against PyTorch and the backward modes, as above."""
+    if fuzzer.torch_ns is None:
+        pytest.skip("needs PyTorch: the direct kernel is compared with it here")
+    from hpcgrad.base.kernels import direct_conv
+    from hpcgrad.nn import _conv
+    monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS", 1 << 30)
+    monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS_SMALL", 1 << 30)
+    monkeypatch.setattr(_conv, "_DIRECT_WHOLE_ROWS", False)
+    monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "1")
+    calls = []
+    kernel = direct_conv.conv2d_stride1
+    monkeypatch.setattr(direct_conv, "conv2d_stride1",
+                        lambda *args: calls.append(1) or kernel(*args))
+    failing = [(index, found) for index in range(2 * BUDGET["nn"])
+               if (found := fuzzer.check(fuzzer.program("nn", SEED + 1, index)))]
+    assert calls, "no program took the direct kernel: the test would prove nothing"
+    assert not failing, f"{len(failing)} nn programs differ with the direct kernel: {failing[:3]}"
+
+
 def test_fuzz_compares_values_errors_and_none():
     """The comparison itself: a value, a None gradient, a dtype and whether it raised."""
     a = {"x.grad": np.array([1.0, 2.0]), "y.grad": None}
