@@ -16,6 +16,7 @@ import numpy as np
 import hpcgrad as hg
 import hpcgrad.distributed as dist
 from hpcgrad import nn
+from hpcgrad.comm.mpi import exit_together
 from hpcgrad.nn.parallel import DistributedDataParallel
 
 
@@ -62,7 +63,9 @@ def main(mode):
                 dist.all_gather_object(everyone, flat)
                 agree = all(np.array_equal(theirs, everyone[0]) for theirs in everyone)
                 print(f"[rank {rank}] {what} agree: {agree}", flush=True)
-            sys.exit(3)
+            # Every rank raised here: exit 3 together, not through MPI_Abort, whose kill of the
+            # job could drop these lines before the launcher forwarded them (seen in CI).
+            exit_together(3)
         for p in model.parameters():  # SGD
             if p.grad is not None:
                 p.array -= 0.1 * p.grad.array
