@@ -23,9 +23,11 @@ Note [Elastic training loop]
     - below ``min_size`` ranks the survivors save a checkpoint of the restored commit, leave
       PREEMPTED and end with status 75 (``SHRUNK``, EX_TEMPFAIL), so a requeue resumes the run
       on a whole allocation (slurm/train_ddp_elastic.sbatch);
-    - rank 0 of the last world writes the job's exit status to <checkpoint-dir>/exit_status:
-      Open MPI's mpirun returns a dead rank's status even when every survivor finished, so a
-      batch script reads the survivors' verdict there.
+    - rank 0 of the last world writes the job's exit status to <checkpoint-dir>/exit_status
+      when the loop ends (trained, stopped, too small, or nothing to train): Open MPI's mpirun
+      returns a dead rank's status even when every survivor finished, and 0 when its runtime
+      killed every rank after losing a node's daemon, so a batch script reads the survivors'
+      verdict there, and its absence after a status of 0 means the ranks were ended.
 
     Steps done after the restored commit are done again, so metrics.jsonl holds their lines
     twice (the later line is the one that counted, as after a resume).
@@ -122,9 +124,14 @@ class ElasticLoop(Loop):
         except elastic.WorldTooSmallError as error:
             status = self._too_small(error)
         if status is None:  # this rank left by plan (state.leave): the rest go on without it
+            self.left = True
             return 0
-        status = None if status is _FINISHED else status
-        self._write_status(status)
+        return None if status is _FINISHED else status
+
+    def run(self):
+        status = super().run()
+        if not getattr(self, "left", False):
+            self._write_status(status)
         return status
 
     def _train_state(self, state):

@@ -4,7 +4,9 @@ dies, or ranks leave by plan.
     JOB_FAULT="MODE RANKS STEP [ONCE]" job_fault.py JOB ARGUMENTS...
 
 MODE ``exit`` (``os._exit(9)``) or ``kill9`` (SIGKILL to itself): world ranks RANKS (comma
-separated) die at the top of step STEP. MODE ``leave``: every rank calls ``state.leave(RANKS)``
+separated) die at the top of step STEP. MODE ``vanish``: they leave with ``os._exit(0)``, what
+the runtime's end of every rank after a lost node's daemon looks like to a batch script
+(mpirun's status 0, no rank's verdict); not in a run with --resume. MODE ``leave``: every rank calls ``state.leave(RANKS)``
 there instead, the reference a lost rank's run must equal. Only the first time the step is
 reached: after a recovery the survivors do it again without a fault. The arguments are the
 job's; the job is unchanged otherwise (slurm/train_ddp_elastic.sbatch runs it with JOB=). With
@@ -50,6 +52,10 @@ def _fault(step):
         fired.append(step)
         if mode == "leave":
             loops[0].state.leave(ranks)
+        elif mode == "vanish":
+            if MPI.COMM_WORLD.Get_rank() in ranks and "--resume" not in sys.argv:
+                sys.stdout.flush()
+                os._exit(0)
         elif MPI.COMM_WORLD.Get_rank() in ranks and not (once and os.path.exists(once[0])):
             if once:
                 open(once[0], "w").close()
