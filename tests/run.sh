@@ -104,7 +104,13 @@ record() {
 # The launched example, GPU-script and elastic tests run beside the plan-off and 1-rank runs
 # (below); the elastic ones start their jobs with .venv-ft's fault-tolerant MPI (Open MPI with
 # ULFM, a venv of its own: tests/ft_env.sh), which is built beside the serial runs.
-beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py tests/elastic)
+# (tests/elastic's one-process tests of State, the multi-rank ones among them, need no
+# .venv-ft: they run with the in-process tests, and so at 1, 2 and 3 ranks.)
+elastic_ft=()
+for test in tests/elastic/test_*.py; do
+    case $test in */test_state.py|*/test_state_zero.py) ;; *) elastic_ft+=("$test") ;; esac
+done
+beside=(tests/examples tests/test_gpu_sh.py tests/test_gpu_benchmark.py "${elastic_ft[@]}")
 # The serial suite in four runs side by side: two halves of the tests that run in this process,
 # and two of the tests that launch jobs under mpiexec (their ranks' start-up, and waits on
 # purpose for faults and timeouts, left a core idle half the time: 341 s of CPU in 332 s).
