@@ -80,6 +80,44 @@ def test_kernel_matches_slices_and_sums_and_the_columns(dtype, case):
     _check_kernel(dtype, *case)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_every_vector_width_and_block_gives_the_same_sums(dtype, case):
+    """The kernels for 256- and 512-bit vectors and blocks of 4 and 8 outputs sum each output's
+    terms in one order: equal bit for bit, whichever this CPU runs (a 512-bit vector runs as
+    two 256-bit halves on a CPU without AVX-512, slower, not different). Blocks of 8 meet
+    outputs % 8 != 0 here (5, 7, 9, 6 outputs), 512 bits rows of one vector (16 float32 or 8
+    float64 positions) and the scalar loop past the blocks (rows of 7, 19, 21, 33 ...)."""
+    n, c, k, size, kernel, padding, dilation = case
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    w = rng.standard_normal((k, c) + kernel).astype(dtype)
+    padded = np.ascontiguousarray(_conv._padded(x, padding))
+    outs = {key: direct_conv.conv2d_stride1(padded, w, dilation, bits=key[0], per=key[1])
+            for key in direct_conv.KERNELS}
+    first = outs[(256, 4)]
+    for key, got in outs.items():
+        assert np.array_equal(got, first), (f"{key[0]}-bit vectors with blocks of {key[1]}: "
+                                            f"differs from 256 x 4 by {np.abs(got - first).max()}")
+
+
+@pytest.mark.parametrize("size", [16, 32, 48])
+def test_the_default_kernel_takes_this_cpus_widest_vectors(size):
+    """On an AVX-512 CPU, rows of 16 or 32k float32 positions take 512-bit vectors and 8 outputs
+    a block (the forward of ResNet-18's 16- and 32-channel layers); elsewhere 256 bits and 4."""
+    want_bits = 512 if 512 in direct_conv.WIDTHS and (size % 32 == 0 or size == 16) else 256
+    assert direct_conv.width_for(size, np.float32) == want_bits
+    assert direct_conv.OUTPUTS == (8 if 512 in direct_conv.WIDTHS else 4)
+
+
+def test_kernel_refuses_a_width_it_has_no_kernel_for():
+    x = np.zeros((1, 2, 5, 18), np.float32)
+    with pytest.raises(ValueError, match=r"no kernel for 128-bit vectors and 4 outputs"):
+        direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32), bits=128, per=4)
+    with pytest.raises(ValueError, match=r"no kernel for 512-bit vectors and 4 outputs"):
+        direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32), bits=512, per=4)
+
+
 def test_kernel_refuses_groups_and_a_kernel_larger_than_the_input():
     x = np.zeros((1, 4, 5, 5), np.float32)
     with pytest.raises(ValueError, match="input channels"):

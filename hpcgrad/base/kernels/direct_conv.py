@@ -1,4 +1,4 @@
-"""Direct convolution at stride 1 (numba, 256-bit vectors): no columns, the sums held in registers.
+"""Direct convolution at stride 1 (numba, 256- or 512-bit vectors): no columns, sums in registers.
 
 Note [Direct convolution]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -10,7 +10,14 @@ Each block is 4 output channels x 2 vectors of output (16 float32 or 8 float64 p
 row, or, where a row is one vector long, that position range of two rows) as 8 accumulators
 that stay in registers through the taps (input channel, kernel row, kernel column) of a chunk of
 16 input channels: per tap two unaligned loads of the padded input at the tap's offset, four
-broadcast weights, eight fused multiply-adds; the next chunk adds to what the first stored. A
+broadcast weights, eight fused multiply-adds; the next chunk adds to what the first stored.
+On a CPU with AVX-512 (32 vector registers) a block is 8 output channels x 2 vectors, 16
+accumulators, and rows of 32k or 16 float32 positions take 512-bit vectors (``WIDTHS``,
+``OUTPUTS``): on ResNet-18's 3x3 layers at batch 32 (Xeon, Cascade Lake), 16 channels of 32x32
+ran at 72 GF/s where 256 x 4 ran at 36 and PyTorch at 43-50, 32 of 16x16 at 86 against 38 and
+77 (``python benchmarks/conv_layouts.py --direct``). Every (width, block) kernel sums each
+output's terms in the same order, so they agree bit for bit; a 512-bit vector on a CPU without
+AVX-512 runs as two halves. A
 block of output channels sweeps a sample's rows with the chunk's weights in L1. LLVM keeps a
 value in a register only when it is one; numba has no vector type, so this file gives it one
 (``_Vec``, an LLVM <8 x float> or <4 x double>) with four intrinsics: load, store, splat and a
@@ -43,18 +50,26 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, models, register_model
 
-BLOCK_OUTPUTS = 4  # output channels per pass
-BLOCK_VECTORS = 2  # 256-bit vectors of one output row per pass
+BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
 
 
 class _Vec(types.Type):
-    """A 256-bit vector of float32 or float64 lanes, as one LLVM value (a register)."""
+    """A 256- or 512-bit vector of float32 or float64 lanes, as one LLVM value (a register)."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, bits):
         self.dtype = dtype
-        self.lanes = 256 // dtype.bitwidth
+        self.lanes = bits // dtype.bitwidth
         super().__init__(name=f"_Vec({dtype} x {self.lanes})")
+
+
+def _bits(bits):
+    """A vector's width in bits from an intrinsic's ``bits`` argument when it is a literal 256 or
+    512 (the entry points below pass a constant, so the width is known when numba compiles);
+    else None, which tells numba this typing does not apply (it tries the literal one too)."""
+    if isinstance(bits, types.IntegerLiteral) and bits.literal_value in (256, 512):
+        return bits.literal_value
+    return None
 
 
 @register_model(_Vec)
@@ -70,15 +85,17 @@ def _element_pointer(context, builder, arytype, ary, index):
 
 
 @intrinsic
-def _vload(typingctx, arr, index):
+def _vload(typingctx, arr, index, bits):
     """The vector at arr[index:index + lanes] (1-D contiguous ``arr``; unaligned, unchecked)."""
-    vec = _Vec(arr.dtype)
+    if _bits(bits) is None:
+        return None
+    vec = _Vec(arr.dtype, _bits(bits))
 
     def codegen(context, builder, sig, args):
         ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
         ptr = builder.bitcast(ptr, context.get_value_type(vec).as_pointer())
         return builder.load(ptr, align=1)
-    return vec(arr, index), codegen
+    return vec(arr, index, bits), codegen
 
 
 @intrinsic
@@ -92,9 +109,11 @@ def _vstore(typingctx, arr, index, value):
 
 
 @intrinsic
-def _vsplat(typingctx, scalar):
+def _vsplat(typingctx, scalar, bits):
     """A vector of ``scalar`` in every lane."""
-    vec = _Vec(scalar)
+    if _bits(bits) is None:
+        return None
+    vec = _Vec(scalar, _bits(bits))
 
     def codegen(context, builder, sig, args):
         vt = context.get_value_type(vec)
@@ -102,7 +121,7 @@ def _vsplat(typingctx, scalar):
         one = builder.insert_element(ir.Constant(vt, ir.Undefined), args[0], lane0)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), [0] * vec.lanes)
         return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), zeros)
-    return vec(scalar), codegen
+    return vec(scalar, bits), codegen
 
 
 @intrinsic
@@ -115,37 +134,52 @@ def _vfma(typingctx, w, x, acc):
 
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
-def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane, live, zero):
-    """One block: 4 output channels (``live`` of them real) x 2 vectors, the second at
-    ``second_in`` past the first in the input and ``second_out`` in the output (the next
-    vector of the row, or the next row's), over taps [t0, t1): from zero at the first tap, else
-    added to what ``of`` holds."""
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _vsplat(zero)
+def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane, live, per,
+           zero, bits):
+    """One block: ``per`` (4 or 8) output channels, ``live`` of them real, x 2 vectors, the
+    second at ``second_in`` past the first in the input and ``second_out`` in the output (the
+    next vector of the row, or the next row's), over taps [t0, t1): from zero at the first tap,
+    else added to what ``of`` holds. ``per`` is a constant, so the unused half folds away."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _vsplat(zero, bits)
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = a0
     if t0:
-        a0, b0 = _vload(of, at), _vload(of, at + second_out)
+        a0, b0 = _vload(of, at, bits), _vload(of, at + second_out, bits)
         if live > 1:
-            a1, b1 = _vload(of, at + plane), _vload(of, at + plane + second_out)
+            a1, b1 = _vload(of, at + plane, bits), _vload(of, at + plane + second_out, bits)
         if live > 2:
-            a2, b2 = _vload(of, at + 2 * plane), _vload(of, at + 2 * plane + second_out)
+            a2, b2 = _vload(of, at + 2 * plane, bits), _vload(of, at + 2 * plane + second_out, bits)
         if live > 3:
-            a3, b3 = _vload(of, at + 3 * plane), _vload(of, at + 3 * plane + second_out)
+            a3, b3 = _vload(of, at + 3 * plane, bits), _vload(of, at + 3 * plane + second_out, bits)
+        if live > 4:
+            a4, b4 = _vload(of, at + 4 * plane, bits), _vload(of, at + 4 * plane + second_out, bits)
+        if live > 5:
+            a5, b5 = _vload(of, at + 5 * plane, bits), _vload(of, at + 5 * plane + second_out, bits)
+        if live > 6:
+            a6, b6 = _vload(of, at + 6 * plane, bits), _vload(of, at + 6 * plane + second_out, bits)
+        if live > 7:
+            a7, b7 = _vload(of, at + 7 * plane, bits), _vload(of, at + 7 * plane + second_out, bits)
     for t in range(t0, t1):
         s = base + offs[t]
-        u = _vload(xf, s)
-        v = _vload(xf, s + second_in)
-        w = _vsplat(wpk[wi])
-        a0 = _vfma(w, u, a0)
-        b0 = _vfma(w, v, b0)
-        w = _vsplat(wpk[wi + 1])
-        a1 = _vfma(w, u, a1)
-        b1 = _vfma(w, v, b1)
-        w = _vsplat(wpk[wi + 2])
-        a2 = _vfma(w, u, a2)
-        b2 = _vfma(w, v, b2)
-        w = _vsplat(wpk[wi + 3])
-        a3 = _vfma(w, u, a3)
-        b3 = _vfma(w, v, b3)
-        wi += 4
+        u = _vload(xf, s, bits)
+        v = _vload(xf, s + second_in, bits)
+        w = _vsplat(wpk[wi], bits)
+        a0, b0 = _vfma(w, u, a0), _vfma(w, v, b0)
+        w = _vsplat(wpk[wi + 1], bits)
+        a1, b1 = _vfma(w, u, a1), _vfma(w, v, b1)
+        w = _vsplat(wpk[wi + 2], bits)
+        a2, b2 = _vfma(w, u, a2), _vfma(w, v, b2)
+        w = _vsplat(wpk[wi + 3], bits)
+        a3, b3 = _vfma(w, u, a3), _vfma(w, v, b3)
+        if per > 4:
+            w = _vsplat(wpk[wi + 4], bits)
+            a4, b4 = _vfma(w, u, a4), _vfma(w, v, b4)
+            w = _vsplat(wpk[wi + 5], bits)
+            a5, b5 = _vfma(w, u, a5), _vfma(w, v, b5)
+            w = _vsplat(wpk[wi + 6], bits)
+            a6, b6 = _vfma(w, u, a6), _vfma(w, v, b6)
+            w = _vsplat(wpk[wi + 7], bits)
+            a7, b7 = _vfma(w, u, a7), _vfma(w, v, b7)
+        wi += per
     _vstore(of, at, a0)
     _vstore(of, at + second_out, b0)
     if live > 1:
@@ -157,78 +191,121 @@ def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane
     if live > 3:
         _vstore(of, at + 3 * plane, a3)
         _vstore(of, at + 3 * plane + second_out, b3)
+    if live > 4:
+        _vstore(of, at + 4 * plane, a4)
+        _vstore(of, at + 4 * plane + second_out, b4)
+    if live > 5:
+        _vstore(of, at + 5 * plane, a5)
+        _vstore(of, at + 5 * plane + second_out, b5)
+    if live > 6:
+        _vstore(of, at + 6 * plane, a6)
+        _vstore(of, at + 6 * plane + second_out, b6)
+    if live > 7:
+        _vstore(of, at + 7 * plane, a7)
+        _vstore(of, at + 7 * plane + second_out, b7)
 
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
-def _position(xf, wpk, offs, of, base, wi, t0, t1, at, plane, live, zero):
-    """``_block`` for one output position, without vectors (a row's last positions)."""
-    s0 = s1 = s2 = s3 = zero
-    if t0:
-        s0 = of[at]
-        s1 = of[at + plane] if live > 1 else zero
-        s2 = of[at + 2 * plane] if live > 2 else zero
-        s3 = of[at + 3 * plane] if live > 3 else zero
-    for t in range(t0, t1):
-        v = xf[base + offs[t]]
-        s0 += wpk[wi] * v
-        s1 += wpk[wi + 1] * v
-        s2 += wpk[wi + 2] * v
-        s3 += wpk[wi + 3] * v
-        wi += 4
-    of[at] = s0
-    if live > 1:
-        of[at + plane] = s1
-    if live > 2:
-        of[at + 2 * plane] = s2
-    if live > 3:
-        of[at + 3 * plane] = s3
+def _position(xf, wpk, offs, of, base, wi, t0, t1, at, plane, live, per, zero):
+    """``_block`` for one output position, without vectors (a row's last positions): each
+    output's terms in the same order, so the same sums."""
+    for j in range(live):
+        total = of[at + j * plane] if t0 else zero
+        for t in range(t0, t1):
+            total += wpk[wi + (t - t0) * per + j] * xf[base + offs[t]]
+        of[at + j * plane] = total
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _direct(xf, wpk, offs, out, sample, wp, chunk, zero):
+@njit(nogil=True, fastmath={"contract"})
+def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
     # xf: the padded input, flat; sample: its elements per sample; wp: its row's length.
-    # wpk: (K blocks, taps, 4) flat, zeros past K; offs: each tap's offset in a sample; chunk:
+    # wpk: (K blocks, taps, per) flat, zeros past K; offs: each tap's offset in a sample; chunk:
     # taps per pass over the outputs (whole channels). out: (N, K, Ho, Wo). A block of channels
-    # sweeps a chunk of the sample's channels with its weights (chunk * 4) and the chunk's rows
-    # around the current one in L1.
+    # sweeps a chunk of the sample's channels with its weights (chunk * per) and the chunk's
+    # rows around the current one in L1. bits and per are constants (the entry points below).
     n_, k_, ho, wo = out.shape
     of = out.reshape(-1)
     taps = offs.size
-    lanes = 32 // xf.itemsize
-    blocks = (k_ + 3) // 4
+    lanes = bits // (8 * xf.itemsize)
+    blocks = (k_ + per - 1) // per
     plane = ho * wo
     for n in range(n_):
         for t0 in range(0, taps, chunk):
             t1 = min(t0 + chunk, taps)
             for kb in range(blocks):
-                k0 = kb * 4
-                live = min(4, k_ - k0)
-                wi = (kb * taps + t0) * 4
+                k0 = kb * per
+                live = min(per, k_ - k0)
+                wi = (kb * taps + t0) * per
                 first = (n * k_ + k0) * plane
                 y = 0
                 while y < ho:
                     row = n * sample + y * wp
                     if wo == lanes and y + 1 < ho:  # rows of one vector: two rows a block
                         _block(xf, wpk, offs, of, row, wp, wi, t0, t1, first + y * wo, wo,
-                               plane, live, zero)
+                               plane, live, per, zero, bits)
                         y += 2
                         continue
                     x = 0
                     while x + 2 * lanes <= wo:
                         _block(xf, wpk, offs, of, row + x, lanes, wi, t0, t1,
-                               first + y * wo + x, lanes, plane, live, zero)
+                               first + y * wo + x, lanes, plane, live, per, zero, bits)
                         x += 2 * lanes
                     for x in range(x, wo):  # the row's last positions, one at a time
                         _position(xf, wpk, offs, of, row + x, wi, t0, t1, first + y * wo + x,
-                                  plane, live, zero)
+                                  plane, live, per, zero)
                     y += 1
 
 
-def whole_rows(wo, dtype):
-    """Whether rows of ``wo`` output positions take no scalar loop: whole blocks (multiples of 16
-    float32 or 8 float64 positions), or one vector (8 float32 or 4 float64: two rows a block)."""
-    lanes = 32 // np.dtype(dtype).itemsize
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _direct_256x4(xf, wpk, offs, out, sample, wp, chunk, zero):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 4)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _direct_256x8(xf, wpk, offs, out, sample, wp, chunk, zero):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 8)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _direct_512x8(xf, wpk, offs, out, sample, wp, chunk, zero):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 512, 8)
+
+
+# (vector bits, output channels per block): the kernel compiled for them
+KERNELS = {(256, 4): _direct_256x4, (256, 8): _direct_256x8, (512, 8): _direct_512x8}
+
+
+def _host_has_avx512():
+    """Whether numba compiles for a CPU with AVX-512 (NUMBA_CPU_NAME unset, the host has it):
+    512-bit vectors and 32 vector registers, room for 8 x 2 accumulators."""
+    import llvmlite.binding as llvm
+    from numba.core import config as numba_config
+    return numba_config.CPU_NAME is None and "+avx512f" in llvm.get_host_cpu_features().flatten()
+
+
+_AVX512 = _host_has_avx512()
+WIDTHS = (512, 256) if _AVX512 else (256,)  # the vector widths worth using here, widest first
+OUTPUTS = 8 if _AVX512 else 4  # output channels per block: 8 x 2 accumulators spill in 16 registers
+
+
+
+def whole_rows(wo, dtype, bits=None):
+    """Whether rows of ``wo`` output positions take no scalar loop at vectors of ``bits`` (None:
+    at one of this CPU's ``WIDTHS``): whole blocks (at 256 bits, multiples of 16 float32 or 8
+    float64 positions), or one vector (8 float32 or 4 float64: two rows a block)."""
+    if bits is None:
+        return any(whole_rows(wo, dtype, width) for width in WIDTHS)
+    lanes = bits // (8 * np.dtype(dtype).itemsize)
     return wo % (BLOCK_VECTORS * lanes) == 0 or wo == lanes
+
+
+def width_for(wo, dtype):
+    """The widest of this CPU's vector widths (``WIDTHS``) whose blocks take rows of ``wo``
+    whole; the narrowest where none does."""
+    for bits in WIDTHS:
+        if whole_rows(wo, dtype, bits):
+            return bits
+    return WIDTHS[-1]
 
 
 def takes(x, w):
@@ -239,10 +316,12 @@ def takes(x, w):
             and x.flags.c_contiguous)
 
 
-def conv2d_stride1(x, w, dilation=(1, 1), out=None):
+def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None):
     """The stride-1 convolution (groups 1, no bias) of the zero-padded input x (N, C, Hp, Wp)
     with w (K, C, kh, kw): (N, K, Ho, Wo), into ``out`` (a C-contiguous array of that shape and
-    x's dtype) when given. ``takes(x, w)`` must hold."""
+    x's dtype) when given, by the kernel of ``KERNELS[bits, per]`` (by default ``width_for``
+    the rows, and this CPU's ``OUTPUTS``): every one gives the same sums, bit for bit.
+    ``takes(x, w)`` must hold."""
     n, c, hp, wp = x.shape
     k, cw, kh, kw = w.shape
     if cw != c:
@@ -257,14 +336,19 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None):
         out = np.empty((n, k, ho, wo), x.dtype)
     if out.size == 0:
         return out
-    blocks = -(-k // BLOCK_OUTPUTS)
-    packed = np.zeros((blocks * BLOCK_OUTPUTS, c * kh * kw), x.dtype)
+    bits = width_for(wo, x.dtype) if bits is None else bits
+    per = OUTPUTS if per is None else per
+    kernel = KERNELS.get((bits, per))
+    if kernel is None:
+        raise ValueError(f"conv2d_stride1: no kernel for {bits}-bit vectors and {per} outputs "
+                         f"a block; bits and per must be one of {sorted(KERNELS)}")
+    blocks = -(-k // per)
+    packed = np.zeros((blocks * per, c * kh * kw), x.dtype)
     packed[:k] = w.reshape(k, -1)
-    # (blocks, taps, 4): each tap's four weights side by side
-    packed = np.ascontiguousarray(
-        packed.reshape(blocks, BLOCK_OUTPUTS, -1).transpose(0, 2, 1)).reshape(-1)
+    # (blocks, taps, per): each tap's weights of a block's outputs side by side
+    packed = np.ascontiguousarray(packed.reshape(blocks, per, -1).transpose(0, 2, 1)).reshape(-1)
     ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
     offs = (ci * (hp * wp) + i * (dh * wp) + j * dw).reshape(-1).astype(np.int64)
     chunk = CHUNK_CHANNELS * kh * kw
-    _direct(x.reshape(-1), packed, offs, out, c * hp * wp, wp, chunk, x.dtype.type(0))
+    kernel(x.reshape(-1), packed, offs, out, c * hp * wp, wp, chunk, x.dtype.type(0))
     return out
