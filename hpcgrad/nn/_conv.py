@@ -64,6 +64,11 @@ _LOCAL = threading.local()
 # it was 0.8-1.3x, run to run, and no faster at 128.
 _DIRECT_MAX_CHANNELS = 32
 _DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 positions
+# The weight gradient's direct kernel, by vector width: at 512 bits (4 outputs x 4 taps) it took
+# 0.32x the columns' time at 3 channels of 32x32, 0.54x at 16 of 32x32, 0.75x at 32 of 16x16,
+# 1.03x at 64 of 32x32 and 0.94x at 128 of 16x16; at 256 bits (x 2 taps, the same CPU) 0.45x,
+# 0.8x, 1.2x at those first three (benchmarks/conv_layouts.py --weight-grad).
+_DIRECT_WEIGHT_GRAD_CHANNELS = {512: 32, 256: 16}
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
@@ -182,6 +187,20 @@ def _direct_kernel(a, w, geo):
     return direct_conv if fast else None
 
 
+def _direct_weight_grad_takes(a, g, geo):
+    """Whether the weight's gradient goes through the direct kernel's (Note [Direct
+    convolution]): the forward's conditions, rows of whole vectors (any rows where
+    _DIRECT_WHOLE_ROWS is off), and at most _DIRECT_WEIGHT_GRAD_CHANNELS input channels for
+    this CPU's vector width."""
+    if _direct_kernel(a, a, geo) is None or type(g) is not np.ndarray or g.dtype != a.dtype:
+        return False
+    from hpcgrad.base.kernels import direct_conv
+    bits = direct_conv.weight_grad_bits(geo.wo, a.dtype)
+    if bits is None:
+        return not _DIRECT_WHOLE_ROWS and geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[256]
+    return geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
+
+
 def _columns_forward(a, w, geo):
     """``_forward_arrays`` through columns and a product (the plain reference path)."""
     xp = backend.get_array_module(a)
@@ -243,6 +262,12 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         grad_x = _forward_arrays(xp.ascontiguousarray(g), _flipped(w, geo), through)
         grad_x = grad_x.reshape(geo.n, geo.c, through.ho, through.wo)
         need_x = False
+    if need_w and _direct_weight_grad_takes(a, g, geo):  # Note [Direct convolution]
+        from hpcgrad.base.kernels import direct_conv
+        grad_w = direct_conv.weight_grad_stride1(
+            np.ascontiguousarray(_padded(a, geo.padding)), np.ascontiguousarray(g),
+            (geo.kh, geo.kw), geo.dilation)
+        need_w = False
     if not (need_x or need_w):
         return grad_x, grad_w
     g3 = g.reshape(geo.n, geo.o, geo.positions)

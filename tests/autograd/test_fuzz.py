@@ -66,7 +66,8 @@ def test_fuzz_family(fuzzer, family):
 def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch):
     """The direct convolution (kernels/direct_conv.py, on by default for the shapes it is
     measured faster on) taken for every stride-1, one-group convolution the nn programs draw,
-    whatever its channels and row length: against PyTorch and the backward modes, as above."""
+    whatever its channels and row length, and its weight gradient wherever rows are whole
+    vectors: against PyTorch and the backward modes, as above."""
     if fuzzer.torch_ns is None:
         pytest.skip("needs PyTorch: the direct kernel is compared with it here")
     from hpcgrad.base.kernels import direct_conv
@@ -74,14 +75,18 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
     monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS", 1 << 30)
     monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS_SMALL", 1 << 30)
     monkeypatch.setattr(_conv, "_DIRECT_WHOLE_ROWS", False)
+    monkeypatch.setattr(_conv, "_DIRECT_WEIGHT_GRAD_CHANNELS", {512: 1 << 30, 256: 1 << 30})
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "1")
-    calls = []
-    kernel = direct_conv.conv2d_stride1
+    calls, weight_calls = [], []
+    kernel, weight_kernel = direct_conv.conv2d_stride1, direct_conv.weight_grad_stride1
     monkeypatch.setattr(direct_conv, "conv2d_stride1",
                         lambda *args: calls.append(1) or kernel(*args))
+    monkeypatch.setattr(direct_conv, "weight_grad_stride1",
+                        lambda *args: weight_calls.append(1) or weight_kernel(*args))
     failing = [(index, found) for index in range(2 * BUDGET["nn"])
                if (found := fuzzer.check(fuzzer.program("nn", SEED + 1, index)))]
     assert calls, "no program took the direct kernel: the test would prove nothing"
+    assert weight_calls, "no program took the direct weight gradient: it would go unproven"
     assert not failing, f"{len(failing)} nn programs differ with the direct kernel: {failing[:3]}"
 
 

@@ -1,6 +1,6 @@
 """The direct convolution (kernels/direct_conv.py) beside slices and sums, the columns and PyTorch.
 
-Note [Direct convolution] says why the kernel exists. ``_check_kernel`` holds the kernel to a
+Note [Direct convolution] says why the kernels exist (the forward and the weight gradient). ``_check_kernel`` holds the kernel to a
 float64 slice-and-sum formula in numpy with the K-term rounding bound of
 tests/nn/test_fast_paths_differential.py (``2 * K * eps * sum |terms|``: any order of the sums,
 FMA or not) and to the columns' path (``_conv._columns_forward``) with twice that; the Node's
@@ -110,6 +110,50 @@ def test_the_default_kernel_takes_this_cpus_widest_vectors(size):
     assert direct_conv.OUTPUTS == (8 if 512 in direct_conv.WIDTHS else 4)
 
 
+def _weight_grad_slices_and_sums(padded, g, kernel, dilation):
+    """dw[k, c, i, j] = sum_{n, y, x} g[n, k, y, x] * padded[n, c, y + dh*i, x + dw*j] in
+    float64, and the same sum of absolute terms."""
+    kh, kw = kernel
+    dh, dw = dilation
+    _, _, ho, wo = g.shape
+    x, g = padded.astype(np.float64), g.astype(np.float64)
+    out = np.zeros((g.shape[1], x.shape[1], kh, kw))
+    magnitude = np.zeros_like(out)
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, dh * i:dh * i + ho, dw * j:dw * j + wo]
+            out[:, :, i, j] = np.einsum("nkhw,nchw->kc", g, patch)
+            magnitude[:, :, i, j] = np.einsum("nkhw,nchw->kc", np.abs(g), np.abs(patch))
+    return out, magnitude
+
+
+@pytest.mark.parametrize("bits", [256, 512])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_weight_gradient_matches_slices_and_sums(bits, dtype, case):
+    """The weight gradient's kernel at both vector widths (whole vectors, rows past them one
+    position at a time, outputs and taps past a block's 4 x 4 or 4 x 2), within the bound of
+    its N*Ho*Wo terms."""
+    n, c, k, size, kernel, padding, dilation = case
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    padded = np.ascontiguousarray(_conv._padded(x, padding))
+    ho = padded.shape[2] - dilation[0] * (kernel[0] - 1)
+    wo = padded.shape[3] - dilation[1] * (kernel[1] - 1)
+    g = rng.standard_normal((n, k, ho, wo)).astype(dtype)
+    got = direct_conv.weight_grad_stride1(padded, g, kernel, dilation, bits=bits)
+    want, magnitude = _weight_grad_slices_and_sums(padded, g, kernel, dilation)
+    _assert_within(got, want, magnitude, n * ho * wo, dtype, f"weight gradient, {bits} bits")
+
+
+def test_weight_gradient_refuses_a_gradient_of_another_shape_and_an_unknown_width():
+    x = np.zeros((2, 3, 6, 6), np.float32)
+    with pytest.raises(ValueError, match=r"not the output of a 3x3 kernel"):
+        direct_conv.weight_grad_stride1(x, np.zeros((2, 4, 5, 4), np.float32), (3, 3))
+    with pytest.raises(ValueError, match=r"bits must be 256 or 512, not 128"):
+        direct_conv.weight_grad_stride1(x, np.zeros((2, 4, 4, 4), np.float32), (3, 3), bits=128)
+
+
 def test_kernel_refuses_a_width_it_has_no_kernel_for():
     x = np.zeros((1, 2, 5, 18), np.float32)
     with pytest.raises(ValueError, match=r"no kernel for 128-bit vectors and 4 outputs"):
@@ -134,25 +178,35 @@ def direct_everywhere(monkeypatch):
     monkeypatch.setattr(_conv, "_DIRECT_WHOLE_ROWS", False)
     monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS", 1 << 30)
     monkeypatch.setattr(_conv, "_DIRECT_MAX_CHANNELS_SMALL", 1 << 30)
+    monkeypatch.setattr(_conv, "_DIRECT_WEIGHT_GRAD_CHANNELS", {256: 1 << 30, 512: 1 << 30})
 
 
-def _spy(monkeypatch):
-    """A list that records each convolution the direct kernel runs."""
-    seen, real = [], direct_conv.conv2d_stride1
+def _spy(monkeypatch, weight_grads=None):
+    """A list that records each convolution the direct kernel runs (and, into
+    ``weight_grads``, each weight gradient)."""
+    seen, real, real_weight = [], direct_conv.conv2d_stride1, direct_conv.weight_grad_stride1
 
     def spy(x, w, dilation=(1, 1), out=None):
         seen.append((x.shape, w.shape))
         return real(x, w, dilation, out)
+
+    def spy_weight(x, g, kernel_size, dilation=(1, 1)):
+        if weight_grads is not None:
+            weight_grads.append((x.shape, g.shape))
+        return real_weight(x, g, kernel_size, dilation)
     monkeypatch.setattr(direct_conv, "conv2d_stride1", spy)
+    monkeypatch.setattr(direct_conv, "weight_grad_stride1", spy_weight)
     return seen
 
 
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
-    block) take it, forward and input gradient; stride 2, 64 input channels of 16x16, 128 of
-    8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not."""
+    block) take it, forward and input gradient, and the 16-channel one its weight gradient;
+    stride 2, 64 input channels of 16x16, 128 of 8x8, rows of 12 float32 and
+    HPCGRAD_DIRECT_CONV=0 do not."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
-    seen = _spy(monkeypatch)
+    weight_grads = []
+    seen = _spy(monkeypatch, weight_grads)
     rng = np.random.default_rng(0)
 
     def run(c, side, stride=1):
@@ -164,14 +218,16 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     run(16, 32)
     run(64, 8)
     assert len(seen) == 4  # the forwards and the input gradients
+    assert [g for _, g in weight_grads] == [(2, 16, 32, 32)]
     seen.clear()
+    weight_grads.clear()
     run(16, 32, stride=2)
     run(64, 16)
     run(128, 8)
     run(16, 12)
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     run(16, 32)
-    assert seen == []
+    assert seen == [] and weight_grads == []
 
 
 def _node_run(x, w, b, padding, dilation):
@@ -193,18 +249,19 @@ def _node_run(x, w, b, padding, dilation):
 def test_the_node_with_the_kernel_matches_the_node_without(dtype, shape, monkeypatch,
                                                            direct_everywhere):
     """Forward, input, weight and bias gradients, the input a non-contiguous view (the Node
-    makes it contiguous), the direct kernel on and off."""
+    makes it contiguous), the direct kernels on and off."""
     xs, ws, padding, dilation = shape
     rng = np.random.default_rng(2)
     x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)
     w = rng.standard_normal(ws).astype(dtype)
     b = rng.standard_normal(ws[0]).astype(dtype)
-    seen = _spy(monkeypatch)
+    weight_grads = []
+    seen = _spy(monkeypatch, weight_grads)
     on = _node_run(x, w, b, padding, dilation)
-    assert seen or xs[0] == 0
+    assert (seen and weight_grads) or xs[0] == 0
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     off = _node_run(x, w, b, padding, dilation)
-    terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3]) + 1
+    terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3], xs[0] * xs[2] * xs[3]) + 1
     rtol = 4 * terms * np.finfo(dtype).eps
     for got, want, what in zip(on, off, ("output", "input gradient", "weight gradient",
                                          "bias gradient")):
