@@ -6,6 +6,7 @@
     python benchmarks/models.py --memory-only --cold # ... with each library's one-time set-up
     mpiexec -n 2 python benchmarks/models.py --ddp   # DDP step at 2 ranks beside PyTorch DDP (gloo)
     python benchmarks/models.py --model resnet18 --layers   # each convolution, fwd + bwd
+    python benchmarks/models.py --model resnet18 --alternate hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
@@ -16,7 +17,9 @@ optimizer's state included), after one step of a tiny model of the same kind (wh
 sets up once per process, numba loading its kernels, is not training). --ddp (under mpiexec):
 each library's model wrapped in its DistributedDataParallel (PyTorch's over gloo), each rank
 with its own batch, one thread per rank; a round's time is its slowest rank's. Nothing here is
-used by a test assertion.
+used by a test assertion. --alternate MODULE.NAME=V1,V2,...: one hpcgrad step per value per
+round, the module's setting set to it before the step (the values rotate, so none always runs
+first), PyTorch's step beside them: two settings compared in one process on this noisy machine.
 """
 
 import argparse
@@ -197,8 +200,25 @@ def memory(args, name):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def alternatives(spec):
+    """--alternate's "MODULE.NAME=V1,V2": (module, name, [values]); no spec: None."""
+    if not spec:
+        return None
+    import importlib
+    target, _, values = spec.partition("=")
+    module_name, _, name = target.rpartition(".")
+    if not (module_name and name and values):
+        raise SystemExit(f"--alternate: expected MODULE.NAME=V1,V2 (e.g. "
+                         f"hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048), got {spec!r}")
+    module = importlib.import_module(module_name)
+    if not hasattr(module, name):
+        raise SystemExit(f"--alternate: {module_name} has no {name}")
+    return module, name, [eval(v, {}) for v in values.split(",")]  # literals: 1, 1 << 19, True
+
+
 def times(args):
-    """Interleaved step times (s): {library: [per round]}; under --ddp the slowest rank's."""
+    """Interleaved step times (s): {library: [per round]}; under --ddp the slowest rank's.
+    With --alternate, hpcgrad's step once per value: {"hpcgrad NAME=V": [...], ...}."""
     comm = None
     if args.ddp:
         from mpi4py import MPI
@@ -208,9 +228,18 @@ def times(args):
     steps = {name: make_step(library(name), args, rank)[0] for name in libs}
     for step in steps.values():
         step(), step()
-    found = {name: [] for name in libs}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
+    runs = [(name, step, None) for name, step in steps.items()]
+    alternate = alternatives(getattr(args, "alternate", None))
+    if alternate is not None:
+        module, attr, values = alternate
+        runs = [(f"hpcgrad {attr}={value!r}", steps["hpcgrad"], value) for value in values] + \
+            [run for run in runs if run[0] != "hpcgrad"]
+    found = {name: [] for name, _, _ in runs}
+    for round_ in range(args.rounds):
+        turn = round_ % len(runs) if alternate is not None else 0
+        for name, step, value in runs[turn:] + runs[:turn]:
+            if value is not None:
+                setattr(module, attr, value)
             if comm is not None:
                 comm.Barrier()
             t0 = time.perf_counter()
@@ -345,6 +374,8 @@ def main(argv=None):
                         help="ResNet-18: each distinct convolution's forward + backward instead")
     parser.add_argument("--col2im", action="store_true",
                         help="--layers: also hpcgrad with col2im's input gradient, interleaved")
+    parser.add_argument("--alternate", metavar="MODULE.NAME=V1,V2",
+                        help="hpcgrad's step once per value of a module setting each round")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", default="hpcgrad", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -367,7 +398,15 @@ def main(argv=None):
             if model == "resnet18":
                 layer_times(one)
             continue
-        if not one.memory_only:
+        if not one.memory_only and one.alternate:
+            found = times(one)
+            for name, runs in found.items():
+                line = f"  {name}: {1e3 * statistics.median(runs):.1f} ms"
+                if "torch" in found and name != "torch":
+                    ratio = statistics.median(a / b for a, b in zip(runs, found["torch"]))
+                    line += f"; {ratio:.2f}x torch"
+                show(line, flush=True)
+        elif not one.memory_only:
             found = times(one)
             ours = statistics.median(found["hpcgrad"])
             line = f"  step: hpcgrad {1e3 * ours:.1f} ms (min {1e3 * min(found['hpcgrad']):.1f})"

@@ -55,8 +55,16 @@ from hpcgrad.nn._functions import ConstantPad
 from hpcgrad.nn._window import Col2Im, Im2Col, offsets, out_size, windows
 
 # Columns of at most this many elements at once (float32: 2 MB, cache-sized: on ResNet-18's
-# layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch.
+# layers 1 << 19 ran 10-25% faster than 1 << 21 and 1 << 17), whatever the batch, unless that
+# is fewer than _CHUNK_POSITIONS output positions: the products' inner dimension (the weight
+# gradient's) or their output's width then becomes too short for BLAS, and each chunk's
+# (O, C*kh*kw) weight-gradient product is added into the sum once more. ResNet-18 at width 64,
+# batch 16 (Cascade Lake, one thread; 4x4 planes of 512 channels took chunks of 7 samples,
+# 112 positions): the step took 1.33-1.36x PyTorch's time without the floor, 1.10-1.12x with
+# 2048 or 4096, 1.16x with 1024 (``benchmarks/models.py --alternate
+# hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048``). The floor's largest chunk there is 4.7 MB.
 _CHUNK_ELEMENTS = 1 << 19
+_CHUNK_POSITIONS = 2048
 _LOCAL = threading.local()
 # The direct kernel's domain (Note [Direct convolution]): measured faster than the columns up to
 # 32 input channels (ResNet-18's stem and its 16- and 32-channel layers), and up to 64 on planes
@@ -129,7 +137,8 @@ class _Geometry:
         self.rows = self.cg * self.kh * self.kw  # columns' rows per group
         self.positions = self.ho * self.wo
         per_sample = max(1, self.rows * self.positions)
-        self.step = max(1, min(self.n, _CHUNK_ELEMENTS // per_sample))
+        at_least = -(-_CHUNK_POSITIONS // max(1, self.positions))
+        self.step = max(1, min(self.n, max(_CHUNK_ELEMENTS // per_sample, at_least)))
 
     def chunks(self):
         for start in range(0, self.n, self.step):

@@ -193,7 +193,10 @@ def test_conv2d_node_in_chunks_and_on_a_strided_input_equals_in_one_go(monkeypat
         return out.array, hx.grad.array, hw.grad.array
 
     whole = run(x)
-    monkeypatch.setattr(_conv, "_CHUNK_ELEMENTS", 100)  # one sample a chunk
+    assert _conv._Geometry(x.shape, w.shape, (2, 1), (1, 1, 1, 1), (1, 2), 2).step == 5
+    monkeypatch.setattr(_conv, "_CHUNK_ELEMENTS", 100)  # one sample a chunk ...
+    monkeypatch.setattr(_conv, "_CHUNK_POSITIONS", 1)  # ... however few positions it has
+    assert _conv._Geometry(x.shape, w.shape, (2, 1), (1, 1, 1, 1), (1, 2), 2).step == 1
     for got, want in zip(run(np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)),
                          whole):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
