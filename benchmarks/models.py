@@ -93,6 +93,17 @@ def gpt(lib, vocab=256, d=256, heads=4, layers=4, block=128):
             self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
             self.blocks = nn.ModuleList([Block() for _ in range(layers)])
             self.ln = nn.LayerNorm(d)
+            # GPT-2's initialization, as jobs/train_gpt.py: with N(0, 1) embeddings read back
+            # through the tied head the loss started at 170 and the softmax was saturated, its
+            # gradient 98% zeros and subnormal floats, whose arithmetic slowed both libraries'
+            # products (hpcgrad 25%, PyTorch 15%): a measure of subnormals, not of training.
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif p.dim() >= 2:
+                    std = 0.02 / (2 * layers) ** 0.5 \
+                        if name.endswith(("proj.weight", "out.weight")) else 0.02
+                    nn.init.normal_(p, 0.0, std)
 
         def forward(self, idx):
             t = idx.shape[1]
