@@ -192,7 +192,7 @@ def _direct_kernel(a, w, geo):
                        "of few channels as a direct kernel, 0 always through columns"):
         return None
     from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
-    fast = direct_conv.whole_rows(geo.wo, a.dtype) or not _DIRECT_WHOLE_ROWS
+    fast = direct_conv.whole_rows(geo.wo, a.dtype, ho=geo.ho) or not _DIRECT_WHOLE_ROWS
     return direct_conv if fast else None
 
 

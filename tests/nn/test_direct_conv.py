@@ -71,6 +71,7 @@ CASES = [  # (n, c, k, (h, w), (kh, kw), padding (top, bottom, left, right), dil
     (0, 4, 4, (8, 16), (3, 3), (1, 1, 1, 1), (1, 1)),  # empty batch
     (2, 40, 6, (8, 8), (3, 3), (1, 1, 1, 1), (1, 1)),  # chunks of channels; float32 row pairs
     (3, 20, 5, (7, 4), (3, 3), (1, 1, 1, 1), (1, 1)),  # float64 row pairs, an odd row left
+    (2, 9, 11, (12, 8), (3, 3), (1, 1, 1, 1), (1, 1)),  # 512 bits: four rows of 8 a block
 ]
 
 
@@ -108,6 +109,9 @@ def test_the_default_kernel_takes_this_cpus_widest_vectors(size):
     want_bits = 512 if 512 in direct_conv.WIDTHS and (size % 32 == 0 or size == 16) else 256
     assert direct_conv.width_for(size, np.float32) == want_bits
     assert direct_conv.OUTPUTS == (8 if 512 in direct_conv.WIDTHS else 4)
+    # 8x8 planes: half a 512-bit vector a row, four rows a block; not where rows are left over
+    assert direct_conv.width_for(8, np.float32, ho=8) == (512 if 512 in direct_conv.WIDTHS else 256)
+    assert direct_conv.width_for(8, np.float32, ho=6) == 256
 
 
 def _weight_grad_slices_and_sums(padded, g, kernel, dilation):

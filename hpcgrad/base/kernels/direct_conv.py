@@ -52,6 +52,7 @@ from numba.extending import intrinsic, models, register_model
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
+HALF_ROWS = True  # False: rows of half a 512-bit vector take 256-bit ones (a benchmark's switch)
 
 
 class _Vec(types.Type):
@@ -99,6 +100,26 @@ def _vload(typingctx, arr, index, bits):
 
 
 @intrinsic
+def _vload_halves(typingctx, arr, first, second, bits):
+    """A vector whose low half is arr[first:first + lanes/2] and high half arr[second:second +
+    lanes/2]: two output rows of half a vector, from two input rows (unaligned, unchecked)."""
+    if _bits(bits) is None:
+        return None
+    vec = _Vec(arr.dtype, _bits(bits))
+
+    def codegen(context, builder, sig, args):
+        half = ir.VectorType(context.get_value_type(vec).element, vec.lanes // 2)
+        low, high = (
+            builder.load(builder.bitcast(
+                _element_pointer(context, builder, sig.args[0], args[0], at), half.as_pointer()),
+                align=1)
+            for at in (args[1], args[2]))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), list(range(vec.lanes)))
+        return builder.shuffle_vector(low, high, mask)
+    return vec(arr, first, second, bits), codegen
+
+
+@intrinsic
 def _vstore(typingctx, arr, index, value):
     """arr[index:index + lanes] = value (unaligned, unchecked)."""
     def codegen(context, builder, sig, args):
@@ -135,11 +156,12 @@ def _vfma(typingctx, w, x, acc):
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
 def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane, live, per,
-           zero, bits):
+           zero, bits, half_in):
     """One block: ``per`` (4 or 8) output channels, ``live`` of them real, x 2 vectors, the
     second at ``second_in`` past the first in the input and ``second_out`` in the output (the
     next vector of the row, or the next row's), over taps [t0, t1): from zero at the first tap,
-    else added to what ``of`` holds. ``per`` is a constant, so the unused half folds away."""
+    else added to what ``of`` holds. ``per`` is a constant, so the unused half folds away.
+    ``half_in`` > 0: rows of half a vector, each vector two input rows ``half_in`` apart."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _vsplat(zero, bits)
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = a0
     if t0:
@@ -160,8 +182,12 @@ def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane
             a7, b7 = _vload(of, at + 7 * plane, bits), _vload(of, at + 7 * plane + second_out, bits)
     for t in range(t0, t1):
         s = base + offs[t]
-        u = _vload(xf, s, bits)
-        v = _vload(xf, s + second_in, bits)
+        if half_in:
+            u = _vload_halves(xf, s, s + half_in, bits)
+            v = _vload_halves(xf, s + second_in, s + second_in + half_in, bits)
+        else:
+            u = _vload(xf, s, bits)
+            v = _vload(xf, s + second_in, bits)
         w = _vsplat(wpk[wi], bits)
         a0, b0 = _vfma(w, u, a0), _vfma(w, v, b0)
         w = _vsplat(wpk[wi + 1], bits)
@@ -240,15 +266,20 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
                 y = 0
                 while y < ho:
                     row = n * sample + y * wp
+                    if 2 * wo == lanes and y + 3 < ho:  # rows of half a vector: four a block
+                        _block(xf, wpk, offs, of, row, 2 * wp, wi, t0, t1, first + y * wo,
+                               lanes, plane, live, per, zero, bits, wp)
+                        y += 4
+                        continue
                     if wo == lanes and y + 1 < ho:  # rows of one vector: two rows a block
                         _block(xf, wpk, offs, of, row, wp, wi, t0, t1, first + y * wo, wo,
-                               plane, live, per, zero, bits)
+                               plane, live, per, zero, bits, 0)
                         y += 2
                         continue
                     x = 0
                     while x + 2 * lanes <= wo:
                         _block(xf, wpk, offs, of, row + x, lanes, wi, t0, t1,
-                               first + y * wo + x, lanes, plane, live, per, zero, bits)
+                               first + y * wo + x, lanes, plane, live, per, zero, bits, 0)
                         x += 2 * lanes
                     for x in range(x, wo):  # the row's last positions, one at a time
                         _position(xf, wpk, offs, of, row + x, wi, t0, t1, first + y * wo + x,
@@ -400,21 +431,24 @@ OUTPUTS = 8 if _AVX512 else 4  # output channels per block: 8 x 2 accumulators s
 
 
 
-def whole_rows(wo, dtype, bits=None):
-    """Whether rows of ``wo`` output positions take no scalar loop at vectors of ``bits`` (None:
-    at one of this CPU's ``WIDTHS``): whole blocks (at 256 bits, multiples of 16 float32 or 8
-    float64 positions), or one vector (8 float32 or 4 float64: two rows a block)."""
+def whole_rows(wo, dtype, bits=None, ho=None):
+    """Whether rows of ``wo`` output positions (``ho`` of them, where known) take no scalar loop
+    at vectors of ``bits`` (None: at one of this CPU's ``WIDTHS``): whole blocks (at 256 bits,
+    multiples of 16 float32 or 8 float64 positions), one vector (8 float32 or 4 float64: two
+    rows a block), or at 512 bits half a vector with ``ho`` a multiple of 4 (four rows a
+    block, each vector two rows: 8x8 float32 planes)."""
     if bits is None:
-        return any(whole_rows(wo, dtype, width) for width in WIDTHS)
+        return any(whole_rows(wo, dtype, width, ho) for width in WIDTHS)
     lanes = bits // (8 * np.dtype(dtype).itemsize)
-    return wo % (BLOCK_VECTORS * lanes) == 0 or wo == lanes
+    halves = HALF_ROWS and bits == 512 and 2 * wo == lanes and ho is not None and ho % 4 == 0
+    return wo % (BLOCK_VECTORS * lanes) == 0 or wo == lanes or halves
 
 
-def width_for(wo, dtype):
+def width_for(wo, dtype, ho=None):
     """The widest of this CPU's vector widths (``WIDTHS``) whose blocks take rows of ``wo``
-    whole; the narrowest where none does."""
+    whole (``whole_rows``); the narrowest where none does."""
     for bits in WIDTHS:
-        if whole_rows(wo, dtype, bits):
+        if whole_rows(wo, dtype, bits, ho):
             return bits
     return WIDTHS[-1]
 
@@ -447,7 +481,7 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None):
         out = np.empty((n, k, ho, wo), x.dtype)
     if out.size == 0:
         return out
-    bits = width_for(wo, x.dtype) if bits is None else bits
+    bits = width_for(wo, x.dtype, ho) if bits is None else bits
     per = OUTPUTS if per is None else per
     kernel = KERNELS.get((bits, per))
     if kernel is None:
