@@ -100,23 +100,31 @@ def _vload(typingctx, arr, index, bits):
 
 
 @intrinsic
-def _vload_halves(typingctx, arr, first, second, bits):
-    """A vector whose low half is arr[first:first + lanes/2] and high half arr[second:second +
-    lanes/2]: two output rows of half a vector, from two input rows (unaligned, unchecked)."""
-    if _bits(bits) is None:
+def _vload_rows(typingctx, arr, first, step, parts, bits):
+    """A vector made of ``parts`` (a constant 2 or 4) pieces of lanes/parts elements, piece r
+    from arr[first + r*step:]: rows shorter than a vector, two or four of them a vector
+    (unaligned, unchecked). Four rows of a quarter (4x4 planes, two samples a block) ran at 50
+    GF/s, slower than the columns' 63-131 GF/s at 128-512 channels: only halves are used."""
+    if _bits(bits) is None or not isinstance(parts, types.IntegerLiteral) \
+            or parts.literal_value not in (2, 4):
         return None
     vec = _Vec(arr.dtype, _bits(bits))
+    count = parts.literal_value
 
     def codegen(context, builder, sig, args):
-        half = ir.VectorType(context.get_value_type(vec).element, vec.lanes // 2)
-        low, high = (
-            builder.load(builder.bitcast(
-                _element_pointer(context, builder, sig.args[0], args[0], at), half.as_pointer()),
-                align=1)
-            for at in (args[1], args[2]))
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), list(range(vec.lanes)))
-        return builder.shuffle_vector(low, high, mask)
-    return vec(arr, first, second, bits), codegen
+        piece = ir.VectorType(context.get_value_type(vec).element, vec.lanes // count)
+        pieces = []
+        for r in range(count):
+            at = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
+            pointer = _element_pointer(context, builder, sig.args[0], args[0], at)
+            pieces.append(builder.load(builder.bitcast(pointer, piece.as_pointer()), align=1))
+        while len(pieces) > 1:  # join neighbours: 4 quarters -> 2 halves -> 1 vector
+            width = 2 * pieces[0].type.count
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
+            pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], mask)
+                      for i in range(0, len(pieces), 2)]
+        return pieces[0]
+    return vec(arr, first, step, parts, bits), codegen
 
 
 @intrinsic
@@ -156,12 +164,13 @@ def _vfma(typingctx, w, x, acc):
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
 def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane, live, per,
-           zero, bits, half_in):
+           zero, bits, rows_in, parts):
     """One block: ``per`` (4 or 8) output channels, ``live`` of them real, x 2 vectors, the
     second at ``second_in`` past the first in the input and ``second_out`` in the output (the
     next vector of the row, or the next row's), over taps [t0, t1): from zero at the first tap,
     else added to what ``of`` holds. ``per`` is a constant, so the unused half folds away.
-    ``half_in`` > 0: rows of half a vector, each vector two input rows ``half_in`` apart."""
+    ``parts`` 2: rows of half a vector, each vector two input rows ``rows_in`` apart (1: each
+    vector one run of a row)."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _vsplat(zero, bits)
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = a0
     if t0:
@@ -182,9 +191,9 @@ def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane
             a7, b7 = _vload(of, at + 7 * plane, bits), _vload(of, at + 7 * plane + second_out, bits)
     for t in range(t0, t1):
         s = base + offs[t]
-        if half_in:
-            u = _vload_halves(xf, s, s + half_in, bits)
-            v = _vload_halves(xf, s + second_in, s + second_in + half_in, bits)
+        if parts == 2:
+            u = _vload_rows(xf, s, rows_in, 2, bits)
+            v = _vload_rows(xf, s + second_in, rows_in, 2, bits)
         else:
             u = _vload(xf, s, bits)
             v = _vload(xf, s + second_in, bits)
@@ -268,18 +277,18 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
                     row = n * sample + y * wp
                     if 2 * wo == lanes and y + 3 < ho:  # rows of half a vector: four a block
                         _block(xf, wpk, offs, of, row, 2 * wp, wi, t0, t1, first + y * wo,
-                               lanes, plane, live, per, zero, bits, wp)
+                               lanes, plane, live, per, zero, bits, wp, 2)
                         y += 4
                         continue
                     if wo == lanes and y + 1 < ho:  # rows of one vector: two rows a block
                         _block(xf, wpk, offs, of, row, wp, wi, t0, t1, first + y * wo, wo,
-                               plane, live, per, zero, bits, 0)
+                               plane, live, per, zero, bits, 0, 1)
                         y += 2
                         continue
                     x = 0
                     while x + 2 * lanes <= wo:
                         _block(xf, wpk, offs, of, row + x, lanes, wi, t0, t1,
-                               first + y * wo + x, lanes, plane, live, per, zero, bits, 0)
+                               first + y * wo + x, lanes, plane, live, per, zero, bits, 0, 1)
                         x += 2 * lanes
                     for x in range(x, wo):  # the row's last positions, one at a time
                         _position(xf, wpk, offs, of, row + x, wi, t0, t1, first + y * wo + x,
