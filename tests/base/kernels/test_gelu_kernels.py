@@ -86,7 +86,8 @@ def test_gelu_op_matches_torch_forward_and_backward():
     torch = pytest.importorskip("torch")
     import hpcgrad as hg
     import hpcgrad.nn.functional as F
-    x = _values(np.float32, 4)[:-5]  # finite values
+    x = _values(np.float32, 4)
+    x = x[np.isfinite(x)]  # PyTorch's GELU gives nan at +inf on an AVX-512 Xeon, inf on AMD
     ours = hg.tensor(x, requires_grad=True)
     theirs = torch.tensor(x, requires_grad=True)
     F.gelu(ours).sum().backward()
