@@ -77,6 +77,11 @@ _DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 pos
 # 1.03x at 64 of 32x32 and 0.94x at 128 of 16x16; at 256 bits (x 2 taps, the same CPU) 0.45x,
 # 0.8x, 1.2x at those first three (benchmarks/conv_layouts.py --weight-grad).
 _DIRECT_WEIGHT_GRAD_CHANNELS = {512: 32, 256: 16}
+# Strided convolutions take it through the input's phases (conv2d_strided): ResNet-18's 3x3
+# stride-2 layers at width 16, batch 32, forward: 16 -> 32 channels of 32x32 in 0.57x the
+# columns' time, 32 -> 64 of 16x16 in 0.65x (1.45-1.56x PyTorch's); the step 0.98x
+# (``benchmarks/models.py --alternate hpcgrad.nn._conv._DIRECT_STRIDED=False,True``).
+_DIRECT_STRIDED = True
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
@@ -171,20 +176,25 @@ def _forward_arrays(a, w, geo):
     """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo); by the
     direct kernel where it is faster (Note [Direct convolution]), else through columns."""
     direct = _direct_kernel(a, w, geo)
-    if direct is not None:
+    if direct is not None and geo.stride == (1, 1):
         source = np.ascontiguousarray(_padded(a, geo.padding))
         out = direct.conv2d_stride1(source, w, geo.dilation)
+        return out.reshape(geo.n, geo.o, geo.positions)
+    if direct is not None:  # through the input's phases (conv2d_strided)
+        out = direct.conv2d_strided(a, w, geo.stride, geo.padding, geo.dilation)
         return out.reshape(geo.n, geo.o, geo.positions)
     return _columns_forward(a, w, geo)
 
 
 def _direct_kernel(a, w, geo):
     """kernels/direct_conv.py where it takes this convolution and is measured faster than the
-    columns (Note [Direct convolution]): stride 1, groups 1, numpy float32/float64, output rows
-    without a scalar loop, at most _DIRECT_MAX_CHANNELS input channels (_SMALL on small planes);
-    HPCGRAD_DIRECT_CONV=0 turns it off. Else None."""
+    columns (Note [Direct convolution]): stride 1 (other strides through the input's phases,
+    _DIRECT_STRIDED), groups 1, numpy float32/float64, output rows without a scalar loop, at
+    most _DIRECT_MAX_CHANNELS input channels (_SMALL on small planes); HPCGRAD_DIRECT_CONV=0
+    turns it off. Else None."""
     most = _DIRECT_MAX_CHANNELS_SMALL if geo.positions <= 64 else _DIRECT_MAX_CHANNELS
-    if geo.stride != (1, 1) or geo.groups != 1 or not (geo.n and geo.o) or geo.c > most \
+    if (geo.stride != (1, 1) and not _DIRECT_STRIDED) or geo.groups != 1 \
+            or not (geo.n and geo.o) or geo.c > most \
             or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
             or a.dtype not in (np.float32, np.float64):
         return None
@@ -201,7 +211,8 @@ def _direct_weight_grad_takes(a, g, geo):
     convolution]): the forward's conditions, rows of whole vectors (any rows where
     _DIRECT_WHOLE_ROWS is off), and at most _DIRECT_WEIGHT_GRAD_CHANNELS input channels for
     this CPU's vector width."""
-    if _direct_kernel(a, a, geo) is None or type(g) is not np.ndarray or g.dtype != a.dtype:
+    if geo.stride != (1, 1) or _direct_kernel(a, a, geo) is None or type(g) is not np.ndarray \
+            or g.dtype != a.dtype:
         return False
     from hpcgrad.base.kernels import direct_conv
     bits = direct_conv.weight_grad_bits(geo.wo, a.dtype)

@@ -19,18 +19,19 @@ from hpcgrad.base.kernels import direct_conv
 from hpcgrad.nn import _conv
 
 
-def _slices_and_sums(padded, w, dilation):
-    """out[n, k, y, x] = sum_{c, i, j} padded[n, c, y + dh*i, x + dw*j] * w[k, c, i, j], in
+def _slices_and_sums(padded, w, dilation, stride=(1, 1)):
+    """out[n, k, y, x] = sum_{c, i, j} padded[n, c, sh*y + dh*i, sw*x + dw*j] * w[k, c, i, j], in
     float64 from slices: the value and the same sum of absolute terms (the error bound's scale)."""
     n, c, hp, wp = padded.shape
     k, _, kh, kw = w.shape
     dh, dw = dilation
-    ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
+    sh, sw = stride
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     x, w = padded.astype(np.float64), w.astype(np.float64)
     out, magnitude = np.zeros((n, k, ho, wo)), np.zeros((n, k, ho, wo))
     for i in range(kh):
         for j in range(kw):
-            patch = x[:, :, dh * i:dh * i + ho, dw * j:dw * j + wo]
+            patch = x[:, :, dh * i:dh * i + sh * (ho - 1) + 1:sh, dw * j:dw * j + sw * (wo - 1) + 1:sw]
             out += np.einsum("nchw,kc->nkhw", patch, w[:, :, i, j])
             magnitude += np.einsum("nchw,kc->nkhw", np.abs(patch), np.abs(w[:, :, i, j]))
     return out, magnitude
@@ -166,10 +167,34 @@ def test_kernel_refuses_a_width_it_has_no_kernel_for():
         direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32), bits=512, per=4)
 
 
+@pytest.mark.parametrize("stride", [(2, 2), (3, 2), (1, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_strided_kernel_matches_slices_and_sums(stride, dtype, case):
+    """conv2d_strided: the stride-1 kernel over the padded input's phases (its own padding:
+    rows and columns of padding before a phase's first input row, odd sizes, empty batches)."""
+    n, c, k, size, kernel, padding, dilation = case
+    top, bottom, left, right = padding
+    if size[0] + top + bottom < dilation[0] * (kernel[0] - 1) + 1:
+        pytest.skip("the padded input is smaller than the kernel")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    w = rng.standard_normal((k, c) + kernel).astype(dtype)
+    got = direct_conv.conv2d_strided(x, w, stride, padding, dilation)
+    want, magnitude = _slices_and_sums(_conv._padded(x, padding), w, dilation, stride)
+    _assert_within(got, want, magnitude, c * kernel[0] * kernel[1], dtype,
+                   f"strided {stride} vs slices and sums")
+
+
 def test_kernel_refuses_groups_and_a_kernel_larger_than_the_input():
     x = np.zeros((1, 4, 5, 5), np.float32)
     with pytest.raises(ValueError, match="input channels"):
         direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="conv2d_strided: weight .* input channels"):
+        direct_conv.conv2d_strided(x, np.zeros((2, 2, 3, 3), np.float32), (2, 2), (0, 0, 0, 0))
+    with pytest.raises(ValueError, match="conv2d_strided: the padded input 5x5 is smaller"):
+        direct_conv.conv2d_strided(x, np.zeros((2, 4, 3, 3), np.float32), (2, 2), (0, 0, 0, 0),
+                                   (3, 1))
     with pytest.raises(ValueError, match="smaller than the dilated kernel"):
         direct_conv.conv2d_stride1(x, np.zeros((2, 4, 3, 3), np.float32), (3, 1))
 
@@ -186,8 +211,8 @@ def direct_everywhere(monkeypatch):
 
 
 def _spy(monkeypatch, weight_grads=None):
-    """A list that records each convolution the direct kernel runs (and, into
-    ``weight_grads``, each weight gradient)."""
+    """A list that records each convolution the direct kernel runs, strided ones with their
+    stride (and, into ``weight_grads``, each weight gradient)."""
     seen, real, real_weight = [], direct_conv.conv2d_stride1, direct_conv.weight_grad_stride1
 
     def spy(x, w, dilation=(1, 1), out=None):
@@ -198,7 +223,14 @@ def _spy(monkeypatch, weight_grads=None):
         if weight_grads is not None:
             weight_grads.append((x.shape, g.shape))
         return real_weight(x, g, kernel_size, dilation)
+
+    real_strided = direct_conv.conv2d_strided
+
+    def spy_strided(x, w, stride, padding, dilation=(1, 1)):
+        seen.append((x.shape, w.shape, stride))
+        return real_strided(x, w, stride, padding, dilation)
     monkeypatch.setattr(direct_conv, "conv2d_stride1", spy)
+    monkeypatch.setattr(direct_conv, "conv2d_strided", spy_strided)
     monkeypatch.setattr(direct_conv, "weight_grad_stride1", spy_weight)
     return seen
 
@@ -206,8 +238,8 @@ def _spy(monkeypatch, weight_grads=None):
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
     block) take it, forward and input gradient, and the 16-channel one its weight gradient;
-    stride 2, 64 input channels of 16x16, 128 of 8x8, rows of 12 float32 and
-    HPCGRAD_DIRECT_CONV=0 do not."""
+    a stride-2 layer its forward; 64 input channels of 16x16, 128 of 8x8, rows of 12 float32
+    and HPCGRAD_DIRECT_CONV=0 do not."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
     weight_grads = []
     seen = _spy(monkeypatch, weight_grads)
@@ -225,7 +257,9 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     assert [g for _, g in weight_grads] == [(2, 16, 32, 32)]
     seen.clear()
     weight_grads.clear()
-    run(16, 32, stride=2)
+    run(16, 32, stride=2)  # its forward through the phases; its gradients through columns
+    assert seen == [((2, 16, 32, 32), (16, 16, 3, 3), (2, 2))] and weight_grads == []
+    seen.clear()
     run(64, 16)
     run(128, 8)
     run(16, 12)

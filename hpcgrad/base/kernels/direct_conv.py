@@ -52,6 +52,7 @@ from numba.extending import intrinsic, models, register_model
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
+STRIDED_CHUNK = 8  # input channels per pass at strides > 1: four phase planes each (L1)
 HALF_ROWS = True  # False: rows of half a 512-bit vector take 256-bit ones (a benchmark's switch)
 
 
@@ -477,33 +478,81 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None):
     the rows, and this CPU's ``OUTPUTS``): every one gives the same sums, bit for bit.
     ``takes(x, w)`` must hold."""
     n, c, hp, wp = x.shape
-    k, cw, kh, kw = w.shape
-    if cw != c:
-        raise ValueError(f"conv2d_stride1: weight {list(w.shape)} has {cw} input channels, the "
-                         f"input {list(x.shape)} has {c}; groups are not supported here")
+    k, kh, kw = _check_weight("conv2d_stride1", x, w)
     dh, dw = dilation
     ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
     if ho <= 0 or wo <= 0:
         raise ValueError(f"conv2d_stride1: the padded input {hp}x{wp} is smaller than the "
                          f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
+    return _convolve(x.reshape(-1), w, _tap_offsets(c, kh, kw, hp, wp, dilation), c * hp * wp,
+                     wp, (n, k, ho, wo), out, bits, per)
+
+
+def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None):
+    """The convolution (groups 1, no bias) of x (N, C, H, W), zero-padded by padding (top,
+    bottom, left, right), with w (K, C, kh, kw) at ``stride`` (sh, sw): (N, K, Ho, Wo).
+
+    The padded input is split into its sh*sw phases, phase (p, q) holding the positions
+    (sh*y + p, sw*x + q), so that each tap reads a run of one phase's row: the stride-1 kernel
+    with each tap's offset into its phase (one more copy of the input, in place of the columns'
+    kh*kw). The same sums as ``conv2d_stride1`` over the same taps, in the same order."""
+    n, c, height, width = x.shape
+    k, kh, kw = _check_weight("conv2d_strided", x, w)
+    (sh, sw), (dh, dw) = stride, dilation
+    top, bottom, left, right = padding
+    hp, wp = height + top + bottom, width + left + right
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"conv2d_strided: the padded input {hp}x{wp} is smaller than the "
+                         f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
+    hq, wq = -(-hp // sh), -(-wp // sw)
+    phases = np.zeros((n, c, sh, sw, hq, wq), x.dtype)
+    for p in range(sh):
+        y0 = max(0, -(-(top - p) // sh))  # phase p's first row inside the input: input row r0
+        r0 = p - top + y0 * sh
+        for q in range(sw):
+            x0 = max(0, -(-(left - q) // sw))
+            s0 = q - left + x0 * sw
+            if r0 < height and s0 < width:
+                inside = x[:, :, r0::sh, s0::sw]
+                phases[:, :, p, q, y0:y0 + inside.shape[2], x0:x0 + inside.shape[3]] = inside
+    ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
+    phase = (ci * sh + (i * dh) % sh) * sw + (j * dw) % sw
+    offs = (phase * (hq * wq) + ((i * dh) // sh) * wq + (j * dw) // sw).reshape(-1)
+    return _convolve(phases.reshape(-1), w, offs.astype(np.int64), c * sh * sw * hq * wq, wq,
+                     (n, k, ho, wo), None, bits, per, STRIDED_CHUNK)
+
+
+def _check_weight(name, x, w):
+    """(K, kh, kw) of w, whose input channels must be x's."""
+    k, cw, kh, kw = w.shape
+    if cw != x.shape[1]:
+        raise ValueError(f"{name}: weight {list(w.shape)} has {cw} input channels, the "
+                         f"input {list(x.shape)} has {x.shape[1]}; groups are not supported here")
+    return k, kh, kw
+
+
+def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CHUNK_CHANNELS):
+    """Run the kernel over the flat input ``xf`` (``sample`` elements a sample, rows ``row``
+    long), each tap at its offset ``offs``, into ``out`` of ``shape`` (N, K, Ho, Wo)."""
+    n, k, ho, wo = shape
     if out is None:
-        out = np.empty((n, k, ho, wo), x.dtype)
+        out = np.empty(shape, w.dtype)
     if out.size == 0:
         return out
-    bits = width_for(wo, x.dtype, ho) if bits is None else bits
+    bits = width_for(wo, w.dtype, ho) if bits is None else bits
     per = OUTPUTS if per is None else per
     kernel = KERNELS.get((bits, per))
     if kernel is None:
-        raise ValueError(f"conv2d_stride1: no kernel for {bits}-bit vectors and {per} outputs "
-                         f"a block; bits and per must be one of {sorted(KERNELS)}")
+        raise ValueError(f"direct convolution: no kernel for {bits}-bit vectors and {per} "
+                         f"outputs a block; bits and per must be one of {sorted(KERNELS)}")
     blocks = -(-k // per)
-    packed = np.zeros((blocks * per, c * kh * kw), x.dtype)
+    packed = np.zeros((blocks * per, offs.size), w.dtype)
     packed[:k] = w.reshape(k, -1)
     # (blocks, taps, per): each tap's weights of a block's outputs side by side
     packed = np.ascontiguousarray(packed.reshape(blocks, per, -1).transpose(0, 2, 1)).reshape(-1)
-    offs = _tap_offsets(c, kh, kw, hp, wp, dilation)
-    chunk = CHUNK_CHANNELS * kh * kw
-    kernel(x.reshape(-1), packed, offs, out, c * hp * wp, wp, chunk, x.dtype.type(0))
+    chunk = chunk_channels * w.shape[2] * w.shape[3]
+    kernel(xf, packed, offs, out, sample, row, chunk, w.dtype.type(0))
     return out
 
 
