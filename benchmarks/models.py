@@ -6,7 +6,8 @@
     python benchmarks/models.py --memory-only --cold # ... with each library's one-time set-up
     mpiexec -n 2 python benchmarks/models.py --ddp   # DDP step at 2 ranks beside PyTorch DDP (gloo)
     python benchmarks/models.py --model resnet18 --layers   # each convolution, fwd + bwd
-    python benchmarks/models.py --model resnet18 --alternate hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048
+    python benchmarks/models.py --model resnet18 --alternate \
+        hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048     # a setting's values, one process
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,

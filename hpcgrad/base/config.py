@@ -71,8 +71,9 @@ SETTINGS = (
             "1: they run as numba CUDA kernels (kernels/cuda_norms.py; tested under numba's "
             "simulator, not yet on a GPU); 0: as cupy array expressions"),
     Setting("HPCGRAD_DIRECT_CONV", "1", "at each convolution on numpy arrays",
-            "1: stride-1 convolutions of few channels run as a direct kernel "
-            "(kernels/direct_conv.py); 0: always through columns and a matrix product"),
+            "1: convolutions of few channels (forward; at stride 1 also both gradients) run as "
+            "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "
+            "product"),
     Setting("HPCGRAD_NO_ABORT_HOOK", "0", "at import of hpcgrad",
             "1: an uncaught exception ends only its own rank (interactive use); 0: the whole "
             "job"),

@@ -12,7 +12,9 @@ column (sample, output position). Three choices, each measured on ResNet-18 (ben
   ``W.T @ g``. The price is a transposed copy of the output and of the incoming gradient, each
   1/(kh*kw) of a columns copy.
 * Columns are built a chunk of samples at a time into one reused per-thread workspace
-  (``_CHUNK_ELEMENTS``), never for the whole batch: the memory is bounded and warm.
+  (``_CHUNK_ELEMENTS``, but at least ``_CHUNK_POSITIONS`` output positions, so that the weight
+  gradient's product keeps a long inner dimension), never for the whole batch: the memory is
+  bounded and warm.
 * The input is saved, not the columns (as PyTorch's CPU convolution): backward unfolds it again,
   one more copy per layer, where saving the columns held kh*kw times the input per layer until
   backward reached it (most of the 3x PyTorch's memory that ResNet-18 used).
@@ -38,9 +40,10 @@ times each layer both ways, interleaved).
 The sums are the same terms in another order: the plain reference, not col2im, is what the tests
 hold both to.
 
-Where a stride-1 convolution has few input channels (``_direct_kernel``), the forward, and so the
-input gradient above, skips the columns: kernels/direct_conv.py (Note [Direct convolution]) sums
-in registers, measured faster there than the columns' product; HPCGRAD_DIRECT_CONV=0 turns it off.
+Where a convolution has few input channels (``_direct_kernel``), the forward, and at stride 1
+the input gradient above and the weight gradient, skip the columns: kernels/direct_conv.py (Note
+[Direct convolution]) sums in registers, measured faster there than the columns' product;
+HPCGRAD_DIRECT_CONV=0 turns it off.
 """
 
 import threading
@@ -198,8 +201,8 @@ def _direct_kernel(a, w, geo):
             or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
             or a.dtype not in (np.float32, np.float64):
         return None
-    if not config.flag("HPCGRAD_DIRECT_CONV", _DIRECT_DEFAULT, "1 runs stride-1 convolutions "
-                       "of few channels as a direct kernel, 0 always through columns"):
+    if not config.flag("HPCGRAD_DIRECT_CONV", _DIRECT_DEFAULT, "1 runs convolutions of few "
+                       "channels as direct kernels, 0 always through columns"):
         return None
     from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
     fast = direct_conv.whole_rows(geo.wo, a.dtype, ho=geo.ho) or not _DIRECT_WHOLE_ROWS

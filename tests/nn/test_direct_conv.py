@@ -1,9 +1,10 @@
 """The direct convolution (kernels/direct_conv.py) beside slices and sums, the columns and PyTorch.
 
-Note [Direct convolution] says why the kernels exist (the forward and the weight gradient). ``_check_kernel`` holds the kernel to a
-float64 slice-and-sum formula in numpy with the K-term rounding bound of
-tests/nn/test_fast_paths_differential.py (``2 * K * eps * sum |terms|``: any order of the sums,
-FMA or not) and to the columns' path (``_conv._columns_forward``) with twice that; the Node's
+Note [Direct convolution] says why the kernels (forward, strided, weight gradient) exist.
+``_check_kernel`` holds the kernel to a float64 slice-and-sum formula in numpy with the K-term
+rounding bound of tests/nn/test_fast_paths_differential.py (``2 * K * eps * sum |terms|``: any
+order of the sums, FMA or not) and to the columns' path (``_conv._columns_forward``) with twice
+that; the strided and weight-gradient kernels to their own slice-and-sum formulas; the Node's
 tests run forward and backward (the input gradient at stride 1 is a forward convolution too,
 Note [Input gradient as a convolution]) with the direct kernel forced on at every row length
 and off (HPCGRAD_DIRECT_CONV=0), and gradcheck in float64.
@@ -31,7 +32,8 @@ def _slices_and_sums(padded, w, dilation, stride=(1, 1)):
     out, magnitude = np.zeros((n, k, ho, wo)), np.zeros((n, k, ho, wo))
     for i in range(kh):
         for j in range(kw):
-            patch = x[:, :, dh * i:dh * i + sh * (ho - 1) + 1:sh, dw * j:dw * j + sw * (wo - 1) + 1:sw]
+            rows = slice(dh * i, dh * i + sh * (ho - 1) + 1, sh)
+            patch = x[:, :, rows, dw * j:dw * j + sw * (wo - 1) + 1:sw]
             out += np.einsum("nchw,kc->nkhw", patch, w[:, :, i, j])
             magnitude += np.einsum("nchw,kc->nkhw", np.abs(patch), np.abs(w[:, :, i, j]))
     return out, magnitude

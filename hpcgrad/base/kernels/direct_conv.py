@@ -1,4 +1,4 @@
-"""Direct convolution at stride 1 (numba, 256- or 512-bit vectors): no columns, sums in registers.
+"""Direct convolution in numba (256- or 512-bit vectors): forward and weight gradient, no columns.
 
 Note [Direct convolution]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -6,43 +6,59 @@ At 16-32 channels the columns' product (nn/_conv.py, Note [Convolution columns])
 16-32 rows, which OpenBLAS runs at 30-46 GF/s on one core, and the columns and the transposed
 store cost 0.3-0.45x on top of it. PyTorch's oneDNN runs a direct convolution there; this is one.
 
-Each block is 4 output channels x 2 vectors of output (16 float32 or 8 float64 positions of a
-row, or, where a row is one vector long, that position range of two rows) as 8 accumulators
-that stay in registers through the taps (input channel, kernel row, kernel column) of a chunk of
-16 input channels: per tap two unaligned loads of the padded input at the tap's offset, four
-broadcast weights, eight fused multiply-adds; the next chunk adds to what the first stored.
-On a CPU with AVX-512 (32 vector registers) a block is 8 output channels x 2 vectors, 16
-accumulators, and rows of 32k or 16 float32 positions take 512-bit vectors (``WIDTHS``,
-``OUTPUTS``): on ResNet-18's 3x3 layers at batch 32 (Xeon, Cascade Lake), 16 channels of 32x32
-ran at 72 GF/s where 256 x 4 ran at 36 and PyTorch at 43-50, 32 of 16x16 at 86 against 38 and
-77 (``python benchmarks/conv_layouts.py --direct``). Every (width, block) kernel sums each
-output's terms in the same order, so they agree bit for bit; a 512-bit vector on a CPU without
-AVX-512 runs as two halves. A
-block of output channels sweeps a sample's rows with the chunk's weights in L1. LLVM keeps a
-value in a register only when it is one; numba has no vector type, so this file gives it one
-(``_Vec``, an LLVM <8 x float> or <4 x double>) with four intrinsics: load, store, splat and a
-multiply-add with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add
-where it has not: the same code is correct on any x86 or ARM CPU, only its speed assumes AVX2).
+The forward. Each block is 4 output channels x 2 vectors of output (16 float32 or 8 float64
+positions of a row, or, where a row is one vector long, that position range of two rows) as 8
+accumulators that stay in registers through the taps (input channel, kernel row, kernel column)
+of a chunk of 16 input channels: per tap two unaligned loads of the padded input at the tap's
+offset, four broadcast weights, eight fused multiply-adds; the next chunk adds to what the first
+stored. A block of output channels sweeps a sample's rows with the chunk's weights in L1. LLVM
+keeps a value in a register only when it is one; numba has no vector type, so this file gives it
+one (``_Vec``, an LLVM <8 x float> or <16 x float> ...) with intrinsics: load, a load of two
+half rows, store, splat and a multiply-add with LLVM's ``contract`` flag (fused where the CPU
+has FMA, a multiply and an add where it has not: the same code is correct on any x86 or ARM
+CPU; a 512-bit vector on a CPU without AVX-512 runs as two halves).
 
-What did not work (ResNet-18's 3x3 layers, batch 32, one thread, this 2-core machine under
-load): numba's loop vectorizer over a whole output row, 2 outputs x 4 channels per pass with the
-sums in an L1 buffer, ran at the GEMM's speed (the sums' loads and stores bound it); 64 scalar
-accumulators for LLVM's SLP vectorizer to pack stayed scalar, 20x slower; blocks of (outputs x
-vectors) 2 x 4 and 1 x 8 were no faster than 4 x 2, 2 x 6 and 3 x 4 spill, and 4 x 3 (24
-positions) divides no ResNet row. Positions past a row's last whole block take a scalar loop,
-10x slower: the selection in nn/_conv.py sends only rows without them here (``whole_rows``), and
-only up to 32 input channels, 64 on planes of 8x8 or less: at 64 channels of 16x16 and 32x32 the
-kernel ran 0.8-1.3x the columns' time from run to run, at 128 no faster (OpenBLAS's product
-runs at 50-70 GF/s there). The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
-LLVM call it ran 1.5-1.9x slower. The weight gradient the same way (4 outputs x 2 taps of
-vectors along a row, summed over the samples in registers, the lanes at the end) ran 0.66-0.89x
-the columns' time at 16 channels of 32x32, 0.93-1.17x at 32 of 16x16, 2.3x at 64 of 8x8: not
-kept (the columns' product has the batch's positions as its long inner dimension).
+On a CPU with AVX-512 (32 vector registers: ``WIDTHS``, ``OUTPUTS``) a block is 8 output
+channels x 2 vectors, 16 accumulators; rows of 32k or 16 float32 positions take 512-bit vectors,
+and 8x8 planes too, each vector two rows of 8 loaded as halves, four rows a block (rows of 4,
+four quarters a vector, ran at 50 GF/s: slower than the columns at 128-512 channels). On
+ResNet-18's 3x3 layers at batch 32 (Xeon, Cascade Lake, one thread), 16 channels of 32x32 ran at
+72-77 GF/s where 256 x 4 ran at 36-41 and PyTorch at 43-51; 32 of 16x16 at 78-86 against 38-40
+and 71-77; 64 of 8x8 at 73 against 40 and 79 (``python benchmarks/conv_layouts.py --direct``).
+Strided convolutions (``conv2d_strided``) run the same kernel over the padded input split into
+its stride's phases, phase (p, q) holding positions (sh*y + p, sw*x + q): each tap then reads a
+run of one phase's row (one copy of the input, where columns are kh*kw of it), 8 input channels
+a pass (four phase planes each must stay in L1): ResNet-18's stride-2 forwards in 0.57-0.65x the
+columns' time.
+
+The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 4 taps (x 2 at
+256 bits), 16 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the positions it
+sees, samples a pass enough for 1,024 positions, the lanes summed at the end. At 512 bits it
+took 0.31-0.45x the columns' time at 3 channels of 32x32, 0.45-0.54x at 16 of 32x32, 0.69-0.87x
+at 32 of 16x16, and was no faster at 64-128 (256 bits, the same CPU: 0.45x, 0.8x, 1.2x): taken
+up to 32 input channels at 512 bits, 16 at 256 (nn/_conv.py). Its sums are loaded and stored
+in the loop itself: through a function returning 16 vectors, and with the scalar loop for a
+row's last positions in the same loop, it ran 1.7-2.5x slower, so that loop is its own kernel.
+
+Every (width, block) forward kernel sums each output's terms in the same order, so they agree
+bit for bit (tests/nn/test_direct_conv.py checks it); the order is tap order (channel, kernel
+row, kernel column), each product fused into the running sum where the CPU has FMA: not the
+GEMM's order, so results agree with the columns' path to rounding, not to the bit. The weight
+gradient's order (by lane, then the lanes) is not the columns' either.
+
+What did not work (ResNet-18's 3x3 layers, batch 32, one thread, an AMD 2-core machine under
+load, AVX2): numba's loop vectorizer over a whole output row, 2 outputs x 4 channels per pass
+with the sums in an L1 buffer, ran at the GEMM's speed (the sums' loads and stores bound it); 64
+scalar accumulators for LLVM's SLP vectorizer to pack stayed scalar, 20x slower; blocks of
+(outputs x vectors) 2 x 4 and 1 x 8 were no faster than 4 x 2, 2 x 6 and 3 x 4 spill, and 4 x
+3 (24 positions) divides no ResNet row. Positions past a row's last whole block take a scalar
+loop, 10x slower: the selection in nn/_conv.py sends only rows without them here
+(``whole_rows``), and only up to 32 input channels, 64 on planes of 8x8 or less: at 64 channels
+of 16x16 and 32x32 the 256-bit kernel ran 0.8-1.3x the columns' time from run to run, at 128 no
+faster. The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
+LLVM call it ran 1.5-1.9x slower. Compiling all of numba's loops for 512-bit vectors (LLVM's
+``-prefer-256-bit`` off) made GELU 1.6x faster but the ResNet step slower: not done.
 Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst.
-
-The terms of each output are summed in tap order (channel, kernel row, kernel column), each
-product fused into the running sum where the CPU has FMA: not the GEMM's order, so results agree
-with the columns' path to rounding, not to the bit (tests/nn/test_direct_conv.py).
 """
 
 import numpy as np
