@@ -72,8 +72,11 @@ _LOCAL = threading.local()
 # The direct kernel's domain (Note [Direct convolution]): measured faster than the columns up to
 # 32 input channels (ResNet-18's stem and its 16- and 32-channel layers), and up to 64 on planes
 # of at most 64 positions (its 64-channel layers at width 16); at 64 channels of 16x16 and 32x32
-# it was 0.8-1.3x, run to run, and no faster at 128.
+# its 256-bit form was 0.8-1.3x, run to run, and no faster at 128. The 512-bit form (AVX-512:
+# blocks of 8 outputs) took 0.76x the columns' time at 64 channels of 32x32 and 0.85x at 128 of
+# 16x16, 1.07x at 256 of 8x8 (``benchmarks/conv_layouts.py --direct --batch 16``).
 _DIRECT_MAX_CHANNELS = 32
+_DIRECT_MAX_CHANNELS_AVX512 = 128
 _DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 positions
 # The weight gradient's direct kernel, by vector width: at 512 bits (4 outputs x 4 taps) it took
 # 0.32x the columns' time at 3 channels of 32x32, 0.54x at 16 of 32x32, 0.75x at 32 of 16x16,
@@ -192,10 +195,12 @@ def _forward_arrays(a, w, geo):
 def _direct_kernel(a, w, geo):
     """kernels/direct_conv.py where it takes this convolution and is measured faster than the
     columns (Note [Direct convolution]): stride 1 (other strides through the input's phases,
-    _DIRECT_STRIDED), groups 1, numpy float32/float64, output rows without a scalar loop, at
-    most _DIRECT_MAX_CHANNELS input channels (_SMALL on small planes); HPCGRAD_DIRECT_CONV=0
-    turns it off. Else None."""
-    most = _DIRECT_MAX_CHANNELS_SMALL if geo.positions <= 64 else _DIRECT_MAX_CHANNELS
+    _DIRECT_STRIDED, up to _DIRECT_MAX_CHANNELS), groups 1, numpy float32/float64, output rows
+    without a scalar loop, at most _DIRECT_MAX_CHANNELS input channels (_AVX512 where the CPU
+    has 512-bit vectors, _SMALL on small planes); HPCGRAD_DIRECT_CONV=0 turns it off. Else
+    None."""
+    most = _DIRECT_MAX_CHANNELS_SMALL if geo.positions <= 64 \
+        else max(_DIRECT_MAX_CHANNELS, _DIRECT_MAX_CHANNELS_AVX512)
     if (geo.stride != (1, 1) and not _DIRECT_STRIDED) or geo.groups != 1 \
             or not (geo.n and geo.o) or geo.c > most \
             or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
@@ -205,6 +210,10 @@ def _direct_kernel(a, w, geo):
                        "channels as direct kernels, 0 always through columns"):
         return None
     from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
+    if geo.positions > 64 and geo.c > _DIRECT_MAX_CHANNELS and (
+            geo.c > _DIRECT_MAX_CHANNELS_AVX512 or 512 not in direct_conv.WIDTHS
+            or geo.stride != (1, 1)):  # strided at 64 channels: 1.3x the columns' time
+        return None
     fast = direct_conv.whole_rows(geo.wo, a.dtype, ho=geo.ho) or not _DIRECT_WHOLE_ROWS
     return direct_conv if fast else None
 
