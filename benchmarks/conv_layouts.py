@@ -4,6 +4,8 @@
     python benchmarks/conv_layouts.py --batch 16 --rounds 31
     python benchmarks/conv_layouts.py --direct   # the direct kernel against the columns' forward
     python benchmarks/conv_layouts.py --step --width 16 --batch 32 --rounds 15  # a whole step
+    python benchmarks/conv_layouts.py --weight-grad   # the weight gradient: direct and columns
+    python benchmarks/conv_layouts.py --strided       # ResNet-18's stride-2 forwards
 
 One thread (OPENBLAS_NUM_THREADS=1, set before numpy loads), float32, medians of interleaved
 rounds. Per layer, the forward pass (``hpcgrad/nn/_conv.py``) in parts: the padding copy, the
@@ -18,7 +20,11 @@ columns (``_forward_arrays``' im2col + GEMM), the direct kernel (kernels/direct_
 [Direct convolution], the padding included) and PyTorch's conv2d where it is installed; the
 median of each, the range of its rounds, and the ratios' medians. --step: ResNet-18's training
 step (benchmarks/models.py) with the direct kernel on and off (HPCGRAD_DIRECT_CONV, switched
-between steps of one process) and PyTorch's, interleaved.
+between steps of one process) and PyTorch's, interleaved. --weight-grad: per 3x3 stride-1 layer
+(and the stem), the weight gradient through columns and a product, and the direct kernel's at
+each vector width this CPU has (``weight_grad_stride1``, the padding included). --strided:
+ResNet-18's 3x3 stride-2 forwards through columns, through the input's phases
+(``conv2d_strided``) and PyTorch's.
 """
 
 import os
@@ -151,6 +157,80 @@ def compare_direct(args):
         print(line, flush=True)
 
 
+def _interleaved(timed, rounds):
+    """{name: [ms per round]} of the callables in ``timed``, one call each per round."""
+    times = {name: [] for name in timed}
+    for fn in timed.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            times[name].append(median_ms(fn, 1))
+    return times
+
+
+def _report(label, times, gflop, reference):
+    line = f"{label} |"
+    for name, t in times.items():
+        line += f" {name} {np.median(t):6.2f} ({gflop / np.median(t) * 1e3:.0f} GF/s) |"
+    for name, t in times.items():
+        if name != reference:
+            line += f" {name}/{reference} {np.median(np.array(t) / np.array(times[reference])):.2f}x"
+    print(line, flush=True)
+
+
+def compare_weight_grad(args):
+    """--weight-grad: the weight gradient through columns and the direct kernel, interleaved."""
+    rng = np.random.default_rng(0)
+    print(f"3x3 stride-1 weight gradient, batch {args.batch}, float32, one thread; medians of "
+          f"{args.rounds} interleaved rounds (ms)")
+    for channels, side in ((3, 32),) + LAYERS[:3] + WIDE_LAYERS[:2]:
+        out_channels = 16 if channels == 3 else channels
+        a = rng.standard_normal((args.batch, channels, side, side)).astype(np.float32)
+        w = rng.standard_normal((out_channels, channels, 3, 3)).astype(np.float32)
+        g = rng.standard_normal((args.batch, out_channels, side, side)).astype(np.float32)
+        geo = _conv._Geometry(a.shape, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+
+        def columns():
+            saved = _conv._DIRECT_WEIGHT_GRAD_CHANNELS
+            _conv._DIRECT_WEIGHT_GRAD_CHANNELS = {256: 0, 512: 0}
+            try:
+                return _conv._backward_arrays(a, w, g, geo, False, True)[1]
+            finally:
+                _conv._DIRECT_WEIGHT_GRAD_CHANNELS = saved
+        timed = {"columns": columns}
+        for bits in direct_conv.WIDTHS:
+            if side % (bits // 32) == 0:
+                timed[f"direct{bits}"] = lambda bits=bits: direct_conv.weight_grad_stride1(
+                    np.ascontiguousarray(_conv._padded(a, (1, 1, 1, 1))), g, (3, 3), bits=bits)
+        gflop = 2 * args.batch * channels * out_channels * 9 * side * side / 1e9
+        _report(f"{channels:>4} ch {side:>2}x{side:<2}", _interleaved(timed, args.rounds), gflop,
+                "columns")
+
+
+def compare_strided(args):
+    """--strided: ResNet-18's 3x3 stride-2 forwards: columns, the input's phases, PyTorch."""
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    print(f"3x3 stride-2 forward, batch {args.batch}, float32, one thread; medians of "
+          f"{args.rounds} interleaved rounds (ms)")
+    for channels, side in ((16, 32), (32, 16), (64, 32)):
+        a = rng.standard_normal((args.batch, channels, side, side)).astype(np.float32)
+        w = rng.standard_normal((2 * channels, channels, 3, 3)).astype(np.float32)
+        geo = _conv._Geometry(a.shape, w.shape, (2, 2), (1, 1, 1, 1), (1, 1), 1)
+        timed = {"columns": lambda: _conv._columns_forward(a, w, geo),
+                 "phases": lambda: direct_conv.conv2d_strided(a, w, (2, 2), (1, 1, 1, 1))}
+        if torch is not None:
+            ta, tw = torch.from_numpy(a), torch.from_numpy(w)
+            timed["torch"] = lambda: torch.nn.functional.conv2d(ta, tw, stride=2, padding=1)
+        gflop = 2 * args.batch * channels * 2 * channels * 9 * geo.positions / 1e9
+        _report(f"{channels:>3} -> {2 * channels:<3} {side:>2}x{side:<2}",
+                _interleaved(timed, args.rounds), gflop, "columns")
+
+
 def compare_step(args):
     """--step: ResNet-18's step with the direct kernel on, off, and PyTorch's, interleaved."""
     import statistics
@@ -193,9 +273,17 @@ def main(argv=None):
     parser.add_argument("--step", action="store_true",
                         help="ResNet-18's step, the direct kernel on and off, and PyTorch's")
     parser.add_argument("--width", type=int, default=16, help="--step: the first stage's width")
+    parser.add_argument("--weight-grad", action="store_true",
+                        help="the weight gradient: the direct kernel against the columns")
+    parser.add_argument("--strided", action="store_true",
+                        help="stride-2 forwards: the input's phases against the columns")
     args = parser.parse_args(argv)
     if args.direct:
         return compare_direct(args)
+    if args.weight_grad:
+        return compare_weight_grad(args)
+    if args.strided:
+        return compare_strided(args)
     if args.step:
         return compare_step(args)
     rng = np.random.default_rng(0)

@@ -79,14 +79,16 @@ _DIRECT_MAX_CHANNELS = 32
 _DIRECT_MAX_CHANNELS_AVX512 = 128
 _DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 positions
 # The weight gradient's direct kernel, by vector width: at 512 bits (4 outputs x 4 taps) it took
-# 0.32x the columns' time at 3 channels of 32x32, 0.54x at 16 of 32x32, 0.75x at 32 of 16x16,
-# 1.03x at 64 of 32x32 and 0.94x at 128 of 16x16; at 256 bits (x 2 taps, the same CPU) 0.45x,
-# 0.8x, 1.2x at those first three (benchmarks/conv_layouts.py --weight-grad).
+# 0.32-0.34x the columns' time at 3 channels of 32x32, 0.44-0.54x at 16 of 32x32, 0.60-0.75x at
+# 32 of 16x16, 0.79-1.03x at 64 of 32x32 and 0.94-1.19x at 128 of 16x16; at 256 bits (x 2 taps,
+# the same CPU) 0.45x, 0.7-0.8x, 1.0-1.2x at those first three, 2.0x at 64 of 8x8
+# (``benchmarks/conv_layouts.py --weight-grad``).
 _DIRECT_WEIGHT_GRAD_CHANNELS = {512: 32, 256: 16}
 # Strided convolutions take it through the input's phases (conv2d_strided): ResNet-18's 3x3
 # stride-2 layers at width 16, batch 32, forward: 16 -> 32 channels of 32x32 in 0.57x the
-# columns' time, 32 -> 64 of 16x16 in 0.65x (1.45-1.56x PyTorch's); the step 0.98x
-# (``benchmarks/models.py --alternate hpcgrad.nn._conv._DIRECT_STRIDED=False,True``).
+# columns' time, 32 -> 64 of 16x16 in 0.65-0.69x (1.45-1.7x PyTorch's), 64 -> 128 in 0.95x
+# (``benchmarks/conv_layouts.py --strided``); the step 0.98x (``benchmarks/models.py
+# --alternate hpcgrad.nn._conv._DIRECT_STRIDED=False,True``).
 _DIRECT_STRIDED = True
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
@@ -212,7 +214,7 @@ def _direct_kernel(a, w, geo):
     from hpcgrad.base.kernels import direct_conv  # numba: imported on first use
     if geo.positions > 64 and geo.c > _DIRECT_MAX_CHANNELS and (
             geo.c > _DIRECT_MAX_CHANNELS_AVX512 or 512 not in direct_conv.WIDTHS
-            or geo.stride != (1, 1)):  # strided at 64 channels: 1.3x the columns' time
+            or geo.stride != (1, 1)):  # strided at 64 channels: 0.95-1.3x the columns' time
         return None
     fast = direct_conv.whole_rows(geo.wo, a.dtype, ho=geo.ho) or not _DIRECT_WHOLE_ROWS
     return direct_conv if fast else None
