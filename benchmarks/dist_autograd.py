@@ -237,7 +237,7 @@ def parse_args(argv=None):
     p.add_argument("--profile", metavar="FILE", help="cProfile rank 0's hpcgrad round trips")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc's malloc as it is (by default both libraries' processes "
-                        "keep freed memory: hpcgrad.utils.keep_freed_memory)")
+                        "keep freed memory: hpcgrad.base.memory.keep_freed_memory)")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.tiny_iterations, args.large_iterations = 2, 50, 3
@@ -271,7 +271,7 @@ def report(results, libs, messages, args):
           f"torch {torch.__version__ if both else 'not run'}; {args.rounds} rounds of "
           f"{args.iterations} iterations per library, taking turns")
     print("malloc: " + ("glibc keeps freed memory in both libraries' processes "
-                        "(hpcgrad.utils.keep_freed_memory; --malloc-default: not)"
+                        "(hpcgrad.base.memory.keep_freed_memory; --malloc-default: not)"
                         if args.kept_memory else "glibc's defaults"))
     header = (f"{'input':<9} {'':<10} {'hpcgrad':>20} {'PyTorch (TensorPipe)':>22} "
               f"{'ratio':>6} {'rounds':>13} {'target':>6}")

@@ -18,7 +18,9 @@ optimizer's state included), after one step of a tiny model of the same kind (wh
 sets up once per process, numba loading its kernels, is not training). --ddp (under mpiexec):
 each library's model wrapped in its DistributedDataParallel (PyTorch's over gloo), each rank
 with its own batch, one thread per rank; a round's time is its slowest rank's. Nothing here is
-used by a test assertion. --alternate MODULE.NAME=V1,V2,...: one hpcgrad step per value per
+used by a test assertion. --keep-freed-memory: glibc's malloc keeps freed blocks for the next
+step (Note [Keeping freed memory]) in this process, so for both libraries, and in the memory
+children. --alternate MODULE.NAME=V1,V2,...: one hpcgrad step per value per
 round, the module's setting set to it before the step (the values rotate, so none always runs
 first), PyTorch's step beside them: two settings compared in one process on this noisy machine.
 """
@@ -192,6 +194,9 @@ def memory_child(args):
     training; the peak is then reset (writing 5 to /proc/self/clear_refs), so the imports' and
     the build's own peaks do not hide the steps'. The first step's optimizer state is counted."""
     lib = library(args.library)
+    if args.keep_freed_memory:
+        from hpcgrad.base.memory import keep_freed_memory
+        keep_freed_memory()
     if not args.cold:
         tiny = argparse.Namespace(**{**vars(args), "width": 2, "batch": 2, "block": 8, "d": 8})
         make_step(lib, tiny)[0]()
@@ -208,6 +213,7 @@ def memory(args, name):
     argv = [sys.executable, __file__, "--memory-child", "--library", name, "--model", args.model,
             "--width", str(args.width), "--batch", str(args.batch), "--block", str(args.block)]
     argv += ["--cold"] if args.cold else []
+    argv += ["--keep-freed-memory"] if args.keep_freed_memory else []
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -386,6 +392,9 @@ def main(argv=None):
                         help="ResNet-18: each distinct convolution's forward + backward instead")
     parser.add_argument("--col2im", action="store_true",
                         help="--layers: also hpcgrad with col2im's input gradient, interleaved")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc keeps freed memory for the next step, for both libraries "
+                             "(hpcgrad.base.memory.keep_freed_memory)")
     parser.add_argument("--alternate", metavar="MODULE.NAME=V1,V2",
                         help="hpcgrad's step once per value of a module setting each round")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -393,6 +402,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.memory_child:
         return memory_child(args)
+    if args.keep_freed_memory:  # process-wide: PyTorch's steps in this process too
+        from hpcgrad.base.memory import keep_freed_memory
+        keep_freed_memory()
     show = print
     if args.ddp:
         from mpi4py import MPI
