@@ -36,7 +36,8 @@ The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 4 
 sees, samples a pass enough for 1,024 positions, the lanes summed at the end. At 512 bits it
 took 0.31-0.45x the columns' time at 3 channels of 32x32, 0.45-0.54x at 16 of 32x32, 0.69-0.87x
 at 32 of 16x16, and was no faster at 64-128 (256 bits, the same CPU: 0.45x, 0.8x, 1.2x): taken
-up to 32 input channels at 512 bits, 16 at 256 (nn/_conv.py). Its sums are loaded and stored
+up to 32 input channels at 512 bits, 16 at 256 (nn/_conv.py). Blocks of 4 x 6 taps (24
+accumulators) ran 0.95-1.0x the 4 x 4 one: not kept. Its sums are loaded and stored
 in the loop itself: through a function returning 16 vectors, and with the scalar loop for a
 row's last positions in the same loop, it ran 1.7-2.5x slower, so that loop is its own kernel.
 
