@@ -220,19 +220,20 @@ def _direct_kernel(a, w, geo):
     return direct_conv if fast else None
 
 
-def _direct_weight_grad_takes(a, g, geo):
-    """Whether the weight's gradient goes through the direct kernel's (Note [Direct
-    convolution]): the forward's conditions, rows of whole vectors (any rows where
+def _direct_weight_grad(a, g, geo):
+    """kernels/direct_conv.py where its weight gradient takes this convolution (Note [Direct
+    convolution]): the forward's conditions at stride 1, rows of whole vectors (any rows where
     _DIRECT_WHOLE_ROWS is off), and at most _DIRECT_WEIGHT_GRAD_CHANNELS input channels for
-    this CPU's vector width."""
-    if geo.stride != (1, 1) or _direct_kernel(a, a, geo) is None or type(g) is not np.ndarray \
-            or g.dtype != a.dtype:
-        return False
-    from hpcgrad.base.kernels import direct_conv
-    bits = direct_conv.weight_grad_bits(geo.wo, a.dtype)
+    this CPU's vector width. Else None."""
+    direct = None if geo.stride != (1, 1) else _direct_kernel(a, a, geo)
+    if direct is None or type(g) is not np.ndarray or g.dtype != a.dtype:
+        return None
+    bits = direct.weight_grad_bits(geo.wo, a.dtype)
     if bits is None:
-        return not _DIRECT_WHOLE_ROWS and geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[256]
-    return geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
+        takes = not _DIRECT_WHOLE_ROWS and geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[256]
+    else:
+        takes = geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
+    return direct if takes else None
 
 
 def _columns_forward(a, w, geo):
@@ -296,9 +297,9 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         grad_x = _forward_arrays(xp.ascontiguousarray(g), _flipped(w, geo), through)
         grad_x = grad_x.reshape(geo.n, geo.c, through.ho, through.wo)
         need_x = False
-    if need_w and _direct_weight_grad_takes(a, g, geo):  # Note [Direct convolution]
-        from hpcgrad.base.kernels import direct_conv
-        grad_w = direct_conv.weight_grad_stride1(
+    direct = _direct_weight_grad(a, g, geo) if need_w else None
+    if direct is not None:  # Note [Direct convolution]
+        grad_w = direct.weight_grad_stride1(
             np.ascontiguousarray(_padded(a, geo.padding)), np.ascontiguousarray(g),
             (geo.kh, geo.kw), geo.dilation)
         need_w = False
