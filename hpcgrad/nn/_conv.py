@@ -332,9 +332,18 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
     if need_w:
         grad_w = xp.zeros((geo.groups, geo.og, geo.rows), dtype)
         source, loops_w = _unfold_source(a, geo) if geo.n else (None, None)
-    grad_padded = xp.zeros((geo.n, geo.c) + geo.padded_hw, dtype) if need_x else None
+    top, bottom, left, right = geo.padding
+    height, width = geo.padded_hw
+    grad_padded = fold = None
+    if need_x and _UNFOLD_PLANES and xp is np and dtype in (np.float32, np.float64):
+        # Note [Unfolding a plane at a time]: each plane's windows summed and written whole
+        from hpcgrad.base.kernels import unfold  # numba: imported on first use
+        grad_x = np.empty((geo.n, geo.c, height - top - bottom, width - left - right), dtype)
+        fold = unfold.fold
+    elif need_x:
+        grad_padded = xp.zeros((geo.n, geo.c) + geo.padded_hw, dtype)
     # (asked once: the products and the zeros are C-contiguous arrays of g's dtype)
-    loops_x = _column_loops(grad_padded) if need_x else None
+    loops_x = _column_loops(grad_padded) if grad_padded is not None else None
     for start, stop in geo.chunks() if geo.n else ():
         m = stop - start
         for group in range(geo.groups):
@@ -347,11 +356,12 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
                 # (K, Og) product, read transposed: OpenBLAS runs it 8-11% faster than
                 # gt @ cols.T where Og is 16-32 (benchmarks/conv_layouts.py)
                 grad_w[group] += (cols @ gt.T).T
-            if need_x:
+            if fold is not None:
+                d6 = (w3[group].T @ gt).reshape(geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
+                fold(d6, grad_x, start, group * geo.cg, geo.padding, geo.stride, geo.dilation)
+            elif need_x:
                 _add_windows(grad_padded, w3[group].T @ gt, geo, start, stop, group, loops_x)
-    if need_x:
-        top, bottom, left, right = geo.padding
-        height, width = geo.padded_hw
+    if grad_padded is not None:
         grad_x = xp.ascontiguousarray(
             grad_padded[:, :, top:height - bottom, left:width - right]) \
             if (top or bottom or left or right) else grad_padded

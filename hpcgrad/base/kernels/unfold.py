@@ -1,4 +1,4 @@
-"""A convolution's columns read straight from its unpadded input, a plane at a time (numba).
+"""A convolution's columns read from its unpadded input, and folded back, a plane at a time.
 
 Note [Unfolding a plane at a time]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -13,6 +13,11 @@ width and the stride are one of ``SHAPES``, they are compile-time constants: LLV
 rows (ResNet-18's 4x4 and 8x8 planes, and its stride-2 layers). Every element is a copy of one
 input element or a zero, so this equals ``im2col`` of the padded input to the bit
 (tests/base/kernels/test_unfold.py).
+
+``fold`` is the way back (col2im, the input's gradient where it is not a convolution: strides
+above 1): each plane's kh*kw windows of gradient are added into a zeroed scratch plane, offset by
+offset as kernels/cpu.py's ``col2im_add`` adds them, and its interior is written to the gradient:
+no zeroed padded gradient for the whole batch, and no copy out of it, and the same bits.
 """
 
 import numpy as np
@@ -71,3 +76,55 @@ def unfold(x, start, c0, out, padding, stride, dilation):
         kernel(x, start, c0, out, plane, top, left, dilation[0], dilation[1])
     else:
         _unfold_any(x, start, c0, out, plane, top, left, sh, sw, dilation[0], dilation[1])
+
+
+@njit(nogil=True, inline="always")
+def _fold(d, out, start, c0, plane, top, left, width, wo, sh, sw, dh, dw):
+    cg, kh, kw, m, ho, _ = d.shape
+    height = out.shape[2]
+    for c in range(cg):
+        for n in range(m):
+            plane[:] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    src = d[c, i, j, n]
+                    for y in range(ho):
+                        row = plane[y * sh + i * dh, j * dw:]
+                        frm = src[y]
+                        for z in range(wo):
+                            row[z * sw] += frm[z]
+            dst = out[start + n, c0 + c]
+            for y in range(height):
+                for z in range(width):
+                    dst[y, z] = plane[top + y, left + z]
+
+
+@njit(cache=True, nogil=True)
+def _fold_any(d, out, start, c0, plane, top, left, sh, sw, dh, dw):
+    _fold(d, out, start, c0, plane, top, left, out.shape[3], d.shape[5], sh, sw, dh, dw)
+
+
+def _specialized_fold(width, wo, stride):
+    @njit(cache=True, nogil=True)
+    def kernel(d, out, start, c0, plane, top, left, dh, dw):
+        _fold(d, out, start, c0, plane, top, left, width, wo, stride, stride, dh, dw)
+    kernel.__name__ = kernel.__qualname__ = f"_fold_{width}_{wo}_s{stride}"
+    return kernel
+
+
+_FOLD_KERNELS = {shape: _specialized_fold(*shape) for shape in SHAPES}
+
+
+def fold(d, out, start, c0, padding, stride, dilation):
+    """out[start:start + m, c0:c0 + Cg] (N, C, H, W) = the sum of each window's gradient
+    d (Cg, kh, kw, m, Ho, Wo) where it read, padding (top, bottom, left, right) dropped; d and
+    out C-contiguous arrays of one float dtype. Overwrites: each plane is written whole."""
+    top, bottom, left, right = padding
+    height, width = out.shape[2], out.shape[3]
+    plane = np.empty((height + top + bottom, width + left + right), d.dtype)
+    sh, sw = stride
+    kernel = _FOLD_KERNELS.get((width, d.shape[5], sw)) if sh == sw else None
+    if kernel is not None:
+        kernel(d, out, start, c0, plane, top, left, dilation[0], dilation[1])
+    else:
+        _fold_any(d, out, start, c0, plane, top, left, sh, sw, dilation[0], dilation[1])

@@ -66,3 +66,49 @@ def test_only_the_kernel_rows_of_the_padding_are_zero():
     np.testing.assert_array_equal(got[0, 0, 0, 0, 0], 0)  # top-left tap, first row: padding
     np.testing.assert_array_equal(got[0, 0, 0, 0, 1:, 0], 0)
     np.testing.assert_array_equal(got[0, 0, 0, 0, 1:, 1:], x[0, 0, :3, :3])
+
+
+def _fold_check(rng, x_shape, kernel, padding, stride, dilation, start=0, m=None, c0=0, cg=None):
+    from hpcgrad.base.kernels import cpu
+    n, c, h, w = x_shape
+    m = n - start if m is None else m
+    cg = c - c0 if cg is None else cg
+    top, bottom, left, right = padding
+    hp, wp = h + top + bottom, w + left + right
+    ho, wo = windows(np.empty((1, 1, hp, wp)), kernel, stride, dilation).shape[2:4]
+    dtype = rng.choice([np.float32, np.float64])
+    d = rng.standard_normal((cg, *kernel, m, ho, wo)).astype(dtype)
+    target = np.zeros((n, c, hp, wp), dtype)  # the reference: col2im into zeros, then cropped
+    cpu.col2im_add(d, target, start, c0, stride, dilation)
+    want = target[start:start + m, c0:c0 + cg, top:hp - bottom, left:wp - right]
+    got = np.full((n, c, h, w), np.nan, dtype)
+    unfold.fold(d, got, start, c0, padding, stride, dilation)
+    np.testing.assert_array_equal(got[start:start + m, c0:c0 + cg], want)
+    rest = np.ones(got.shape, bool)
+    rest[start:start + m, c0:c0 + cg] = False
+    assert np.isnan(got[rest]).all()  # nothing outside its samples and channels is written
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_fold_equals_col2im_into_zeros_cropped(seed):
+    rng = np.random.default_rng(100 + seed)
+    kh, kw = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+    stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+    dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+    padding = tuple(int(v) for v in rng.integers(0, 3, 4))
+    n, c = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    reach_h, reach_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
+    h = max(1, int(rng.integers(reach_h - padding[0] - padding[1], reach_h + 9)))
+    w = max(1, int(rng.integers(reach_w - padding[2] - padding[3], reach_w + 9)))
+    start = int(rng.integers(0, n))
+    c0 = int(rng.integers(0, c))
+    _fold_check(rng, (n, c, h, w), (kh, kw), padding, stride, dilation, start,
+                int(rng.integers(1, n - start + 1)), c0, int(rng.integers(1, c - c0 + 1)))
+
+
+@pytest.mark.parametrize("width, wo, stride", unfold.SHAPES)
+def test_fold_on_every_specialized_shape(width, wo, stride):
+    rng = np.random.default_rng(width * stride)
+    _fold_check(rng, (3, 4, width, width), (3, 3), (1, 1, 1, 1), (stride, stride), (1, 1))
+    _fold_check(rng, (3, 4, width, width), (3, 3), (2, 2, 2, 2), (stride, stride), (2, 2),
+                start=1, m=2, c0=1, cg=2)
