@@ -36,7 +36,9 @@ group, the gradient's columns would outnumber the input's, and where a side's pa
 the kernel's reach the transposed padding is negative: both keep col2im. On ResNet-18's 3x3
 layers at width 16, batch 32, the input gradient alone took 0.75-0.86x the time of col2im's
 (``python benchmarks/models.py --model resnet18 --width 16 --batch 32 --layers --col2im``
-times each layer both ways, interleaved).
+times each layer both ways, interleaved). Since col2im folds a plane at a time (Note
+[Unfolding a plane at a time]) it is the faster way from 128 input and output channels a group
+on (``_INPUT_GRAD_FOLD``), where turning the weight is a large transposed copy.
 The sums are the same terms in another order: the plain reference, not col2im, is what the tests
 hold both to.
 
@@ -96,6 +98,13 @@ _DIRECT_STRIDED = True
 # padding and im2col, 8x8 0.55x, 16x16 1.0x, 32x32 1.3-1.7x; stride 2 0.3-0.4x.
 _UNFOLD_PLANES = True
 _UNFOLD_PLANES_WIDTH = 16
+# From this many input and output channels a group on, the input gradient is folded
+# (col2im, kernels/unfold.py) rather than a convolution: the weight's flip (a transposed copy:
+# 8.7 ms for 512 x 512 x 3 x 3) outweighs it. At batch 16-32 the fold took 0.70-0.84x the
+# convolution's time at 128 channels of 4x4 and 16x16, 0.84x at 256 of 8x8, 0.5x at 512 of 4x4;
+# 1.08x at 64 of 8x8, 1.5x at 32 of 16x16 (both through the direct kernel).
+_INPUT_GRAD_FOLD = 128
+_WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
@@ -329,8 +338,10 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         return grad_x, grad_w
     g3 = g.reshape(geo.n, geo.o, geo.positions)
     w3 = w.reshape(geo.groups, geo.og, geo.rows)
-    if need_w:
-        grad_w = xp.zeros((geo.groups, geo.og, geo.rows), dtype)
+    if need_w:  # each group's first chunk assigns its sum, the others add to it
+        grad_w = xp.empty((geo.groups, geo.og, geo.rows), dtype)
+        if not geo.n:
+            grad_w[...] = 0
         source, loops_w = _unfold_source(a, geo) if geo.n else (None, None)
     top, bottom, left, right = geo.padding
     height, width = geo.padded_hw
@@ -353,9 +364,19 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
             gt = gt.reshape(geo.og, m * geo.positions)
             if need_w:
                 cols = geo.columns(source, start, stop, group, loops_w)
-                # (K, Og) product, read transposed: OpenBLAS runs it 8-11% faster than
-                # gt @ cols.T where Og is 16-32 (benchmarks/conv_layouts.py)
-                grad_w[group] += (cols @ gt.T).T
+                # Up to _WEIGHT_GRAD_TRANSPOSED outputs a group, the (K, Og) product read
+                # transposed: OpenBLAS runs it 8-11% faster than gt @ cols.T where Og is 16-32
+                # (benchmarks/conv_layouts.py) and 20% at 64 (with the transposed copy).
+                # Beyond, (Og, K) directly: ResNet-18's 512 outputs of 256 x 3 x 3 at batch 16
+                # took 34 ms as (K, Og) and its transposed copy, 12.5 ms as (Og, K).
+                if geo.og <= _WEIGHT_GRAD_TRANSPOSED:
+                    product = (cols @ gt.T).T
+                else:
+                    product = gt @ cols.T
+                if start:
+                    grad_w[group] += product
+                else:
+                    grad_w[group] = product
             if fold is not None:
                 d6 = (w3[group].T @ gt).reshape(geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
                 fold(d6, grad_x, start, group * geo.cg, geo.padding, geo.stride, geo.dilation)
@@ -373,7 +394,7 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
 def _input_grad_geometry(geo):
     """The convolution whose output is this one's input gradient (Note [Input gradient as a
     convolution]), or None where col2im is the way."""
-    if geo.stride != (1, 1) or geo.og > geo.cg:
+    if geo.stride != (1, 1) or geo.og > geo.cg or min(geo.og, geo.cg) >= _INPUT_GRAD_FOLD:
         return None
     reach_h, reach_w = (geo.kh - 1) * geo.dilation[0], (geo.kw - 1) * geo.dilation[1]
     top, bottom, left, right = geo.padding

@@ -145,6 +145,27 @@ def _plain_conv(padding, stride=(1, 1), dilation=(1, 1), groups=1):
     return conv
 
 
+# Settings that send the Node's columns another way than its defaults do on small shapes:
+# the input gradient folded at stride 1, the weight gradient's product as (Og, K), columns from
+# a padded copy with the old im2col and col2im, and chunks of one sample (sums added chunk by
+# chunk). Each is compared with slices and sums as the default route is.
+ROUTES = {
+    "fold_input_grad": {"_INPUT_GRAD_FOLD": 1},
+    "weight_grad_rows_first": {"_WEIGHT_GRAD_TRANSPOSED": 0},
+    "padded_columns": {"_UNFOLD_PLANES": False, "_DIRECT_DEFAULT": False},
+    "one_sample_chunks": {"_CHUNK_ELEMENTS": 1, "_CHUNK_POSITIONS": 1, "_INPUT_GRAD_FOLD": 1,
+                          "_WEIGHT_GRAD_TRANSPOSED": 0},
+}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("seed", range(8))
+def test_conv2d_node_by_every_route_matches_the_plain_formula(seed, route, monkeypatch):
+    for name, value in ROUTES[route].items():
+        monkeypatch.setattr(_conv, name, value)
+    test_conv2d_node_matches_the_plain_formula(100 + seed)
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_conv2d_node_matches_the_plain_formula(seed):
     """The one-Node convolution (F.conv2d) against slices and sums, float32 and float64, first
