@@ -58,7 +58,8 @@ loop, 10x slower: the selection in nn/_conv.py sends only rows without them here
 of 16x16 and 32x32 the 256-bit kernel ran 0.8-1.3x the columns' time from run to run, at 128 no
 faster. The block's ``_block`` is inlined into the loop by numba (``inline="always"``): as an
 LLVM call it ran 1.5-1.9x slower. Compiling all of numba's loops for 512-bit vectors (LLVM's
-``-prefer-256-bit`` off) made GELU 1.6x faster but the ResNet step slower: not done.
+``-prefer-256-bit`` off) made GELU 1.6x faster but the ResNet step slower: kernels/wide.py
+widens chosen loops only (Note [512-bit loops]).
 Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst.
 """
 
@@ -66,6 +67,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, models, register_model
+
+from hpcgrad.base.kernels.wide import AVX512
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
@@ -444,17 +447,9 @@ def _weight_grad_512x4(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
 WEIGHT_GRAD_KERNELS = {(256, 2): _weight_grad_256x2, (512, 4): _weight_grad_512x4}
 
 
-def _host_has_avx512():
-    """Whether numba compiles for a CPU with AVX-512 (NUMBA_CPU_NAME unset, the host has it):
-    512-bit vectors and 32 vector registers, room for 8 x 2 accumulators."""
-    import llvmlite.binding as llvm
-    from numba.core import config as numba_config
-    return numba_config.CPU_NAME is None and "+avx512f" in llvm.get_host_cpu_features().flatten()
-
-
-_AVX512 = _host_has_avx512()
-WIDTHS = (512, 256) if _AVX512 else (256,)  # the vector widths worth using here, widest first
-OUTPUTS = 8 if _AVX512 else 4  # output channels per block: 8 x 2 accumulators spill in 16 registers
+# AVX-512: 512-bit vectors and 32 vector registers, room for 8 x 2 accumulators
+WIDTHS = (512, 256) if AVX512 else (256,)  # the vector widths worth using here, widest first
+OUTPUTS = 8 if AVX512 else 4  # output channels per block: 8 x 2 accumulators spill in 16 registers
 
 
 
