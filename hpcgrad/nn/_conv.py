@@ -38,7 +38,8 @@ layers at width 16, batch 32, the input gradient alone took 0.75-0.86x the time 
 (``python benchmarks/models.py --model resnet18 --width 16 --batch 32 --layers --col2im``
 times each layer both ways, interleaved). Since col2im folds a plane at a time (Note
 [Unfolding a plane at a time]) it is the faster way from 128 input and output channels a group
-on (``_INPUT_GRAD_FOLD``), where turning the weight is a large transposed copy.
+on (``_INPUT_GRAD_FOLD``), where turning the weight is a large transposed copy, unless the
+direct kernel takes the convolution.
 The sums are the same terms in another order: the plain reference, not col2im, is what the tests
 hold both to.
 
@@ -99,10 +100,11 @@ _DIRECT_STRIDED = True
 _UNFOLD_PLANES = True
 _UNFOLD_PLANES_WIDTH = 16
 # From this many input and output channels a group on, the input gradient is folded
-# (col2im, kernels/unfold.py) rather than a convolution: the weight's flip (a transposed copy:
-# 8.7 ms for 512 x 512 x 3 x 3) outweighs it. At batch 16-32 the fold took 0.70-0.84x the
-# convolution's time at 128 channels of 4x4 and 16x16, 0.84x at 256 of 8x8, 0.5x at 512 of 4x4;
-# 1.08x at 64 of 8x8, 1.5x at 32 of 16x16 (both through the direct kernel).
+# (col2im, kernels/unfold.py) rather than a convolution through columns: the weight's flip (a
+# transposed copy: 8.7 ms for 512 x 512 x 3 x 3) outweighs it. At batch 16-32 the fold took
+# 0.64x the convolution's time at 128 channels of 4x4, 0.83x at 256 of 8x8, 0.55x at 512 of
+# 4x4, 1.0x at 64 of 8x8; where the direct kernel takes the convolution it stays (128 channels
+# of 16x16: the fold 1.4x its time).
 _INPUT_GRAD_FOLD = 128
 _WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
@@ -324,6 +326,9 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
     a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
     grad_x = grad_w = None
     through = _input_grad_geometry(geo) if need_x else None
+    if through is not None and min(geo.og, geo.cg) >= _INPUT_GRAD_FOLD \
+            and _direct_kernel(g, w, through) is None:
+        through = None  # its columns' product would need the large weight turned: folded
     if through is not None:  # Note [Input gradient as a convolution]
         grad_x = _forward_arrays(xp.ascontiguousarray(g), _flipped(w, geo), through)
         grad_x = grad_x.reshape(geo.n, geo.c, through.ho, through.wo)
@@ -394,7 +399,7 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
 def _input_grad_geometry(geo):
     """The convolution whose output is this one's input gradient (Note [Input gradient as a
     convolution]), or None where col2im is the way."""
-    if geo.stride != (1, 1) or geo.og > geo.cg or min(geo.og, geo.cg) >= _INPUT_GRAD_FOLD:
+    if geo.stride != (1, 1) or geo.og > geo.cg:
         return None
     reach_h, reach_w = (geo.kh - 1) * geo.dilation[0], (geo.kw - 1) * geo.dilation[1]
     top, bottom, left, right = geo.padding

@@ -150,11 +150,11 @@ def _plain_conv(padding, stride=(1, 1), dilation=(1, 1), groups=1):
 # a padded copy with the old im2col and col2im, and chunks of one sample (sums added chunk by
 # chunk). Each is compared with slices and sums as the default route is.
 ROUTES = {
-    "fold_input_grad": {"_INPUT_GRAD_FOLD": 1},
+    "fold_input_grad": {"_INPUT_GRAD_FOLD": 1, "_DIRECT_DEFAULT": False},
     "weight_grad_rows_first": {"_WEIGHT_GRAD_TRANSPOSED": 0},
     "padded_columns": {"_UNFOLD_PLANES": False, "_DIRECT_DEFAULT": False},
     "one_sample_chunks": {"_CHUNK_ELEMENTS": 1, "_CHUNK_POSITIONS": 1, "_INPUT_GRAD_FOLD": 1,
-                          "_WEIGHT_GRAD_TRANSPOSED": 0},
+                          "_WEIGHT_GRAD_TRANSPOSED": 0, "_DIRECT_DEFAULT": False},
 }
 
 
