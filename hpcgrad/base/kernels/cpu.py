@@ -358,3 +358,33 @@ def gelu_backward(g, x, sqrt1_2, pdf_scale):
     _gelu_backward(g.reshape(-1), x.reshape(-1), out.reshape(-1), t(0.5), t(1), t(sqrt1_2),
                    t(pdf_scale), t(-0.5))
     return out
+
+
+# --- rows added at indices (ops/shape.py IndexAdd: embedding and gather gradients) -------------
+# numpy's ufunc.at walks its indices one element at a time through a generic loop: an
+# embedding's gradient of 1024 rows of 256 took 6.7 ms; this loop adds whole rows (SIMD), in
+# the indices' order as ufunc.at does, so repeated rows sum in the same order: 0.08 ms.
+@njit(cache=True, nogil=True)
+def _add_rows(out, rows, values):
+    for k in range(rows.size):
+        dst, src = out[rows[k]], values[k]
+        for j in range(src.size):
+            dst[j] += src[j]
+
+
+def add_rows(out, rows, values):
+    """``np.add.at(out, (rows,), values)`` where this loop takes it, and then True: ``rows`` a
+    1-D integer array within [0, len(out)), ``out`` and ``values`` C-contiguous float32/float64
+    of one dtype, ``values`` of shape (len(rows),) + out.shape[1:]. Else False (numpy's
+    ufunc.at keeps its own errors and broadcasting)."""
+    if not (type(rows) is np.ndarray and rows.ndim == 1 and rows.dtype.kind in "iu"
+            and out.ndim >= 1 and values.shape == rows.shape + out.shape[1:]
+            and contiguous_floats(out, values) and out.dtype == values.dtype):
+        return False
+    if rows.size == 0:
+        return True
+    if rows.min() < 0 or rows.max() >= out.shape[0]:
+        return False
+    width = out.size // out.shape[0] if out.shape[0] else 0
+    _add_rows(out.reshape(out.shape[0], width), rows, values.reshape(rows.size, width))
+    return True

@@ -276,7 +276,9 @@ class IndexAdd(_Indexed):
         if _is_basic(index):
             out[index] = g.array  # a basic index cannot repeat an element
         elif xp is np:
-            np.add.at(out, index, g.array)
+            if not (isinstance(index, tuple) and len(index) == 1
+                    and _add_rows(out, index[0], g.array)):
+                np.add.at(out, index, g.array)
         else:
             import cupyx
             cupyx.scatter_add(out, index, g.array)
@@ -285,6 +287,12 @@ class IndexAdd(_Indexed):
     @staticmethod
     def backward(ctx, g):
         return GetItem.apply(g, _Indexed._index(ctx)), None, None
+
+
+def _add_rows(out, rows, values):
+    """kernels/cpu.py add_rows (numba: imported on first use): True where it added."""
+    from hpcgrad.base.kernels import cpu
+    return cpu.add_rows(out, rows, values)
 
 
 def getitem(x, index):
