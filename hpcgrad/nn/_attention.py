@@ -140,9 +140,17 @@ class Attention(Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, scale):
         xp = backend.get_array_module(q.array)
-        scores = (q.array @ xp.swapaxes(k.array, -1, -2)) * scale
+        scores = q.array @ xp.swapaxes(k.array, -1, -2)
+        # scaled and masked in place: the composition's ops and bits, without its two
+        # scores-sized temporaries (where the bias broadcasts to a larger shape, not in place)
+        if xp.result_type(scores, scale) == scores.dtype:
+            scores *= scale
+        else:  # (a numpy float64 scale promotes float32 scores, as in the composition)
+            scores = scores * scale
         if bias is not None:
-            scores = scores + bias
+            scores = xp.add(scores, bias, out=scores) if bias.ndim <= scores.ndim and \
+                xp.broadcast_shapes(bias.shape, scores.shape) == scores.shape \
+                else scores + bias
         probs = _softmax_rows(scores, xp)
         if ctx.needs_input_grad:
             ctx.save_for_backward(q, k, v)

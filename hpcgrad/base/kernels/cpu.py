@@ -360,7 +360,7 @@ def gelu_backward(g, x, sqrt1_2, pdf_scale):
     return out
 
 
-# --- rows added at indices (ops/shape.py IndexAdd: embedding and gather gradients) -------------
+# --- rows added at indices (ops/shape.py IndexAdd: embedding and gather gradients) -----------
 # numpy's ufunc.at walks its indices one element at a time through a generic loop: an
 # embedding's gradient of 1024 rows of 256 took 6.7 ms; this loop adds whole rows (SIMD), in
 # the indices' order as ufunc.at does, so repeated rows sum in the same order: 0.08 ms.
