@@ -63,6 +63,7 @@ def test_fuzz_family(fuzzer, family):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # ~40 s alone with numba's cache empty; CI runs two suites on 2 cores
 def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch):
     """The direct convolution (kernels/direct_conv.py, on by default for the shapes it is
     measured faster on) taken for every stride-1, one-group convolution the nn programs draw,
