@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from hpcgrad.base import backend
+from hpcgrad.base import backend, blas
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.nn import softmax_array, softmax_backward_array
@@ -140,7 +140,7 @@ class Attention(Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, scale):
         xp = backend.get_array_module(q.array)
-        scores = q.array @ xp.swapaxes(k.array, -1, -2)
+        scores = blas.matmul(q.array, xp.swapaxes(k.array, -1, -2))
         # scaled and masked in place: the composition's ops and bits, without its two
         # scores-sized temporaries (where the bias broadcasts to a larger shape, not in place)
         if xp.result_type(scores, scale) == scores.dtype:
@@ -155,7 +155,7 @@ class Attention(Function):
         if ctx.needs_input_grad:
             ctx.save_for_backward(q, k, v)
             ctx.state = (probs, bias, scale)
-        return probs @ v.array
+        return blas.matmul(probs, v.array)
 
     @staticmethod
     def backward(ctx, g):
@@ -172,13 +172,13 @@ class Attention(Function):
                     grad_v, None, None)
         xp = backend.get_array_module(probs)
         ga = g.array
-        grad_v = xp.swapaxes(probs, -1, -2) @ ga if need_v else None
+        grad_v = blas.matmul(xp.swapaxes(probs, -1, -2), ga) if need_v else None
         grad_q = grad_k = None
         if need_q or need_k:
-            dp = ga @ xp.swapaxes(v.array, -1, -2)
+            dp = blas.matmul(ga, xp.swapaxes(v.array, -1, -2))
             ds = softmax_backward_array(probs, dp, -1, scale)
-            grad_q = ds @ k.array if need_q else None
-            grad_k = xp.swapaxes(ds, -1, -2) @ q.array if need_k else None
+            grad_q = blas.matmul(ds, k.array) if need_q else None
+            grad_k = blas.matmul(xp.swapaxes(ds, -1, -2), q.array) if need_k else None
         return grad_q, grad_k, grad_v, None, None
 
 

@@ -53,7 +53,7 @@ import threading
 
 import numpy as np
 
-from hpcgrad.base import backend, config
+from hpcgrad.base import backend, blas, config
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.shape import cat
@@ -280,7 +280,7 @@ def _columns_forward(a, w, geo):
             m = stop - start
             for group in range(geo.groups):
                 cols = geo.columns(source, start, stop, group, loops)
-                product = w3[group] @ cols  # (Og, m*L)
+                product = blas.matmul(w3[group], cols)  # (Og, m*L)
                 out[start:stop, group * geo.og:(group + 1) * geo.og] = (
                     product.reshape(geo.og, m, geo.positions).transpose(1, 0, 2))
     return out
@@ -375,18 +375,20 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
                 # Beyond, (Og, K) directly: ResNet-18's 512 outputs of 256 x 3 x 3 at batch 16
                 # took 34 ms as (K, Og) and its transposed copy, 12.5 ms as (Og, K).
                 if geo.og <= _WEIGHT_GRAD_TRANSPOSED:
-                    product = (cols @ gt.T).T
+                    product = blas.matmul(cols, gt.T).T
                 else:
-                    product = gt @ cols.T
+                    product = blas.matmul(gt, cols.T)
                 if start:
                     grad_w[group] += product
                 else:
                     grad_w[group] = product
             if fold is not None:
-                d6 = (w3[group].T @ gt).reshape(geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
+                d6 = blas.matmul(w3[group].T, gt).reshape(
+                    geo.cg, geo.kh, geo.kw, m, geo.ho, geo.wo)
                 fold(d6, grad_x, start, group * geo.cg, geo.padding, geo.stride, geo.dilation)
             elif need_x:
-                _add_windows(grad_padded, w3[group].T @ gt, geo, start, stop, group, loops_x)
+                _add_windows(grad_padded, blas.matmul(w3[group].T, gt), geo, start, stop, group,
+                             loops_x)
     if grad_padded is not None:
         grad_x = xp.ascontiguousarray(
             grad_padded[:, :, top:height - bottom, left:width - right]) \

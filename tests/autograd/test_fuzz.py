@@ -91,6 +91,25 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
     assert not failing, f"{len(failing)} nn programs differ with the direct kernel: {failing[:3]}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("family", ["matmul", "nn"])
+def test_fuzz_with_mkl_for_the_products(fuzzer, monkeypatch, family):
+    """HPCGRAD_BLAS=mkl (base/blas.py, Note [MKL for the products]): the matmul and nn programs
+    with their products through MKL, against PyTorch and the backward modes, as above."""
+    from hpcgrad.base import blas
+    if blas._find_mkl() is None:
+        pytest.skip("MKL is not installed (pip install -e '.[mkl]')")
+    monkeypatch.setattr(blas, "MKL", True)
+    calls = []
+    gemm = blas._gemm
+    monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append(1) or gemm(*args))
+    failing = [(index, found) for index in range(BUDGET[family])
+               if (found := fuzzer.check(fuzzer.program(family, SEED + 2, index)))]
+    assert calls, "no product went through MKL: the test would prove nothing"
+    assert not failing, f"{len(failing)} {family} programs differ with MKL: {failing[:3]}"
+
+
 def test_fuzz_compares_values_errors_and_none():
     """The comparison itself: a value, a None gradient, a dtype and whether it raised."""
     a = {"x.grad": np.array([1.0, 2.0]), "y.grad": None}

@@ -1,0 +1,127 @@
+"""Matrix products through MKL's cblas where the ``mkl`` extra is installed and chosen, else numpy.
+
+Note [MKL for the products]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+numpy's wheels carry OpenBLAS. On an AVX-512 Xeon, one thread, its SGEMM ran the GPT
+benchmark's products ((1024, 256) @ (256, 768) and their kin) at 100-110 GF/s where PyTorch's
+(MKL) ran them at 106-126, and the products are two thirds of that step. ``HPCGRAD_BLAS=mkl``
+sends the hot products (``matmul``: Linear and MatMul, the convolution's columns, attention) to
+MKL's ``cblas_?gemm`` through ctypes, from the ``mkl`` wheel (``pip install -e ".[mkl]"``),
+one thread a rank (MKL's sequential layer, as one BLAS thread a rank is the MPI rule here):
+the GPT step went from 1.18x PyTorch's time to 1.03x (``python benchmarks/models.py --model
+gpt --alternate hpcgrad.base.blas.MKL=False,True``).
+
+MKL may sum a product's terms in another order than OpenBLAS, so the results may differ in the
+last bits; its conditional numerical reproducibility is set to ``AUTO`` with ``STRICT`` (the
+same bits from run to run on one CPU, whatever the arrays' alignment), so a checkpoint's resume
+and a rerun agree as with OpenBLAS. It is opt-in until the differential tests
+(tests/base/test_blas.py, and the fuzzer's programs with ``HPCGRAD_BLAS=mkl``) run in CI;
+``matmul`` falls back to numpy for whatever it does not take (other dtypes, cupy, broadcast
+batch axes, an operand without a unit stride, empty products).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+import numpy as np
+
+from hpcgrad.base import config
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
+_CBWR_AUTO, _CBWR_STRICT = 2, 0x10000
+
+
+def _choice():
+    value = config.raw("HPCGRAD_BLAS").strip() or "numpy"
+    if value not in ("numpy", "mkl"):
+        raise ValueError(f"HPCGRAD_BLAS must be 'numpy' or 'mkl', got {value!r}")
+    return value
+
+
+def _find_mkl():
+    """libmkl_rt from the mkl wheel (the environment's lib/), or the system's; None if absent."""
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        path = os.path.join(prefix, "lib", "libmkl_rt.so.2")
+        if os.path.exists(path):
+            return path
+    return ctypes.util.find_library("mkl_rt")
+
+
+def _load():
+    """MKL's cblas gemm functions, sequential and reproducible, or a RuntimeError saying how to
+    install it."""
+    path = _find_mkl()
+    if path is None:
+        raise RuntimeError("HPCGRAD_BLAS=mkl but MKL's libmkl_rt was not found: install the mkl "
+                           "extra (pip install -e \".[mkl]\") or unset HPCGRAD_BLAS")
+    lib = ctypes.CDLL(path)
+    if "MKL_THREADING_LAYER" not in os.environ:
+        lib.MKL_Set_Threading_Layer(ctypes.c_int(_SEQUENTIAL))
+    if lib.MKL_CBWR_Set(ctypes.c_int(_CBWR_AUTO | _CBWR_STRICT)) != 0:  # before any product
+        raise RuntimeError(f"MKL ({path}) refused reproducible mode (MKL_CBWR_Set AUTO | "
+                           f"STRICT): an MKL older than 2019.3? Unset HPCGRAD_BLAS")
+    gemms = {}
+    for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
+                                (np.float64, "cblas_dgemm", ctypes.c_double)):
+        fn = getattr(lib, name)
+        fn.restype = None
+        gemms[np.dtype(dtype)] = (fn, scalar(1.0), scalar(0.0))
+    return gemms
+
+
+_GEMMS = None
+MKL = _choice() == "mkl"  # read once, at import; benchmarks may set it to compare
+
+
+def _gemms():
+    global _GEMMS
+    if _GEMMS is None:
+        _GEMMS = _load()
+    return _GEMMS
+
+
+def _layout(a):
+    """(transposed flag, leading dimension) of a 2-D array with one unit stride, else None."""
+    item = a.itemsize
+    rows, cols = a.shape
+    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= max(cols, 1) * item:
+        return _NO_TRANS, a.strides[0] // item
+    if a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= max(rows, 1) * item:
+        return _TRANS, a.strides[1] // item
+    return None
+
+
+def _gemm(a, b, out):
+    """out (m, n) C-contiguous = a (m, k) @ b (k, n) through MKL; False where it cannot."""
+    la, lb = _layout(a), _layout(b)
+    if la is None or lb is None:
+        return False
+    fn, one, zero = _gemms()[a.dtype]
+    (m, k), n = a.shape, b.shape[1]
+    fn(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data), max(1, la[1]),
+       ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), zero, ctypes.c_void_p(out.ctypes.data),
+       max(1, n))
+    return True
+
+
+def matmul(x, y):
+    """``x @ y`` of arrays (numpy's rules), by MKL where chosen (Note [MKL for the products])
+    and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the
+    same batch axes (each matrix its own product), each matrix with one unit stride."""
+    if not MKL or type(x) is not np.ndarray or type(y) is not np.ndarray \
+            or x.dtype != y.dtype or x.dtype not in (np.float32, np.float64) \
+            or x.ndim < 2 or y.ndim < 2 or x.shape[:-2] != y.shape[:-2] \
+            or x.shape[-1] != y.shape[-2] or 0 in x.shape or 0 in y.shape:
+        return x @ y
+    out = np.empty(x.shape[:-1] + y.shape[-1:], x.dtype)
+    if x.ndim == 2:
+        return out if _gemm(x, y, out) else x @ y
+    # (a stack whose batch axes do not merge is copied by reshape: the same values)
+    xs, ys, outs = (a.reshape((-1,) + a.shape[-2:]) for a in (x, y, out))
+    for i in range(outs.shape[0]):
+        if not _gemm(xs[i], ys[i], outs[i]):
+            return x @ y
+    return out

@@ -1,0 +1,101 @@
+"""base/blas.py: MKL's products beside numpy's (their reference) in every orientation, stride
+and stack it takes, numpy's own result for what it does not take, and its errors."""
+
+import numpy as np
+import pytest
+
+from hpcgrad.base import blas
+
+needs_mkl = pytest.mark.skipif(blas._find_mkl() is None,
+                               reason="MKL is not installed (pip install -e '.[mkl]')")
+
+
+@pytest.fixture
+def mkl(monkeypatch):
+    monkeypatch.setattr(blas, "MKL", True)
+    calls = []
+    gemm = blas._gemm
+    monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append(1) or gemm(*args))
+    return calls
+
+
+def _tolerance(dtype, k):
+    return dict(rtol=0, atol=(1e-5 if dtype == np.float32 else 1e-13) * k)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (False, True), (True, False),
+                                              (True, True)])
+def test_every_orientation_and_leading_dimension_equals_numpy(mkl, dtype, trans_a, trans_b):
+    rng = np.random.default_rng(int(trans_a) * 2 + int(trans_b))
+    m, k, n = 37, 53, 29
+    # stored with spare columns (a leading dimension larger than the row), then transposed
+    a_store = rng.standard_normal((k, m + 5) if trans_a else (m, k + 5)).astype(dtype)
+    b_store = rng.standard_normal((n, k + 3) if trans_b else (k, n + 3)).astype(dtype)
+    a = a_store[:, :m].T if trans_a else a_store[:, :k]
+    b = b_store[:, :k].T if trans_b else b_store[:, :n]
+    got = blas.matmul(a, b)
+    assert mkl and got.dtype == dtype and got.flags.c_contiguous and got.shape == (m, n)
+    np.testing.assert_allclose(got, a @ b, **_tolerance(dtype, k))
+
+
+@needs_mkl
+def test_stacks_with_the_same_batch_axes_equal_numpy(mkl):
+    rng = np.random.default_rng(1)
+    q, k = (rng.standard_normal((2, 3, 16, 8)).astype(np.float32) for _ in range(2))
+    got = blas.matmul(q, np.swapaxes(k, -1, -2))  # attention's scores
+    assert len(mkl) == 6
+    np.testing.assert_allclose(got, q @ np.swapaxes(k, -1, -2), **_tolerance(np.float32, 8))
+    # batch axes that do not merge into one (a transposed stack): copied, the same values
+    qt = np.swapaxes(q, 0, 1)
+    np.testing.assert_allclose(blas.matmul(qt, np.swapaxes(k, 0, 1).mT),
+                               qt @ np.swapaxes(k, 0, 1).mT, **_tolerance(np.float32, 8))
+
+
+@needs_mkl
+def test_the_same_bits_whatever_the_alignment(mkl):
+    # MKL's reproducible mode (STRICT): an operand one element off a 64-byte boundary gives the
+    # same product bit for bit
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 48)).astype(np.float32)
+    shifted = np.empty(a.size + 1, np.float32)[1:].reshape(a.shape)
+    shifted[...] = a
+    assert shifted.ctypes.data % 64 != a.ctypes.data % 64
+    np.testing.assert_array_equal(blas.matmul(shifted, b), blas.matmul(a, b))
+
+
+@pytest.mark.parametrize("x, y", [
+    (np.ones((3, 4), np.float32), np.ones((4, 2), np.float64)),  # two dtypes
+    (np.ones((3, 4), np.int64), np.ones((4, 2), np.int64)),  # integers
+    (np.ones((2, 3, 4), np.float32), np.ones((4, 2), np.float32)),  # a stack times a matrix
+    (np.ones((2, 3, 4), np.float32), np.ones((1, 4, 2), np.float32)),  # broadcast batch axes
+    (np.ones((0, 4), np.float32), np.ones((4, 2), np.float32)),  # empty
+    (np.ones(4, np.float32), np.ones((4, 2), np.float32)),  # 1-D
+    (np.ones((3, 8), np.float32)[:, ::2], np.ones((4, 2), np.float32)),  # no unit stride
+])
+def test_what_it_does_not_take_is_numpys_product(monkeypatch, x, y):
+    monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_gemms", lambda: pytest.fail("MKL was asked"))
+    got, want = blas.matmul(x, y), x @ y
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_by_default_the_product_is_numpys(monkeypatch):
+    monkeypatch.setattr(blas, "MKL", False)
+    monkeypatch.setattr(blas, "_gemms", lambda: pytest.fail("MKL was asked"))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(blas.matmul(x, x.T), x @ x.T)
+
+
+def test_settings_and_a_missing_library_say_what_to_do(monkeypatch):
+    monkeypatch.setenv("HPCGRAD_BLAS", "openblas")
+    with pytest.raises(ValueError, match="'numpy' or 'mkl', got 'openblas'"):
+        blas._choice()
+    monkeypatch.setenv("HPCGRAD_BLAS", "mkl")
+    assert blas._choice() == "mkl"
+    monkeypatch.setattr(blas, "_find_mkl", lambda: None)
+    with pytest.raises(RuntimeError, match=r"pip install -e \"\.\[mkl\]\""):
+        blas._load()
