@@ -66,9 +66,9 @@ def _load():
     gemms = {}
     for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
                                 (np.float64, "cblas_dgemm", ctypes.c_double)):
-        fn = getattr(lib, name)
-        fn.restype = None
-        gemms[np.dtype(dtype)] = (fn, scalar(1.0), scalar(0.0))
+        fn, batched = getattr(lib, name), getattr(lib, name + "_batch_strided")
+        fn.restype = batched.restype = None
+        gemms[np.dtype(dtype)] = (fn, batched, scalar(1.0), scalar(0.0))
     return gemms
 
 
@@ -99,7 +99,7 @@ def _gemm(a, b, out):
     la, lb = _layout(a), _layout(b)
     if la is None or lb is None:
         return False
-    fn, one, zero = _gemms()[a.dtype]
+    fn, _, one, zero = _gemms()[a.dtype]
     (m, k), n = a.shape, b.shape[1]
     fn(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data), max(1, la[1]),
        ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), zero, ctypes.c_void_p(out.ctypes.data),
@@ -107,10 +107,25 @@ def _gemm(a, b, out):
     return True
 
 
+def _gemm_stack(a, b, out):
+    """out[i] = a[i] @ b[i] for stacks (batch, m, k) and (batch, k, n) whose matrices lie a
+    fixed stride apart, in one MKL call (``?gemm_batch_strided``); False where it cannot."""
+    la, lb = _layout(a[0]), _layout(b[0])
+    if la is None or lb is None or a.strides[0] % a.itemsize or b.strides[0] % b.itemsize:
+        return False
+    _, batched, one, zero = _gemms()[a.dtype]
+    (count, m, k), n = a.shape, b.shape[2]
+    batched(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data),
+            max(1, la[1]), a.strides[0] // a.itemsize, ctypes.c_void_p(b.ctypes.data),
+            max(1, lb[1]), b.strides[0] // b.itemsize, zero, ctypes.c_void_p(out.ctypes.data),
+            max(1, n), m * n, count)
+    return True
+
+
 def matmul(x, y):
     """``x @ y`` of arrays (numpy's rules), by MKL where chosen (Note [MKL for the products])
     and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the
-    same batch axes (each matrix its own product), each matrix with one unit stride."""
+    same batch axes (one call for the stack), each matrix with one unit stride."""
     if not MKL or type(x) is not np.ndarray or type(y) is not np.ndarray \
             or x.dtype != y.dtype or x.dtype not in (np.float32, np.float64) \
             or x.ndim < 2 or y.ndim < 2 or x.shape[:-2] != y.shape[:-2] \
@@ -118,10 +133,8 @@ def matmul(x, y):
         return x @ y
     out = np.empty(x.shape[:-1] + y.shape[-1:], x.dtype)
     if x.ndim == 2:
-        return out if _gemm(x, y, out) else x @ y
-    # (a stack whose batch axes do not merge is copied by reshape: the same values)
-    xs, ys, outs = (a.reshape((-1,) + a.shape[-2:]) for a in (x, y, out))
-    for i in range(outs.shape[0]):
-        if not _gemm(xs[i], ys[i], outs[i]):
-            return x @ y
-    return out
+        done = _gemm(x, y, out)
+    else:  # (a stack whose batch axes do not merge is copied by reshape: the same values)
+        xs, ys = (a.reshape((-1,) + a.shape[-2:]) for a in (x, y))
+        done = _gemm_stack(xs, ys, out.reshape((-1,) + out.shape[-2:]))
+    return out if done else x @ y

@@ -102,8 +102,9 @@ def test_fuzz_with_mkl_for_the_products(fuzzer, monkeypatch, family):
         pytest.skip("MKL is not installed (pip install -e '.[mkl]')")
     monkeypatch.setattr(blas, "MKL", True)
     calls = []
-    gemm = blas._gemm
+    gemm, stack = blas._gemm, blas._gemm_stack
     monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append(1) or gemm(*args))
+    monkeypatch.setattr(blas, "_gemm_stack", lambda *args: calls.append(1) or stack(*args))
     failing = [(index, found) for index in range(BUDGET[family])
                if (found := fuzzer.check(fuzzer.program(family, SEED + 2, index)))]
     assert calls, "no product went through MKL: the test would prove nothing"
