@@ -104,6 +104,8 @@ def _fold_any(d, out, start, c0, plane, top, left, sh, sw, dh, dw):
     _fold(d, out, start, c0, plane, top, left, out.shape[3], d.shape[5], sh, sw, dh, dw)
 
 
+# (a factory of its own, as ``_specialized``'s: a numba closure over another jitted body would
+# put that body into the cached kernel's key)
 def _specialized_fold(width, wo, stride):
     @njit(cache=True, nogil=True)
     def kernel(d, out, start, c0, plane, top, left, dh, dw):

@@ -25,10 +25,9 @@ def _check(x, kernel, padding, stride, dilation, start=0, m=None, c0=0, cg=None)
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("seed", range(24))
-def test_unfold_equals_the_padded_windows(seed):
-    rng = np.random.default_rng(seed)
-    dtype = (np.float32, np.float64)[seed % 2]
+def _case(rng):
+    """A convolution's geometry drawn from ``rng``: input shape (N, C, H, W), kernel, padding,
+    stride, dilation, and the samples and channels [start, start + m), [c0, c0 + cg)."""
     kh, kw = int(rng.integers(1, 6)), int(rng.integers(1, 4))
     stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
     dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
@@ -37,12 +36,17 @@ def test_unfold_equals_the_padded_windows(seed):
     reach_h, reach_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
     h = max(1, int(rng.integers(reach_h - padding[0] - padding[1], reach_h + 9)))
     w = max(1, int(rng.integers(reach_w - padding[2] - padding[3], reach_w + 9)))
-    x = rng.standard_normal((n, c, h, w)).astype(dtype)
-    start = int(rng.integers(0, n))
-    m = int(rng.integers(1, n - start + 1))
-    c0 = int(rng.integers(0, c))
-    _check(x, (kh, kw), padding, stride, dilation, start, m, c0,
-           int(rng.integers(1, c - c0 + 1)))
+    start, c0 = int(rng.integers(0, n)), int(rng.integers(0, c))
+    m, cg = int(rng.integers(1, n - start + 1)), int(rng.integers(1, c - c0 + 1))
+    return (n, c, h, w), (kh, kw), padding, stride, dilation, start, m, c0, cg
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_unfold_equals_the_padded_windows(seed):
+    rng = np.random.default_rng(seed)
+    shape, *geometry = _case(rng)
+    x = rng.standard_normal(shape).astype((np.float32, np.float64)[seed % 2])
+    _check(x, *geometry)
 
 
 @pytest.mark.parametrize("width, wo, stride", unfold.SHAPES)
@@ -92,18 +96,7 @@ def _fold_check(rng, x_shape, kernel, padding, stride, dilation, start=0, m=None
 @pytest.mark.parametrize("seed", range(24))
 def test_fold_equals_col2im_into_zeros_cropped(seed):
     rng = np.random.default_rng(100 + seed)
-    kh, kw = int(rng.integers(1, 6)), int(rng.integers(1, 4))
-    stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
-    dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
-    padding = tuple(int(v) for v in rng.integers(0, 3, 4))
-    n, c = int(rng.integers(1, 5)), int(rng.integers(1, 6))
-    reach_h, reach_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
-    h = max(1, int(rng.integers(reach_h - padding[0] - padding[1], reach_h + 9)))
-    w = max(1, int(rng.integers(reach_w - padding[2] - padding[3], reach_w + 9)))
-    start = int(rng.integers(0, n))
-    c0 = int(rng.integers(0, c))
-    _fold_check(rng, (n, c, h, w), (kh, kw), padding, stride, dilation, start,
-                int(rng.integers(1, n - start + 1)), c0, int(rng.integers(1, c - c0 + 1)))
+    _fold_check(rng, *_case(rng))
 
 
 @pytest.mark.parametrize("width, wo, stride", unfold.SHAPES)
