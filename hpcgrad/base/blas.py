@@ -22,6 +22,7 @@ batch axes, an operand without a unit stride, empty products).
 
 import ctypes
 import ctypes.util
+import glob
 import os
 import sys
 
@@ -42,11 +43,14 @@ def _choice():
 
 
 def _find_mkl():
-    """libmkl_rt from the mkl wheel (the environment's lib/), or the system's; None if absent."""
+    """libmkl_rt from the mkl wheel (the environment's lib/; its soname is libmkl_rt.so.2 up to
+    MKL 2025, .so.3 from 2026), or the system's; None if absent."""
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
-        path = os.path.join(prefix, "lib", "libmkl_rt.so.2")
-        if os.path.exists(path):
-            return path
+        found = glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so.*"))
+        if found:  # the newest soname
+            return max(found, key=lambda path: [int(part) for part in
+                                                 path.rsplit(".so.", 1)[1].split(".")
+                                                 if part.isdigit()])
     return ctypes.util.find_library("mkl_rt")
 
 
