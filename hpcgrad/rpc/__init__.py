@@ -181,10 +181,12 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
     agent.register_handler("forget", _serve_forget, inline=True)
     _codec.install(agent)
     _agent = agent
-    agent.start()  # only now: a request arriving earlier would find no handler
     # As init_process_group: SIGUSR2 dumps this rank's flight record (Note [Flight recorder])
-    # instead of killing an RPC-only rank with the signal's default action.
+    # instead of killing an RPC-only rank with the signal's default action. Before start():
+    # a peer's request served the moment the agent starts may raise the signal (CI saw a rank
+    # killed when the handler came after).
     install_signal_handler()
+    agent.start()  # only now: a request arriving earlier would find no handler
     return agent
 
 
