@@ -8,7 +8,7 @@
     python benchmarks/models.py --model resnet18 --layers   # each convolution, fwd + bwd
     python benchmarks/models.py --model resnet18 --alternate \
         hpcgrad.nn._conv._CHUNK_POSITIONS=1,2048     # a setting's values, one process
-    HPCGRAD_BLAS=mkl python benchmarks/models.py     # hpcgrad's products by MKL (the mkl extra)
+    HPCGRAD_BLAS=numpy python benchmarks/models.py   # hpcgrad's products by numpy's BLAS, not MKL
 
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
@@ -370,8 +370,8 @@ def layer_times(args):
 
 
 def describe(args):
-    blas = "; hpcgrad's products by MKL (HPCGRAD_BLAS=mkl)" \
-        if os.environ.get("HPCGRAD_BLAS") == "mkl" else ""
+    from hpcgrad.base import blas as chosen
+    blas = "; hpcgrad's products by " + ("MKL" if chosen.MKL else "numpy's BLAS")
     if args.model == "resnet18":
         return f"ResNet-18 width {args.width}, batch {args.batch}, 3x32x32, SGD momentum{blas}"
     return f"GPT 4 layers d 256 4 heads, T {args.block}, batch {args.batch}, AdamW{blas}"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import hpcgrad
-from hpcgrad.base import config
+from hpcgrad.base import blas, config
 from hpcgrad import coverage
 from hpcgrad.comm import hierarchical, ulfm
 from hpcgrad.comm.mpi import (CUDA_AWARE_ENV, MPI, _intel_offload, _loaded_mpi_libraries,  # noqa: F401  (the CUDA-aware decision's parts: tests use them)
@@ -253,6 +253,18 @@ def _version(dist):
         return "not installed"
 
 
+def blas_in_use():
+    """Which library does the matrix products (Note [MKL for the products]) and the setting
+    that chose it."""
+    if blas.MKL:
+        return f"MKL ({blas._find_mkl()}; HPCGRAD_BLAS={blas._CHOICE})"
+    reason = {"numpy": "", "mkl": ""}.get(blas._CHOICE)
+    if reason is None:  # auto
+        reason = (": the mkl extra is not installed" if blas._find_mkl() is None else
+                  ": not an Intel CPU" if not blas._intel_cpu() else ": MKL did not load")
+    return f"numpy's ({blas._CHOICE}{reason})".replace("(", "(HPCGRAD_BLAS=", 1)
+
+
 def collect_info(comm=None):
     """This rank's report as a flat dict. Collective: every rank of comm must call it (shared-memory split)."""
     comm = comm or comm_world()
@@ -289,6 +301,7 @@ def collect_info(comm=None):
         "cuda_aware_reason": aware_reason,
         "numba_threading_layer": layer,
         "numba_threads": numba_threads,
+        "blas": blas_in_use(),
     }
 
 

@@ -1,23 +1,28 @@
-"""Matrix products through MKL's cblas where the ``mkl`` extra is installed and chosen, else numpy.
+"""Matrix products through MKL's cblas where the ``mkl`` extra is installed (on Intel CPUs), else numpy.
 
 Note [MKL for the products]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 numpy's wheels carry OpenBLAS. On an AVX-512 Xeon, one thread, its SGEMM ran the GPT
 benchmark's products ((1024, 256) @ (256, 768) and their kin) at 100-110 GF/s where PyTorch's
-(MKL) ran them at 106-126, and the products are two thirds of that step. ``HPCGRAD_BLAS=mkl``
-sends the hot products (``matmul``: Linear and MatMul, the convolution's columns, attention) to
-MKL's ``cblas_?gemm`` through ctypes, from the ``mkl`` wheel (``pip install -e ".[mkl]"``),
-one thread a rank (MKL's sequential layer, as one BLAS thread a rank is the MPI rule here):
-the GPT step went from 1.18x PyTorch's time to 1.03x (``python benchmarks/models.py --model
-gpt --alternate hpcgrad.base.blas.MKL=False,True``).
+(MKL) ran them at 106-126, and the products are two thirds of that step. MKL takes the hot
+products (``matmul``: Linear and MatMul, the convolution's columns, attention) through
+``cblas_?gemm`` by ctypes, from the ``mkl`` wheel (``pip install -e ".[mkl]"``), one thread a
+rank (MKL's sequential layer, as one BLAS thread a rank is the MPI rule here): the GPT step
+went from 1.18x PyTorch's time to 1.03-1.06x (``python benchmarks/models.py --model gpt
+--alternate hpcgrad.base.blas.MKL=False,True``).
+
+``HPCGRAD_BLAS``: ``auto`` (the default) uses MKL where its library is installed and the CPU
+is Intel's, where it was measured faster; on other CPUs (AMD's, where OpenBLAS's steps were
+already about PyTorch's) numpy's until measured there. ``mkl`` asks for it anywhere (an error
+if absent), ``numpy`` never.
 
 MKL may sum a product's terms in another order than OpenBLAS, so the results may differ in the
 last bits; its conditional numerical reproducibility is set to ``AUTO`` with ``STRICT`` (the
 same bits from run to run on one CPU, whatever the arrays' alignment), so a checkpoint's resume
-and a rerun agree as with OpenBLAS. It is opt-in until the differential tests
-(tests/base/test_blas.py, and the fuzzer's programs with ``HPCGRAD_BLAS=mkl``) run in CI;
-``matmul`` falls back to numpy for whatever it does not take (other dtypes, cupy, broadcast
-batch axes, an operand without a unit stride, empty products).
+and a rerun agree as with OpenBLAS. The differential tests (tests/base/test_blas.py, and the
+fuzzer's programs with MKL, tests/autograd/test_fuzz.py) compare it with numpy's products and
+PyTorch in CI; ``matmul`` falls back to numpy for whatever it does not take (other dtypes,
+cupy, broadcast batch axes, an operand without a unit stride, empty products).
 """
 
 import ctypes
@@ -25,6 +30,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -36,10 +42,22 @@ _CBWR_AUTO, _CBWR_STRICT = 2, 0x10000
 
 
 def _choice():
-    value = config.raw("HPCGRAD_BLAS").strip() or "numpy"
-    if value not in ("numpy", "mkl"):
-        raise ValueError(f"HPCGRAD_BLAS must be 'numpy' or 'mkl', got {value!r}")
+    value = config.raw("HPCGRAD_BLAS").strip() or "auto"
+    if value not in ("auto", "numpy", "mkl"):
+        raise ValueError(f"HPCGRAD_BLAS must be 'auto', 'numpy' or 'mkl', got {value!r}")
     return value
+
+
+def _intel_cpu():
+    """True where /proc/cpuinfo names an Intel CPU (the CPUs MKL was measured faster on)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return "GenuineIntel" in line
+    except OSError:
+        pass
+    return False
 
 
 def _find_mkl():
@@ -76,14 +94,30 @@ def _load():
     return gemms
 
 
+def _use_mkl(choice):
+    return choice == "mkl" or (choice == "auto" and _intel_cpu() and _find_mkl() is not None)
+
+
 _GEMMS = None
-MKL = _choice() == "mkl"  # read once, at import; benchmarks may set it to compare
+_CHOICE = _choice()  # read once, at import
+MKL = _use_mkl(_CHOICE)  # benchmarks and tests may set it to compare
 
 
 def _gemms():
-    global _GEMMS
+    """MKL's gemm functions by dtype, loaded at the first product; None (and numpy's products
+    from then on) where ``auto`` chose a library that does not load."""
+    global _GEMMS, MKL
     if _GEMMS is None:
-        _GEMMS = _load()
+        try:
+            _GEMMS = _load()
+        except (OSError, AttributeError, RuntimeError) as error:
+            if _CHOICE == "mkl":
+                raise
+            MKL = False
+            warnings.warn(f"HPCGRAD_BLAS=auto: MKL's library did not load ({error}); numpy's "
+                          f"BLAS does the products (HPCGRAD_BLAS=numpy silences this)",
+                          RuntimeWarning, stacklevel=3)
+            return None
     return _GEMMS
 
 
@@ -101,9 +135,10 @@ def _layout(a):
 def _gemm(a, b, out):
     """out (m, n) C-contiguous = a (m, k) @ b (k, n) through MKL; False where it cannot."""
     la, lb = _layout(a), _layout(b)
-    if la is None or lb is None:
+    gemms = la and lb and _gemms()
+    if not gemms:
         return False
-    fn, _, one, zero = _gemms()[a.dtype]
+    fn, _, one, zero = gemms[a.dtype]
     (m, k), n = a.shape, b.shape[1]
     fn(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data), max(1, la[1]),
        ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), zero, ctypes.c_void_p(out.ctypes.data),
@@ -115,9 +150,11 @@ def _gemm_stack(a, b, out):
     """out[i] = a[i] @ b[i] for stacks (batch, m, k) and (batch, k, n) whose matrices lie a
     fixed stride apart, in one MKL call (``?gemm_batch_strided``); False where it cannot."""
     la, lb = _layout(a[0]), _layout(b[0])
-    if la is None or lb is None or a.strides[0] % a.itemsize or b.strides[0] % b.itemsize:
+    gemms = la and lb and not (a.strides[0] % a.itemsize or b.strides[0] % b.itemsize) \
+        and _gemms()
+    if not gemms:
         return False
-    _, batched, one, zero = _gemms()[a.dtype]
+    _, batched, one, zero = gemms[a.dtype]
     (count, m, k), n = a.shape, b.shape[2]
     batched(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data),
             max(1, la[1]), a.strides[0] // a.itemsize, ctypes.c_void_p(b.ctypes.data),
@@ -127,7 +164,7 @@ def _gemm_stack(a, b, out):
 
 
 def matmul(x, y):
-    """``x @ y`` of arrays (numpy's rules), by MKL where chosen (Note [MKL for the products])
+    """``x @ y`` of arrays (numpy's rules), by MKL where used (Note [MKL for the products])
     and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the
     same batch axes (one call for the stack), each matrix with one unit stride."""
     if not MKL or type(x) is not np.ndarray or type(y) is not np.ndarray \

@@ -74,10 +74,11 @@ SETTINGS = (
             "1: convolutions of few channels (forward; at stride 1 also both gradients) run as "
             "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "
             "product"),
-    Setting("HPCGRAD_BLAS", "numpy", "at the first matrix product (import of hpcgrad.base.blas)",
-            "numpy (numpy's BLAS, OpenBLAS in its wheels) or mkl: the hot matrix products "
-            "through MKL's cblas from the mkl extra, one thread a rank (opt-in; "
-            "docs/performance.rst)"),
+    Setting("HPCGRAD_BLAS", "auto", "at the first matrix product (import of hpcgrad.base.blas)",
+            "auto: the hot matrix products through MKL's cblas (one thread a rank) where the "
+            "mkl extra is installed and the CPU is Intel's, else numpy's BLAS (OpenBLAS in its "
+            "wheels); mkl: MKL on any CPU (an error if absent); numpy: never MKL "
+            "(docs/performance.rst)"),
     Setting("HPCGRAD_NO_ABORT_HOOK", "0", "at import of hpcgrad",
             "1: an uncaught exception ends only its own rank (interactive use); 0: the whole "
             "job"),

@@ -94,10 +94,49 @@ def test_by_default_the_product_is_numpys(monkeypatch):
 
 def test_settings_and_a_missing_library_say_what_to_do(monkeypatch):
     monkeypatch.setenv("HPCGRAD_BLAS", "openblas")
-    with pytest.raises(ValueError, match="'numpy' or 'mkl', got 'openblas'"):
+    with pytest.raises(ValueError, match="'auto', 'numpy' or 'mkl', got 'openblas'"):
         blas._choice()
     monkeypatch.setenv("HPCGRAD_BLAS", "mkl")
     assert blas._choice() == "mkl"
+    monkeypatch.delenv("HPCGRAD_BLAS")
+    assert blas._choice() == "auto"
     monkeypatch.setattr(blas, "_find_mkl", lambda: None)
     with pytest.raises(RuntimeError, match=r"pip install -e \"\.\[mkl\]\""):
         blas._load()
+
+
+@pytest.mark.parametrize("choice, intel, found, used", [
+    ("auto", True, True, True),
+    ("auto", False, True, False),  # an AMD CPU: numpy's until MKL is measured there
+    ("auto", True, False, False),  # the mkl extra not installed
+    ("mkl", False, True, True),
+    ("numpy", True, True, False),
+])
+def test_auto_uses_mkl_where_installed_on_intel(monkeypatch, choice, intel, found, used):
+    monkeypatch.setattr(blas, "_intel_cpu", lambda: intel)
+    monkeypatch.setattr(blas, "_find_mkl", lambda: "libmkl_rt.so.2" if found else None)
+    assert blas._use_mkl(choice) is used
+
+
+def test_intel_cpu_reads_the_vendor():
+    with open("/proc/cpuinfo") as info:
+        vendor = next((line for line in info if line.startswith("vendor_id")), "")
+    assert blas._intel_cpu() is ("GenuineIntel" in vendor)
+
+
+def test_auto_falls_back_to_numpy_with_a_warning_when_mkl_does_not_load(monkeypatch):
+    def broken():
+        raise OSError("libmkl_rt.so.2: cannot open shared object file")
+    monkeypatch.setattr(blas, "_CHOICE", "auto")
+    monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_GEMMS", None)
+    monkeypatch.setattr(blas, "_load", broken)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.warns(RuntimeWarning, match="did not load.*HPCGRAD_BLAS=numpy silences"):
+        got = blas.matmul(x, x.T)
+    np.testing.assert_array_equal(got, x @ x.T)
+    assert blas.MKL is False  # from then on numpy's, without asking again
+    monkeypatch.setattr(blas, "_CHOICE", "mkl")  # asked for by name: the error itself
+    monkeypatch.setattr(blas, "MKL", True)
+    with pytest.raises(OSError, match="cannot open"):
+        blas.matmul(x, x.T)

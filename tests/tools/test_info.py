@@ -15,6 +15,7 @@ from hpcgrad.info import (
     format_probe,
     format_report,
     gather_info,
+    blas_in_use,
     gpu_count,
     probe_command,
     probe_cuda_aware,
@@ -22,7 +23,7 @@ from hpcgrad.info import (
 
 FIELDS = {"rank", "size", "hpcgrad", "numpy", "mpi4py", "numba", "cupy", "gpu_count", "mpi_library",
           "mpi_standard", "thread_level", "ranks_per_node", "cuda_aware_mpi", "cuda_aware_reason",
-          "numba_threading_layer", "launcher"}
+          "numba_threading_layer", "launcher", "blas"}
 
 
 @pytest.mark.mpi
@@ -50,6 +51,21 @@ def test_collect_and_gather_match_comm_world():
 ])
 def test_detect_launcher(environ, expected):
     assert detect_launcher(environ) == expected
+
+
+def test_blas_in_use_names_the_library_and_why(monkeypatch):
+    from hpcgrad.base import blas
+    monkeypatch.setattr(blas, "_find_mkl", lambda: "/venv/lib/libmkl_rt.so.3")
+    monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_CHOICE", "auto")
+    assert blas_in_use() == "MKL (/venv/lib/libmkl_rt.so.3; HPCGRAD_BLAS=auto)"
+    monkeypatch.setattr(blas, "MKL", False)
+    monkeypatch.setattr(blas, "_intel_cpu", lambda: False)
+    assert blas_in_use() == "numpy's (HPCGRAD_BLAS=auto: not an Intel CPU)"
+    monkeypatch.setattr(blas, "_find_mkl", lambda: None)
+    assert blas_in_use() == "numpy's (HPCGRAD_BLAS=auto: the mkl extra is not installed)"
+    monkeypatch.setattr(blas, "_CHOICE", "numpy")
+    assert blas_in_use() == "numpy's (HPCGRAD_BLAS=numpy)"
 
 
 def test_format_report_prints_shared_fields_once_and_varying_per_rank():
