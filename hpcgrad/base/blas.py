@@ -89,8 +89,9 @@ def _load():
     for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
                                 (np.float64, "cblas_dgemm", ctypes.c_double)):
         fn, batched = getattr(lib, name), getattr(lib, name + "_batch_strided")
-        fn.restype = batched.restype = None
-        gemms[np.dtype(dtype)] = (fn, batched, scalar(1.0), scalar(0.0))
+        pointers = getattr(lib, name + "_batch")
+        fn.restype = batched.restype = pointers.restype = None
+        gemms[np.dtype(dtype)] = (fn, batched, pointers, scalar(1.0), scalar(0.0))
     return gemms
 
 
@@ -138,7 +139,7 @@ def _gemm(a, b, out):
     gemms = la and lb and _gemms()
     if not gemms:
         return False
-    fn, _, one, zero = gemms[a.dtype]
+    fn, _, _, one, zero = gemms[a.dtype]
     (m, k), n = a.shape, b.shape[1]
     fn(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data), max(1, la[1]),
        ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), zero, ctypes.c_void_p(out.ctypes.data),
@@ -154,12 +155,56 @@ def _gemm_stack(a, b, out):
         and _gemms()
     if not gemms:
         return False
-    _, batched, one, zero = gemms[a.dtype]
+    _, batched, _, one, zero = gemms[a.dtype]
     (count, m, k), n = a.shape, b.shape[2]
     batched(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data),
             max(1, la[1]), a.strides[0] // a.itemsize, ctypes.c_void_p(b.ctypes.data),
             max(1, lb[1]), b.strides[0] // b.itemsize, zero, ctypes.c_void_p(out.ctypes.data),
             max(1, n), m * n, count)
+    return True
+
+
+def _merged(stack):
+    """stack (..., m, k) as (batch, m, k) without a copy, or None where its batch axes do not
+    lie one fixed stride apart."""
+    batch = [(size, stride) for size, stride in zip(stack.shape[:-2], stack.strides[:-2])
+             if size != 1]
+    if any(outer != inner * size for (_, outer), (size, inner) in zip(batch, batch[1:])):
+        return None
+    return stack.reshape((-1,) + stack.shape[-2:])  # a view
+
+
+def _gemm_pointers(a, b, out):
+    """out[i...] = a[i...] @ b[i...] for stacks with the same batch axes at any strides (as
+    attention's heads, a transposed view whose batch axes do not merge), in one MKL call
+    (``?gemm_batch`` over arrays of pointers) instead of copying the stacks; False where it
+    cannot."""
+    first = (0,) * (a.ndim - 2)
+    la, lb = _layout(a[first]), _layout(b[first])
+    gemms = la and lb and not any(stride % a.itemsize for stride in a.strides + b.strides) \
+        and _gemms()
+    if not gemms:
+        return False
+    _, _, pointers, one, zero = gemms[a.dtype]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    arrays = []  # each matrix's address (strides may be 0 or negative: signed offsets)
+    for stack in (a, b, out):
+        address = np.full(stack.shape[:-2], stack.ctypes.data, np.intp)
+        for axis, stride in enumerate(stack.strides[:-2]):
+            shape = [1] * address.ndim
+            shape[axis] = -1
+            address += (np.arange(stack.shape[axis], dtype=np.intp) * stride).reshape(shape)
+        arrays.append(np.ascontiguousarray(address.ravel()))
+    ints = np.array([la[0], lb[0], m, n, k, max(1, la[1]), max(1, lb[1]), max(1, n),
+                     arrays[0].size], np.intc)
+    scalars = np.array([one.value, zero.value], a.dtype)
+    one_of = [ctypes.c_void_p(ints.ctypes.data + i * ints.itemsize) for i in range(len(ints))]
+    pointers(_ROW_MAJOR, one_of[0], one_of[1], one_of[2], one_of[3], one_of[4],
+             ctypes.c_void_p(scalars.ctypes.data), ctypes.c_void_p(arrays[0].ctypes.data),
+             one_of[5], ctypes.c_void_p(arrays[1].ctypes.data), one_of[6],
+             ctypes.c_void_p(scalars.ctypes.data + scalars.itemsize),
+             ctypes.c_void_p(arrays[2].ctypes.data), one_of[7], 1, one_of[8])
     return True
 
 
@@ -175,7 +220,8 @@ def matmul(x, y):
     out = np.empty(x.shape[:-1] + y.shape[-1:], x.dtype)
     if x.ndim == 2:
         done = _gemm(x, y, out)
-    else:  # (a stack whose batch axes do not merge is copied by reshape: the same values)
-        xs, ys = (a.reshape((-1,) + a.shape[-2:]) for a in (x, y))
-        done = _gemm_stack(xs, ys, out.reshape((-1,) + out.shape[-2:]))
+    else:
+        xs, ys = _merged(x), _merged(y)
+        done = _gemm_stack(xs, ys, out.reshape((-1,) + out.shape[-2:])) \
+            if xs is not None and ys is not None else _gemm_pointers(x, y, out)
     return out if done else x @ y

@@ -18,6 +18,9 @@ def mkl(monkeypatch):
     monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append("gemm") or gemm(*args))
     monkeypatch.setattr(blas, "_gemm_stack",
                         lambda *args: calls.append("stack") or stack(*args))
+    pointers = blas._gemm_pointers
+    monkeypatch.setattr(blas, "_gemm_pointers",
+                        lambda *args: calls.append("pointers") or pointers(*args))
     return calls
 
 
@@ -49,10 +52,26 @@ def test_stacks_with_the_same_batch_axes_equal_numpy(mkl):
     got = blas.matmul(q, np.swapaxes(k, -1, -2))  # attention's scores: one call for the 6
     assert mkl == ["stack"]
     np.testing.assert_allclose(got, q @ np.swapaxes(k, -1, -2), **_tolerance(np.float32, 8))
-    # batch axes that do not merge into one (a transposed stack): copied, the same values
-    qt = np.swapaxes(q, 0, 1)
-    np.testing.assert_allclose(blas.matmul(qt, np.swapaxes(k, 0, 1).mT),
-                               qt @ np.swapaxes(k, 0, 1).mT, **_tolerance(np.float32, 8))
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stacks_whose_batch_axes_do_not_merge_equal_numpy_without_a_copy(mkl, dtype):
+    # attention's heads: (b, t, h, d) seen as (b, h, t, d), batch strides (t*h*d, d); and batch
+    # axes reversed (negative strides) or repeated (stride 0)
+    rng = np.random.default_rng(3)
+    qkv = rng.standard_normal((2, 16, 3 * 3 * 8)).astype(dtype)
+    q, k = (qkv[..., i * 24:(i + 1) * 24].reshape(2, 16, 3, 8).swapaxes(1, 2) for i in (0, 1))
+    cases = [(q, k.mT), (q[::-1, :, :, :], k.mT), (q[:, ::-2], k.mT[:, ::-2]),
+             (np.broadcast_to(q[:1], q.shape), k.mT),
+             (rng.standard_normal((3, 2, 4, 5)).astype(dtype).transpose(1, 0, 2, 3)[..., :3],
+              rng.standard_normal((2, 3, 3, 6)).astype(dtype))]
+    for x, y in cases:
+        del mkl[:]
+        got = blas.matmul(x, y)
+        assert mkl == ["pointers"], (x.strides, y.strides)
+        assert got.shape == x.shape[:-1] + y.shape[-1:] and got.flags.c_contiguous
+        np.testing.assert_allclose(got, x @ y, **_tolerance(dtype, 8))
 
 
 @needs_mkl
