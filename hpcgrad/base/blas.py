@@ -11,6 +11,11 @@ rank (MKL's sequential layer, as one BLAS thread a rank is the MPI rule here): t
 went from 1.18x PyTorch's time to 1.03-1.06x (``python benchmarks/models.py --model gpt
 --alternate hpcgrad.base.blas.MKL=False,True``).
 
+Products under ``_MKL_FROM`` multiply-adds (4M) stay numpy's: a ctypes call costs ~15 us, as
+much as such a product. A stack (attention's heads) is one MKL call however its batch axes lie:
+``?gemm_batch_strided`` where they merge into one stride, else ``?gemm_batch`` over the
+matrices' addresses (no copy).
+
 ``HPCGRAD_BLAS``: ``auto`` (the default) uses MKL where its library is installed and the CPU
 is Intel's, where it was measured faster; on other CPUs (AMD's, where OpenBLAS's steps were
 already about PyTorch's) numpy's until measured there. ``mkl`` asks for it anywhere (an error
@@ -100,6 +105,10 @@ def _use_mkl(choice):
 
 
 _GEMMS = None
+# Multiply-adds from which a product goes to MKL: below, numpy's call is as fast or faster (a
+# ctypes call and its pointers cost ~15 us; one thread, AVX-512 Xeon: 128^3 took 88 us by MKL,
+# 79 by numpy; (128, 128, 256) 148 both; 2^23 and up MKL 0.9x).
+_MKL_FROM = 1 << 22
 _CHOICE = _choice()  # read once, at import
 MKL = _use_mkl(_CHOICE)  # benchmarks and tests may set it to compare
 
@@ -211,11 +220,13 @@ def _gemm_pointers(a, b, out):
 def matmul(x, y):
     """``x @ y`` of arrays (numpy's rules), by MKL where used (Note [MKL for the products])
     and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the
-    same batch axes (one call for the stack), each matrix with one unit stride."""
+    same batch axes (one call for the stack), each matrix with one unit stride, at least
+    ``_MKL_FROM`` multiply-adds in all."""
     if not MKL or type(x) is not np.ndarray or type(y) is not np.ndarray \
             or x.dtype != y.dtype or x.dtype not in (np.float32, np.float64) \
             or x.ndim < 2 or y.ndim < 2 or x.shape[:-2] != y.shape[:-2] \
-            or x.shape[-1] != y.shape[-2] or 0 in x.shape or 0 in y.shape:
+            or x.shape[-1] != y.shape[-2] or 0 in x.shape or 0 in y.shape \
+            or x.size * y.shape[-1] < _MKL_FROM:
         return x @ y
     out = np.empty(x.shape[:-1] + y.shape[-1:], x.dtype)
     if x.ndim == 2:

@@ -13,6 +13,7 @@ needs_mkl = pytest.mark.skipif(blas._find_mkl() is None,
 @pytest.fixture
 def mkl(monkeypatch):
     monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_MKL_FROM", 0)  # every size (small products go to numpy)
     calls = []
     gemm, stack = blas._gemm, blas._gemm_stack
     monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append("gemm") or gemm(*args))
@@ -98,10 +99,24 @@ def test_the_same_bits_whatever_the_alignment(mkl):
 ])
 def test_what_it_does_not_take_is_numpys_product(monkeypatch, x, y):
     monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_MKL_FROM", 0)
     monkeypatch.setattr(blas, "_gemms", lambda: pytest.fail("MKL was asked"))
     got, want = blas.matmul(x, y), x @ y
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@needs_mkl
+def test_products_below_the_threshold_are_numpys(monkeypatch):
+    monkeypatch.setattr(blas, "MKL", True)
+    calls = []
+    gemm = blas._gemm
+    monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append(args[0].shape) or gemm(*args))
+    small, large = (np.ones((128, 128), np.float32), np.ones((256, 256), np.float32))
+    np.testing.assert_array_equal(blas.matmul(small, small), small @ small)
+    assert calls == []  # 2^21 multiply-adds
+    np.testing.assert_allclose(blas.matmul(large, large), large @ large)
+    assert calls == [(256, 256)]  # 2^24
 
 
 def test_by_default_the_product_is_numpys(monkeypatch):
@@ -148,6 +163,7 @@ def test_auto_falls_back_to_numpy_with_a_warning_when_mkl_does_not_load(monkeypa
         raise OSError("libmkl_rt.so.2: cannot open shared object file")
     monkeypatch.setattr(blas, "_CHOICE", "auto")
     monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_MKL_FROM", 0)
     monkeypatch.setattr(blas, "_GEMMS", None)
     monkeypatch.setattr(blas, "_load", broken)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
