@@ -19,9 +19,10 @@ optimizer's state included), after one step of a tiny model of the same kind (wh
 sets up once per process, numba loading its kernels, is not training). --ddp (under mpiexec):
 each library's model wrapped in its DistributedDataParallel (PyTorch's over gloo), each rank
 with its own batch, one thread per rank; a round's time is its slowest rank's. Nothing here is
-used by a test assertion. --keep-freed-memory: glibc's malloc keeps freed blocks for the next
-step (Note [Keeping freed memory]) in this process, so for both libraries, and in the memory
-children. --alternate MODULE.NAME=V1,V2,...: one hpcgrad step per value per
+used by a test assertion. Freed memory: ``import hpcgrad`` makes glibc's malloc keep freed
+blocks for the next step (Note [Keeping freed memory]; HPCGRAD_KEEP_FREED_MEMORY=0 not), so
+the interleaved steps of both libraries run so, and hpcgrad's memory child;
+--keep-freed-memory does it in PyTorch's memory child too. --alternate MODULE.NAME=V1,V2,...: one hpcgrad step per value per
 round, the module's setting set to it before the step (the values rotate, so none always runs
 first), PyTorch's step beside them: two settings compared in one process on this noisy machine.
 """
@@ -397,7 +398,9 @@ def main(argv=None):
                         help="--layers: also hpcgrad with col2im's input gradient, interleaved")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="glibc keeps freed memory for the next step, for both libraries "
-                             "(hpcgrad.base.memory.keep_freed_memory)")
+                             "(hpcgrad.base.memory.keep_freed_memory; import hpcgrad does it "
+                             "unless HPCGRAD_KEEP_FREED_MEMORY=0, so this adds PyTorch's "
+                             "memory process)")
     parser.add_argument("--alternate", metavar="MODULE.NAME=V1,V2",
                         help="hpcgrad's step once per value of a module setting each round")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)

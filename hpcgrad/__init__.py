@@ -42,6 +42,10 @@ from hpcgrad import _paths  # noqa: E402
 _paths.install()  # PyTorch's import paths, as aliases (Note [Import paths])
 __getattr__ = _paths.child_getter(__name__, _paths.sys.modules[__name__])  # hpcgrad.creation ...
 
+from hpcgrad.base import memory as _memory  # noqa: E402
+
+_memory.apply_setting()  # freed arrays kept for the next step (Note [Keeping freed memory])
+
 from hpcgrad import autograd  # noqa: E402,F401
 from hpcgrad.base import backend  # noqa: E402,F401
 from hpcgrad.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402,F401

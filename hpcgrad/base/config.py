@@ -79,6 +79,11 @@ SETTINGS = (
             "mkl extra is installed and the CPU is Intel's, else numpy's BLAS (OpenBLAS in its "
             "wheels); mkl: MKL on any CPU (an error if absent); numpy: never MKL "
             "(docs/performance.rst)"),
+    Setting("HPCGRAD_KEEP_FREED_MEMORY", "1", "at import of hpcgrad",
+            "1: glibc's malloc keeps freed blocks (below 32 MB, up to 1 GB) for the next step "
+            "instead of returning them to the kernel, process-wide (hpcgrad/base/memory.py); 0: "
+            "glibc's defaults. Ignored where MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ "
+            "is set"),
     Setting("HPCGRAD_NO_ABORT_HOOK", "0", "at import of hpcgrad",
             "1: an uncaught exception ends only its own rank (interactive use); 0: the whole "
             "job"),
