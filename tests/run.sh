@@ -38,6 +38,14 @@ if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|open-mpi|openrte|prte'; then
     mpiexec_args=(--oversubscribe --timeout "$mpi_limit")
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
+# MPICH's ranks poll without pause while they wait (a rank in a barrier held a core for the
+# whole 3 s its peer slept), and here four runs share two cores: the launched jobs' waiting
+# ranks took the cores the single-process runs needed (those took 130-150 s alone, ~500 s
+# beside them). Throttled, a rank that makes no progress sleeps (0.3 s of CPU in those 3 s);
+# MPICH's own CI sets the same for its oversubscribed runs. Where a variable is set, it is kept.
+export MPIR_CVAR_CH4_PROGRESS_THROTTLE=${MPIR_CVAR_CH4_PROGRESS_THROTTLE:-true}
+export MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT=${MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT:-1}
+export MPIR_CVAR_ENABLE_HEAVY_YIELD=${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
