@@ -97,3 +97,33 @@ def test_attention_node_gradcheck():
     ts = [hg.tensor(rng.standard_normal((2, 3, 4)), requires_grad=True) for _ in range(3)]
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert gradcheck(fn, ts) and gradgradcheck(fn, ts)
+
+
+def test_heads_as_a_transposed_view_through_mkl_match_numpys_products(monkeypatch):
+    """The GPT's layout: q, k, v split from one (b, t, 3*h*d) product and seen as (b, h, t, d),
+    batch axes that do not merge; with MKL for every product (base/blas.py ``?gemm_batch`` over
+    the heads' addresses, no copy) the output and the gradients equal numpy's products'."""
+    from hpcgrad.base import blas
+    if blas._find_mkl() is None:
+        pytest.skip("MKL is not installed (pip install -e '.[mkl]')")
+    rng = np.random.default_rng(11)
+    b, t, h, d = 2, 5, 3, 4
+    qkv_array = rng.standard_normal((b, t, 3 * h * d))
+    u = rng.standard_normal((b, h, t, d))
+
+    def run(mkl):
+        monkeypatch.setattr(blas, "MKL", mkl)
+        monkeypatch.setattr(blas, "_MKL_FROM", 0)
+        qkv = hg.tensor(qkv_array, requires_grad=True)
+        q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in qkv.split(h * d, dim=2))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (out * hg.tensor(u)).sum().backward()
+        return out.array, qkv.grad.array
+
+    calls = []
+    pointers = blas._gemm_pointers
+    monkeypatch.setattr(blas, "_gemm_pointers", lambda *args: calls.append(1) or pointers(*args))
+    by_mkl, by_numpy = run(True), run(False)
+    assert calls, "no stack went through the pointer path: the test would prove nothing"
+    for got, want in zip(by_mkl, by_numpy):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
