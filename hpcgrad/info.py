@@ -256,13 +256,13 @@ def _version(dist):
 def blas_in_use():
     """Which library does the matrix products (Note [MKL for the products]) and the setting
     that chose it."""
+    setting = f"HPCGRAD_BLAS={blas._CHOICE}"
     if blas.MKL:
-        return f"MKL ({blas._find_mkl()}; HPCGRAD_BLAS={blas._CHOICE})"
-    reason = {"numpy": "", "mkl": ""}.get(blas._CHOICE)
-    if reason is None:  # auto
-        reason = (": the mkl extra is not installed" if blas._find_mkl() is None else
-                  ": not an Intel CPU" if not blas._intel_cpu() else ": MKL did not load")
-    return f"numpy's ({blas._CHOICE}{reason})".replace("(", "(HPCGRAD_BLAS=", 1)
+        return f"MKL ({blas._find_mkl()}; {setting})"
+    if blas._CHOICE == "auto":
+        setting += (": the mkl extra is not installed" if blas._find_mkl() is None else
+                    ": not an Intel CPU" if not blas._intel_cpu() else ": MKL did not load")
+    return f"numpy's ({setting})"
 
 
 def collect_info(comm=None):

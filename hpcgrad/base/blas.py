@@ -195,25 +195,19 @@ def _gemm_pointers(a, b, out):
     if not gemms:
         return False
     _, _, pointers, one, zero = gemms[a.dtype]
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    arrays = []  # each matrix's address (strides may be 0 or negative: signed offsets)
-    for stack in (a, b, out):
-        address = np.full(stack.shape[:-2], stack.ctypes.data, np.intp)
-        for axis, stride in enumerate(stack.strides[:-2]):
-            shape = [1] * address.ndim
-            shape[axis] = -1
-            address += (np.arange(stack.shape[axis], dtype=np.intp) * stride).reshape(shape)
-        arrays.append(np.ascontiguousarray(address.ravel()))
-    ints = np.array([la[0], lb[0], m, n, k, max(1, la[1]), max(1, lb[1]), max(1, n),
-                     arrays[0].size], np.intc)
-    scalars = np.array([one.value, zero.value], a.dtype)
-    one_of = [ctypes.c_void_p(ints.ctypes.data + i * ints.itemsize) for i in range(len(ints))]
-    pointers(_ROW_MAJOR, one_of[0], one_of[1], one_of[2], one_of[3], one_of[4],
-             ctypes.c_void_p(scalars.ctypes.data), ctypes.c_void_p(arrays[0].ctypes.data),
-             one_of[5], ctypes.c_void_p(arrays[1].ctypes.data), one_of[6],
-             ctypes.c_void_p(scalars.ctypes.data + scalars.itemsize),
-             ctypes.c_void_p(arrays[2].ctypes.data), one_of[7], 1, one_of[8])
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    index = np.indices(a.shape[:-2]).reshape(a.ndim - 2, -1)  # every matrix's batch index
+    # each matrix's address (strides may be 0 or negative: signed offsets)
+    addresses = [stack.ctypes.data + np.asarray(stack.strides[:-2], np.intp) @ index
+                 for stack in (a, b, out)]
+    # one group of index.shape[1] products: each parameter an array of one
+    group = [(ctypes.c_int * 1)(value) for value in (
+        la[0], lb[0], m, n, k, max(1, la[1]), max(1, lb[1]), max(1, n), index.shape[1])]
+    trans_a, trans_b, m_, n_, k_, lda, ldb, ldc, size = group
+    alpha, beta = (type(one) * 1)(one), (type(zero) * 1)(zero)
+    a_, b_, c_ = (ctypes.c_void_p(address.ctypes.data) for address in addresses)
+    pointers(_ROW_MAJOR, trans_a, trans_b, m_, n_, k_, alpha, a_, lda, b_, ldb, beta, c_, ldc,
+             1, size)
     return True
 
 
