@@ -106,19 +106,26 @@ _UNFOLD_PLANES_WIDTH = 16
 # 4x4, 1.0x at 64 of 8x8; where the direct kernel takes the convolution it stays (128 channels
 # of 16x16: the fold 1.4x its time).
 _INPUT_GRAD_FOLD = 128
+# Winograd's F(2x2, 3x3) (Note [Winograd convolution]) takes 3x3 convolutions at stride 1 (no
+# dilation, one group) from this many input and output channels on: at 128 channels of 4x4 and
+# 64 of 8x8, batch 32, its transforms cost more than the products save.
+_WINOGRAD_CHANNELS = 128
+_WINOGRAD_DEFAULT = True
+# A chunk of samples' transformed input: 16 x channels x tiles of at most this many elements.
+_WINOGRAD_ELEMENTS = 1 << 21
 _WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
 
 
-def _workspace(like, size):
+def _workspace(like, size, slot=0):
     """A flat scratch array of ``size`` elements of ``like``'s dtype on its device, this
-    thread's, reused from layer to layer and step to step."""
+    thread's, reused from layer to layer and step to step (one per ``slot``)."""
     spaces = getattr(_LOCAL, "spaces", None)
     if spaces is None:
         spaces = _LOCAL.spaces = {}
     xp, dtype = backend.get_array_module(like), like.dtype
-    key = (backend.device_of(like), dtype.str)
+    key = (backend.device_of(like), dtype.str, slot)
     space = spaces.get(key)
     if space is None or space.size < size:
         space = spaces[key] = xp.empty(max(size, 1), dtype)
@@ -214,8 +221,11 @@ class _PlaneUnfold:
 
 
 def _forward_arrays(a, w, geo):
-    """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo); by the
-    direct kernel where it is faster (Note [Direct convolution]), else through columns."""
+    """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo); by
+    Winograd's tiles or the direct kernel where they are faster (Notes [Winograd convolution],
+    [Direct convolution]), else through columns."""
+    if _winograd(a, w, geo):
+        return _winograd_forward(a, w, geo)
     direct = _direct_kernel(a, w, geo)
     if direct is not None and geo.stride == (1, 1):
         source = np.ascontiguousarray(_padded(a, geo.padding))
@@ -225,6 +235,83 @@ def _forward_arrays(a, w, geo):
         out = direct.conv2d_strided(a, w, geo.stride, geo.padding, geo.dilation)
         return out.reshape(geo.n, geo.o, geo.positions)
     return _columns_forward(a, w, geo)
+
+
+def _winograd(a, w, geo):
+    """Whether Winograd's F(2x2, 3x3) takes this convolution (Note [Winograd convolution]): 3x3
+    at stride 1, no dilation, one group, numpy float32/float64 of one dtype, at least
+    ``_WINOGRAD_CHANNELS`` input and output channels; HPCGRAD_WINOGRAD=0 turns it off."""
+    if (geo.kh, geo.kw) != (3, 3) or geo.stride != (1, 1) or geo.dilation != (1, 1) \
+            or geo.groups != 1 or not geo.n or min(geo.c, geo.o) < _WINOGRAD_CHANNELS \
+            or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
+            or a.dtype not in (np.float32, np.float64):
+        return False
+    return config.flag("HPCGRAD_WINOGRAD", _WINOGRAD_DEFAULT, "1 runs 3x3 convolutions of many "
+                       "channels through Winograd's tiles, 0 through columns or direct kernels")
+
+
+def _tile_space(like, channels, tiles, slot):
+    """A (16, channels, tiles) workspace whose 16 matrices do not lie a multiple of 4 KB apart
+    (Note [Winograd convolution])."""
+    stride = channels * tiles + 16
+    if stride * like.itemsize % 4096 == 0:
+        stride += 16
+    space = _workspace(like, 16 * stride, slot).reshape(16, stride)
+    return space[:, :channels * tiles].reshape(16, channels, tiles)
+
+
+def _winograd_chunks(geo, per_sample):
+    """Chunks of samples whose transformed input or gradient is at most _WINOGRAD_ELEMENTS."""
+    step = max(1, _WINOGRAD_ELEMENTS // (16 * max(geo.c, geo.o) * per_sample))
+    for start in range(0, geo.n, step):
+        yield start, min(start + step, geo.n)
+
+
+def _winograd_forward(a, w, geo):
+    """``_forward_arrays`` through Winograd's tiles: per chunk of samples, the input's tiles,
+    16 products with the weight's and the output's tiles."""
+    from hpcgrad.base.kernels import winograd  # numba: imported on first use
+    th, tw = winograd.tile_counts(geo.ho, geo.wo)
+    a = np.ascontiguousarray(a)
+    u = winograd.weight_tiles(w)
+    out = np.empty((geo.n, geo.o, geo.ho, geo.wo), a.dtype)
+    plane = np.empty((2 * th + 2, 2 * tw + 2), a.dtype)
+    top, _, left, _ = geo.padding
+    for start, stop in _winograd_chunks(geo, th * tw):
+        v = _tile_space(a, geo.c, (stop - start) * th * tw, 1)
+        winograd.input_tiles(a, start, v, top, left, plane)
+        winograd.output_tiles(blas.matmul(u, v), out, start)
+    return out.reshape(geo.n, geo.o, geo.positions)
+
+
+def _winograd_backward(a, w, g, geo, need_x, need_w):
+    """``_backward_arrays`` through Winograd's tiles: the incoming gradient's tiles once per
+    chunk, turned around through the weight's tiles (the input's gradient) and the input's
+    (the weight's)."""
+    from hpcgrad.base.kernels import winograd  # numba: imported on first use
+    th, tw = winograd.tile_counts(geo.ho, geo.wo)
+    a, g = np.ascontiguousarray(a), np.ascontiguousarray(g.reshape(geo.n, geo.o, geo.ho, geo.wo))
+    plane = np.empty((2 * th + 2, 2 * tw + 2), a.dtype)
+    top, _, left, _ = geo.padding
+    grad_x = np.empty(a.shape, a.dtype) if need_x else None
+    ut = winograd.weight_tiles(w).transpose(0, 2, 1) if need_x else None
+    du = None
+    for start, stop in _winograd_chunks(geo, th * tw):
+        tiles = (stop - start) * th * tw
+        dm = _tile_space(g, geo.o, tiles, 2)
+        winograd.grad_tiles(g, start, dm)
+        if need_w:
+            v = _tile_space(a, geo.c, tiles, 1)
+            winograd.input_tiles(a, start, v, top, left, plane)
+            product = blas.matmul(dm, v.transpose(0, 2, 1))
+            if du is None:
+                du = product
+            else:
+                du += product
+        if need_x:
+            winograd.fold_tiles(blas.matmul(ut, dm), grad_x, start, top, left, plane)
+    grad_w = winograd.weight_grad(du) if need_w else None
+    return grad_x, grad_w
 
 
 def _direct_kernel(a, w, geo):
@@ -324,6 +411,8 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
     xp = backend.get_array_module(g)
     dtype = g.dtype
     a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
+    if _winograd(a, w, geo) and type(g) is np.ndarray:
+        return _winograd_backward(a, w, g, geo, need_x, need_w)
     grad_x = grad_w = None
     through = _input_grad_geometry(geo) if need_x else None
     if through is not None and min(geo.og, geo.cg) >= _INPUT_GRAD_FOLD \

@@ -93,6 +93,27 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
+def test_fuzz_nn_with_winograd_on_every_shape(fuzzer, monkeypatch):
+    """Winograd's tiles (kernels/winograd.py, on by default from 128 channels) taken for every
+    3x3 stride-1 one-group convolution the nn programs draw, however few its channels: against
+    PyTorch and the backward modes, as above."""
+    if fuzzer.torch_ns is None:
+        pytest.skip("needs PyTorch: Winograd's tiles are compared with it here")
+    from hpcgrad.base.kernels import winograd
+    from hpcgrad.nn import _conv
+    monkeypatch.setattr(_conv, "_WINOGRAD_CHANNELS", 1)
+    monkeypatch.setenv("HPCGRAD_WINOGRAD", "1")
+    calls = []
+    kernel = winograd.output_tiles
+    monkeypatch.setattr(winograd, "output_tiles", lambda *args: calls.append(1) or kernel(*args))
+    failing = [(index, found) for index in range(2 * BUDGET["nn"])
+               if (found := fuzzer.check(fuzzer.program("nn", SEED + 2, index)))]
+    assert calls, "no program took Winograd's tiles: the test would prove nothing"
+    assert not failing, f"{len(failing)} nn programs differ with Winograd's tiles: {failing[:3]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("family", ["matmul", "nn"])
 def test_fuzz_with_mkl_for_every_product(fuzzer, monkeypatch, family):
     """base/blas.py (Note [MKL for the products]): the matmul and nn programs with every
