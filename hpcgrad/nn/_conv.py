@@ -111,8 +111,15 @@ _INPUT_GRAD_FOLD = 128
 # 64 of 8x8, batch 32, its transforms cost more than the products save.
 _WINOGRAD_CHANNELS = 128
 _WINOGRAD_DEFAULT = True
-# A chunk of samples' transformed input: 16 x channels x tiles of at most this many elements.
-_WINOGRAD_ELEMENTS = 1 << 21
+# A chunk of samples' transformed input or gradient: 16 x channels x tiles of at most this many
+# elements (2 MB of float32), unless that is fewer than _WINOGRAD_TILES tiles (each chunk adds
+# its (16, O, C) weight-gradient product into the sum). Forward and backward against PyTorch's
+# (batch 16): 128 channels of 16x16 took 0.65-0.68x at 1 << 18 and 1 << 19, 0.93x at 1 << 21
+# (the tiles no longer cached between transform and product); 256 of 8x8 0.92-0.96x at 1 << 19,
+# 0.97-1.28x at 1 << 17 and below; 512 of 4x4 at batch 32 0.61-0.85x at 128 tiles a chunk,
+# 0.75-0.94x at 64.
+_WINOGRAD_ELEMENTS = 1 << 19
+_WINOGRAD_TILES = 128
 _WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
@@ -240,9 +247,12 @@ def _forward_arrays(a, w, geo):
 def _winograd(a, w, geo):
     """Whether Winograd's F(2x2, 3x3) takes this convolution (Note [Winograd convolution]): 3x3
     at stride 1, no dilation, one group, numpy float32/float64 of one dtype, at least
-    ``_WINOGRAD_CHANNELS`` input and output channels; HPCGRAD_WINOGRAD=0 turns it off."""
+    ``_WINOGRAD_CHANNELS`` input and output channels and ``_WINOGRAD_TILES`` tiles in the batch
+    (fewer make narrow products, and the weight's tiles outweigh them: 512 channels of 4x4 at
+    batch 16, 64 tiles, took 1.0-1.1x the columns' time); HPCGRAD_WINOGRAD=0 turns it off."""
     if (geo.kh, geo.kw) != (3, 3) or geo.stride != (1, 1) or geo.dilation != (1, 1) \
-            or geo.groups != 1 or not geo.n or min(geo.c, geo.o) < _WINOGRAD_CHANNELS \
+            or geo.groups != 1 or min(geo.c, geo.o) < _WINOGRAD_CHANNELS \
+            or geo.n * ((geo.ho + 1) // 2) * ((geo.wo + 1) // 2) < _WINOGRAD_TILES \
             or type(a) is not np.ndarray or type(w) is not np.ndarray or a.dtype != w.dtype \
             or a.dtype not in (np.float32, np.float64):
         return False
@@ -261,8 +271,10 @@ def _tile_space(like, channels, tiles, slot):
 
 
 def _winograd_chunks(geo, per_sample):
-    """Chunks of samples whose transformed input or gradient is at most _WINOGRAD_ELEMENTS."""
-    step = max(1, _WINOGRAD_ELEMENTS // (16 * max(geo.c, geo.o) * per_sample))
+    """Chunks of samples whose transformed input or gradient is at most _WINOGRAD_ELEMENTS,
+    but of at least _WINOGRAD_TILES tiles."""
+    step = max(1, _WINOGRAD_ELEMENTS // (16 * max(geo.c, geo.o) * per_sample),
+               -(-_WINOGRAD_TILES // per_sample))
     for start in range(0, geo.n, step):
         yield start, min(start + step, geo.n)
 

@@ -95,13 +95,15 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
 @pytest.mark.timeout(360)
 def test_fuzz_nn_with_winograd_on_every_shape(fuzzer, monkeypatch):
     """Winograd's tiles (kernels/winograd.py, on by default from 128 channels) taken for every
-    3x3 stride-1 one-group convolution the nn programs draw, however few its channels: against
+    3x3 stride-1 one-group convolution the nn programs draw, however few its channels and
+    tiles: against
     PyTorch and the backward modes, as above."""
     if fuzzer.torch_ns is None:
         pytest.skip("needs PyTorch: Winograd's tiles are compared with it here")
     from hpcgrad.base.kernels import winograd
     from hpcgrad.nn import _conv
     monkeypatch.setattr(_conv, "_WINOGRAD_CHANNELS", 1)
+    monkeypatch.setattr(_conv, "_WINOGRAD_TILES", 1)
     monkeypatch.setenv("HPCGRAD_WINOGRAD", "1")
     calls = []
     kernel = winograd.output_tiles

@@ -22,9 +22,10 @@ _spec.loader.exec_module(ref)
 
 @pytest.fixture
 def every_conv(monkeypatch):
-    """Winograd's tiles for every 3x3 stride-1 convolution, however few its channels; counts
-    the chunks that took them."""
+    """Winograd's tiles for every 3x3 stride-1 convolution, however few its channels and
+    tiles; counts the chunks that took them."""
     monkeypatch.setattr(_conv, "_WINOGRAD_CHANNELS", 1)
+    monkeypatch.setattr(_conv, "_WINOGRAD_TILES", 1)
     monkeypatch.delenv("HPCGRAD_WINOGRAD", raising=False)
     calls = []
     kernel = winograd.output_tiles
@@ -129,12 +130,15 @@ def test_winograd_in_chunks_and_on_a_strided_input_equals_in_one_go(monkeypatch,
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_winograd_takes_wide_3x3_convolutions_and_the_setting_turns_it_off(monkeypatch):
-    x, w = np.zeros((1, 128, 4, 4), np.float32), np.zeros((128, 128, 3, 3), np.float32)
+def test_winograd_takes_wide_3x3_convolutions_of_enough_tiles_and_the_setting_turns_it_off(
+        monkeypatch):
+    x, w = np.zeros((32, 128, 4, 4), np.float32), np.zeros((128, 128, 3, 3), np.float32)
     geo = _conv._Geometry(x.shape, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     monkeypatch.delenv("HPCGRAD_WINOGRAD", raising=False)
-    assert _conv._winograd(x, w, geo)
-    narrow = _conv._Geometry((1, 64, 4, 4), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert _conv._winograd(x, w, geo)  # 32 samples x 4 tiles
+    fewer = _conv._Geometry((16, 128, 4, 4), w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert not _conv._winograd(x[:16], w, fewer)
+    narrow = _conv._Geometry((32, 64, 4, 4), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
     assert not _conv._winograd(x[:, :64], w[:, :64], narrow)
     strided = _conv._Geometry(x.shape, w.shape, (2, 2), (1, 1, 1, 1), (1, 1), 1)
     assert not _conv._winograd(x, w, strided)
