@@ -107,8 +107,9 @@ _UNFOLD_PLANES_WIDTH = 16
 # of 16x16: the fold 1.4x its time).
 _INPUT_GRAD_FOLD = 128
 # Winograd's F(2x2, 3x3) (Note [Winograd convolution]) takes 3x3 convolutions at stride 1 (no
-# dilation, one group) from this many input and output channels on: at 128 channels of 4x4 and
-# 64 of 8x8, batch 32, its transforms cost more than the products save.
+# dilation, one group) from this many input and output channels on: at 64 channels of 8x8
+# (batch 32) and of 32x32 (batch 16) its forward took 1.05-1.1x the direct kernel's time, at 16
+# and 32 channels 2-3x (docs/performance.rst).
 _WINOGRAD_CHANNELS = 128
 _WINOGRAD_DEFAULT = True
 # A chunk of samples' transformed input or gradient: 16 x channels x tiles of at most this many
