@@ -87,6 +87,12 @@ _DIRECT_MAX_CHANNELS_SMALL = 64  # ... where the output plane has at most 64 pos
 # the same CPU) 0.45x, 0.7-0.8x, 1.0-1.2x at those first three, 2.0x at 64 of 8x8
 # (``benchmarks/conv_layouts.py --weight-grad``).
 _DIRECT_WEIGHT_GRAD_CHANNELS = {512: 32, 256: 16}
+# ... and at 512 bits up to this many on planes of at least _DIRECT_WEIGHT_GRAD_PLANE positions:
+# at 64 channels of 32x32, batch 16, 0.80-0.91x the columns' time (2026-11-29, three runs of a
+# throwaway script beside PyTorch's); at 64 of 16x16 (batch 32) the same time, at 64 of 8x8
+# 2.5x.
+_DIRECT_WEIGHT_GRAD_WIDE = 64
+_DIRECT_WEIGHT_GRAD_PLANE = 1024
 # Strided convolutions take it through the input's phases (conv2d_strided): ResNet-18's 3x3
 # stride-2 layers at width 16, batch 32, forward: 16 -> 32 channels of 32x32 in 0.57x the
 # columns' time, 32 -> 64 of 16x16 in 0.65-0.69x (1.45-1.7x PyTorch's), 64 -> 128 in 0.95x
@@ -357,7 +363,7 @@ def _direct_weight_grad(a, g, geo):
     """kernels/direct_conv.py where its weight gradient takes this convolution (Note [Direct
     convolution]): the forward's conditions at stride 1, rows of whole vectors (any rows where
     _DIRECT_WHOLE_ROWS is off), and at most _DIRECT_WEIGHT_GRAD_CHANNELS input channels for
-    this CPU's vector width. Else None."""
+    this CPU's vector width (_WIDE on large planes). Else None."""
     direct = None if geo.stride != (1, 1) else _direct_kernel(a, a, geo)
     if direct is None or type(g) is not np.ndarray or g.dtype != a.dtype:
         return None
@@ -365,7 +371,10 @@ def _direct_weight_grad(a, g, geo):
     if bits is None:
         takes = not _DIRECT_WHOLE_ROWS and geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[256]
     else:
-        takes = geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
+        most = _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
+        if bits == 512 and geo.positions >= _DIRECT_WEIGHT_GRAD_PLANE:
+            most = max(most, _DIRECT_WEIGHT_GRAD_WIDE)
+        takes = geo.c <= most
     return direct if takes else None
 
 
