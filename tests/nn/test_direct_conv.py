@@ -240,7 +240,8 @@ def _spy(monkeypatch, weight_grads=None):
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
     block) take it, forward and input gradient, and the 16-channel one its weight gradient;
-    a stride-2 layer its forward; 64 input channels of 16x16 only on an AVX-512 CPU; 256 of
+    a stride-2 layer its forward; 64 input channels of 16x16 only on an AVX-512 CPU, and of
+    32x32 with the weight gradient; 256 of
     16x16, 64 at stride 2, 128 of 8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
     weight_grads = []
@@ -265,6 +266,12 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     run(64, 16)  # with 512-bit vectors, up to 128 channels on planes of more than 64 positions
     assert len(seen) == (2 if 512 in direct_conv.WIDTHS else 0) and weight_grads == []
     seen.clear()
+    run(64, 32)  # ... and the weight gradient up to 64 on planes of 32x32
+    wide = 512 in direct_conv.WIDTHS
+    assert len(seen) == (2 if wide else 0)
+    assert [g for _, g in weight_grads] == ([(2, 64, 32, 32)] if wide else [])
+    seen.clear()
+    weight_grads.clear()
     run(256, 16)
     run(64, 32, stride=2)
     run(128, 8)
