@@ -1,6 +1,8 @@
 """DistributedDataParallel._get_ddp_logging_data: bucket sizes by hand, unused parameters, the
 comm hook, average times; PyTorch's key names (Note [DDP logging data])."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,7 @@ def test_key_names_are_pytorchs():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    model = None
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         model.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -122,6 +125,8 @@ def test_key_names_are_pytorchs():
                 model(torch.ones(3, 4)).sum().backward()
         theirs = model._get_ddp_logging_data()
     finally:
+        model = None  # torch's DDP before its gloo group, here (test_powersgd.py: why)
+        gc.collect()
         tdist.destroy_process_group()
     shared = {"module_name", "rank", "world_size", "backend_name", "iteration",
               "num_parameter_tensors", "total_parameter_size_bytes", "dtypes",

@@ -6,6 +6,8 @@ Q = sum_r M_r^T P / N, M ~ P Q^T) is computed locally from the same numbers. Gra
 QR may differ in the signs of P's and Q's columns; P Q^T does not.
 """
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -456,6 +458,7 @@ def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
         port = s.getsockname()[1]
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                              world_size=1)
+    tddp = tstate = None
     try:
         theirs = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(),
                                      torch.nn.Linear(6, 1)).double()
@@ -486,6 +489,12 @@ def test_ddp_steps_equal_pytorchs_powersgd_hook(world):
         assert state.iter == tstate.iter == 6
         assert state.compression_stats()[1:] == tstate.compression_stats()[1:] == (4 * 61, 4 * 27)
     finally:
+        # torch's DDP (its reducer holds the gloo group) and the hook's state go first, on this
+        # thread, while the group lives: left to the collector, one was freed during a later
+        # test on a native thread that then joined itself, and the process aborted ("Resource
+        # deadlock avoided", CI of 2026-11-29)
+        tddp = tstate = None
+        gc.collect()
         tdist.destroy_process_group()
 
 
