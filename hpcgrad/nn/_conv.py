@@ -113,10 +113,11 @@ _UNFOLD_PLANES_WIDTH = 16
 # of 16x16: the fold 1.4x its time).
 _INPUT_GRAD_FOLD = 128
 # Winograd's F(2x2, 3x3) (Note [Winograd convolution]) takes 3x3 convolutions at stride 1 (no
-# dilation, one group) from this many input and output channels on: at 64 channels of 8x8
-# (batch 32) and of 32x32 (batch 16) its forward took 1.05-1.1x the direct kernel's time, at 16
-# and 32 channels 2-3x (docs/performance.rst).
-_WINOGRAD_CHANNELS = 128
+# dilation, one group) from this many input and output channels on. Forward and backward
+# against PyTorch's (one thread, interleaved): 64 channels of 8x8 (batch 32) 1.14x, the direct
+# kernel 1.55x; 64 of 32x32 (batch 16) 1.17x against 1.48x; 48 of 8x8 1.29x against 1.61x; 32
+# of 16x16 1.50x, the direct kernel 1.47x (docs/performance.rst).
+_WINOGRAD_CHANNELS = 48
 _WINOGRAD_DEFAULT = True
 # A chunk of samples' transformed input or gradient: 16 x channels x tiles of at most this many
 # elements (2 MB of float32), unless that is fewer than _WINOGRAD_TILES tiles (each chunk adds
@@ -267,14 +268,13 @@ def _winograd(a, w, geo):
                        "channels through Winograd's tiles, 0 through columns or direct kernels")
 
 
-def _tile_space(like, channels, tiles, slot):
-    """A (16, channels, tiles) workspace whose 16 matrices do not lie a multiple of 4 KB apart
-    (Note [Winograd convolution])."""
-    stride = channels * tiles + 16
+def _tile_space(like, size, slot):
+    """A (16, size) workspace whose 16 rows do not lie a multiple of 4 KB apart (Note
+    [Winograd convolution])."""
+    stride = size + 16
     if stride * like.itemsize % 4096 == 0:
         stride += 16
-    space = _workspace(like, 16 * stride, slot).reshape(16, stride)
-    return space[:, :channels * tiles].reshape(16, channels, tiles)
+    return _workspace(like, 16 * stride, slot).reshape(16, stride)[:, :size]
 
 
 def _winograd_chunks(geo, per_sample):
@@ -286,20 +286,45 @@ def _winograd_chunks(geo, per_sample):
         yield start, min(start + step, geo.n)
 
 
+class _WinogradShapes:
+    """A convolution's tiles and channels-last planes for kernels/winograd.py: ``th``, ``tw``
+    tiles; channels padded to whole vectors, ``cp`` and ``op``; the largest chunk's ``m``
+    samples."""
+
+    def __init__(self, winograd, geo, dtype):
+        self.th, self.tw = winograd.tile_counts(geo.ho, geo.wo)
+        self.cp = winograd.padded_channels(geo.c, dtype)
+        self.op = winograd.padded_channels(geo.o, dtype)
+        self.m = max((stop - start for start, stop in _winograd_chunks(geo, self.th * self.tw)),
+                     default=0)
+
+    def planes(self, like, channels, slot, margin):
+        """A zeroed channels-last workspace (m, 2 th + margin, 2 tw + margin, channels)."""
+        shape = (self.m, 2 * self.th + margin, 2 * self.tw + margin, channels)
+        space = _workspace(like, int(np.prod(shape)), slot).reshape(shape)
+        space.fill(0)
+        return space
+
+
 def _winograd_forward(a, w, geo):
-    """``_forward_arrays`` through Winograd's tiles: per chunk of samples, the input's tiles,
-    16 products with the weight's and the output's tiles."""
+    """``_forward_arrays`` through Winograd's tiles: per chunk of samples, the input
+    channels-last, its tiles, 16 products with the weight's and the output's tiles, back to
+    channels-first."""
     from hpcgrad.base.kernels import winograd  # numba: imported on first use
-    th, tw = winograd.tile_counts(geo.ho, geo.wo)
-    a = np.ascontiguousarray(a)
-    u = winograd.weight_tiles(w)
+    shapes = _WinogradShapes(winograd, geo, a.dtype)
+    h, wd, top, left = a.shape[2], a.shape[3], geo.padding[0], geo.padding[2]
+    ut = winograd.weight_tiles(w, shapes.op, shapes.cp).transpose(0, 2, 1)
+    xp = shapes.planes(a, shapes.cp, 3, 2)
+    y = shapes.planes(a, shapes.op, 4, 0)
     out = np.empty((geo.n, geo.o, geo.ho, geo.wo), a.dtype)
-    plane = np.empty((2 * th + 2, 2 * tw + 2), a.dtype)
-    top, _, left, _ = geo.padding
-    for start, stop in _winograd_chunks(geo, th * tw):
-        v = _tile_space(a, geo.c, (stop - start) * th * tw, 1)
-        winograd.input_tiles(a, start, v, top, left, plane)
-        winograd.output_tiles(blas.matmul(u, v), out, start)
+    for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
+        m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
+        xp[:m, top:top + h, left:left + wd, :geo.c] = a[start:stop].transpose(0, 2, 3, 1)
+        v = _tile_space(a, tiles * shapes.cp, 1)
+        winograd.input_tiles(xp[:m], v)
+        mm = blas.matmul(v.reshape(16, tiles, shapes.cp), ut)
+        winograd.output_tiles(mm.reshape(16, -1), y[:m])
+        out[start:stop] = y[:m, :geo.ho, :geo.wo, :geo.o].transpose(0, 3, 1, 2)
     return out.reshape(geo.n, geo.o, geo.positions)
 
 
@@ -308,28 +333,36 @@ def _winograd_backward(a, w, g, geo, need_x, need_w):
     chunk, turned around through the weight's tiles (the input's gradient) and the input's
     (the weight's)."""
     from hpcgrad.base.kernels import winograd  # numba: imported on first use
-    th, tw = winograd.tile_counts(geo.ho, geo.wo)
-    a, g = np.ascontiguousarray(a), np.ascontiguousarray(g.reshape(geo.n, geo.o, geo.ho, geo.wo))
-    plane = np.empty((2 * th + 2, 2 * tw + 2), a.dtype)
-    top, _, left, _ = geo.padding
+    shapes = _WinogradShapes(winograd, geo, a.dtype)
+    h, wd, top, left = a.shape[2], a.shape[3], geo.padding[0], geo.padding[2]
+    g = g.reshape(geo.n, geo.o, geo.ho, geo.wo)
+    u = winograd.weight_tiles(w, shapes.op, shapes.cp) if need_x else None
+    gp = shapes.planes(g, shapes.op, 4, 0)
+    xp = shapes.planes(a, shapes.cp, 3, 2) if need_w else None
+    gxp = shapes.planes(a, shapes.cp, 5, 2) if need_x else None
     grad_x = np.empty(a.shape, a.dtype) if need_x else None
-    ut = winograd.weight_tiles(w).transpose(0, 2, 1) if need_x else None
     du = None
-    for start, stop in _winograd_chunks(geo, th * tw):
-        tiles = (stop - start) * th * tw
-        dm = _tile_space(g, geo.o, tiles, 2)
-        winograd.grad_tiles(g, start, dm)
+    for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
+        m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
+        gp[:m, :geo.ho, :geo.wo, :geo.o] = g[start:stop].transpose(0, 2, 3, 1)
+        dm = _tile_space(g, tiles * shapes.op, 2)
+        winograd.grad_tiles(gp[:m], dm)
+        dm = dm.reshape(16, tiles, shapes.op)
         if need_w:
-            v = _tile_space(a, geo.c, tiles, 1)
-            winograd.input_tiles(a, start, v, top, left, plane)
-            product = blas.matmul(dm, v.transpose(0, 2, 1))
+            xp[:m, top:top + h, left:left + wd, :geo.c] = a[start:stop].transpose(0, 2, 3, 1)
+            v = _tile_space(a, tiles * shapes.cp, 1)
+            winograd.input_tiles(xp[:m], v)
+            product = blas.matmul(dm.transpose(0, 2, 1), v.reshape(16, tiles, shapes.cp))
             if du is None:
                 du = product
             else:
                 du += product
         if need_x:
-            winograd.fold_tiles(blas.matmul(ut, dm), grad_x, start, top, left, plane)
-    grad_w = winograd.weight_grad(du) if need_w else None
+            if start:
+                gxp[:m].fill(0)
+            winograd.fold_tiles(blas.matmul(dm, u).reshape(16, -1), gxp[:m])
+            grad_x[start:stop] = gxp[:m, top:top + h, left:left + wd, :geo.c].transpose(0, 3, 1, 2)
+    grad_w = winograd.weight_grad(du[:, :geo.o, :geo.c]) if need_w else None
     return grad_x, grad_w
 
 

@@ -138,8 +138,10 @@ def test_winograd_takes_wide_3x3_convolutions_of_enough_tiles_and_the_setting_tu
     assert _conv._winograd(x, w, geo)  # 32 samples x 4 tiles
     fewer = _conv._Geometry((16, 128, 4, 4), w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     assert not _conv._winograd(x[:16], w, fewer)
-    narrow = _conv._Geometry((32, 64, 4, 4), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
-    assert not _conv._winograd(x[:, :64], w[:, :64], narrow)
+    narrow = _conv._Geometry((32, 32, 4, 4), (128, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert not _conv._winograd(x[:, :32], w[:, :32], narrow)
+    assert _conv._winograd(x[:, :48], w[:, :48], _conv._Geometry(
+        (32, 48, 4, 4), (128, 48, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1))
     strided = _conv._Geometry(x.shape, w.shape, (2, 2), (1, 1, 1, 1), (1, 1), 1)
     assert not _conv._winograd(x, w, strided)
     monkeypatch.setenv("HPCGRAD_WINOGRAD", "0")

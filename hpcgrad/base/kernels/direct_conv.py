@@ -12,11 +12,10 @@ accumulators that stay in registers through the taps (input channel, kernel row,
 of a chunk of 16 input channels: per tap two unaligned loads of the padded input at the tap's
 offset, four broadcast weights, eight fused multiply-adds; the next chunk adds to what the first
 stored. A block of output channels sweeps a sample's rows with the chunk's weights in L1. LLVM
-keeps a value in a register only when it is one; numba has no vector type, so this file gives it
-one (``_Vec``, an LLVM <8 x float> or <16 x float> ...) with intrinsics: load, a load of two
-half rows, store, splat and a multiply-add with LLVM's ``contract`` flag (fused where the CPU
-has FMA, a multiply and an add where it has not: the same code is correct on any x86 or ARM
-CPU; a 512-bit vector on a CPU without AVX-512 runs as two halves).
+keeps a value in a register only when it is one; numba has no vector type, so kernels/vectors.py
+gives it one (``Vec``) with intrinsics: load, a load of two half rows, store, splat and a
+multiply-add with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add
+where it has not: the same code is correct on any x86 or ARM CPU).
 
 On a CPU with AVX-512 (32 vector registers: ``WIDTHS``, ``OUTPUTS``) a block is 8 output
 channels x 2 vectors, 16 accumulators; rows of 32k or 16 float32 positions take 512-bit vectors,
@@ -64,123 +63,15 @@ Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic, models, register_model
+from numba import njit
 
+from hpcgrad.base.kernels.vectors import vfma, vload, vload_rows, vsplat, vstore
 from hpcgrad.base.kernels.wide import AVX512
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
 STRIDED_CHUNK = 8  # input channels per pass at strides > 1: four phase planes each (L1)
 HALF_ROWS = True  # False: rows of half a 512-bit vector take 256-bit ones (a benchmark's switch)
-
-
-class _Vec(types.Type):
-    """A 256- or 512-bit vector of float32 or float64 lanes, as one LLVM value (a register)."""
-
-    def __init__(self, dtype, bits):
-        self.dtype = dtype
-        self.lanes = bits // dtype.bitwidth
-        super().__init__(name=f"_Vec({dtype} x {self.lanes})")
-
-
-def _bits(bits):
-    """A vector's width in bits from an intrinsic's ``bits`` argument when it is a literal 256 or
-    512 (the entry points below pass a constant, so the width is known when numba compiles);
-    else None, which tells numba this typing does not apply (it tries the literal one too)."""
-    if isinstance(bits, types.IntegerLiteral) and bits.literal_value in (256, 512):
-        return bits.literal_value
-    return None
-
-
-@register_model(_Vec)
-class _VecModel(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        lane = dmm.lookup(fe_type.dtype).get_value_type()
-        super().__init__(dmm, fe_type, ir.VectorType(lane, fe_type.lanes))
-
-
-def _element_pointer(context, builder, arytype, ary, index):
-    data = context.make_array(arytype)(context, builder, ary).data
-    return builder.gep(data, [index])
-
-
-@intrinsic
-def _vload(typingctx, arr, index, bits):
-    """The vector at arr[index:index + lanes] (1-D contiguous ``arr``; unaligned, unchecked)."""
-    if _bits(bits) is None:
-        return None
-    vec = _Vec(arr.dtype, _bits(bits))
-
-    def codegen(context, builder, sig, args):
-        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
-        ptr = builder.bitcast(ptr, context.get_value_type(vec).as_pointer())
-        return builder.load(ptr, align=1)
-    return vec(arr, index, bits), codegen
-
-
-@intrinsic
-def _vload_rows(typingctx, arr, first, step, parts, bits):
-    """A vector made of ``parts`` (a constant 2 or 4) pieces of lanes/parts elements, piece r
-    from arr[first + r*step:]: rows shorter than a vector, two or four of them a vector
-    (unaligned, unchecked). Four rows of a quarter (4x4 planes, two samples a block) ran at 50
-    GF/s, slower than the columns' 63-131 GF/s at 128-512 channels: only halves are used."""
-    if _bits(bits) is None or not isinstance(parts, types.IntegerLiteral) \
-            or parts.literal_value not in (2, 4):
-        return None
-    vec = _Vec(arr.dtype, _bits(bits))
-    count = parts.literal_value
-
-    def codegen(context, builder, sig, args):
-        piece = ir.VectorType(context.get_value_type(vec).element, vec.lanes // count)
-        pieces = []
-        for r in range(count):
-            at = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
-            pointer = _element_pointer(context, builder, sig.args[0], args[0], at)
-            pieces.append(builder.load(builder.bitcast(pointer, piece.as_pointer()), align=1))
-        while len(pieces) > 1:  # join neighbours: 4 quarters -> 2 halves -> 1 vector
-            width = 2 * pieces[0].type.count
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
-            pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], mask)
-                      for i in range(0, len(pieces), 2)]
-        return pieces[0]
-    return vec(arr, first, step, parts, bits), codegen
-
-
-@intrinsic
-def _vstore(typingctx, arr, index, value):
-    """arr[index:index + lanes] = value (unaligned, unchecked)."""
-    def codegen(context, builder, sig, args):
-        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], builder.bitcast(ptr, args[2].type.as_pointer()), align=1)
-        return context.get_dummy_value()
-    return types.void(arr, index, value), codegen
-
-
-@intrinsic
-def _vsplat(typingctx, scalar, bits):
-    """A vector of ``scalar`` in every lane."""
-    if _bits(bits) is None:
-        return None
-    vec = _Vec(scalar, _bits(bits))
-
-    def codegen(context, builder, sig, args):
-        vt = context.get_value_type(vec)
-        lane0 = ir.Constant(ir.IntType(32), 0)
-        one = builder.insert_element(ir.Constant(vt, ir.Undefined), args[0], lane0)
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), [0] * vec.lanes)
-        return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), zeros)
-    return vec(scalar, bits), codegen
-
-
-@intrinsic
-def _vfma(typingctx, w, x, acc):
-    """w * x + acc, fused where the CPU can (LLVM's ``contract``)."""
-    def codegen(context, builder, sig, args):
-        product = builder.fmul(args[0], args[1], flags=("contract",))
-        return builder.fadd(product, args[2], flags=("contract",))
-    return acc(w, x, acc), codegen
 
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
@@ -192,73 +83,73 @@ def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane
     else added to what ``of`` holds. ``per`` is a constant, so the unused half folds away.
     ``parts`` 2: rows of half a vector, each vector two input rows ``rows_in`` apart (1: each
     vector one run of a row)."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _vsplat(zero, bits)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vsplat(zero, bits)
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = a0
     if t0:
-        a0, b0 = _vload(of, at, bits), _vload(of, at + second_out, bits)
+        a0, b0 = vload(of, at, bits), vload(of, at + second_out, bits)
         if live > 1:
-            a1, b1 = _vload(of, at + plane, bits), _vload(of, at + plane + second_out, bits)
+            a1, b1 = vload(of, at + plane, bits), vload(of, at + plane + second_out, bits)
         if live > 2:
-            a2, b2 = _vload(of, at + 2 * plane, bits), _vload(of, at + 2 * plane + second_out, bits)
+            a2, b2 = vload(of, at + 2 * plane, bits), vload(of, at + 2 * plane + second_out, bits)
         if live > 3:
-            a3, b3 = _vload(of, at + 3 * plane, bits), _vload(of, at + 3 * plane + second_out, bits)
+            a3, b3 = vload(of, at + 3 * plane, bits), vload(of, at + 3 * plane + second_out, bits)
         if live > 4:
-            a4, b4 = _vload(of, at + 4 * plane, bits), _vload(of, at + 4 * plane + second_out, bits)
+            a4, b4 = vload(of, at + 4 * plane, bits), vload(of, at + 4 * plane + second_out, bits)
         if live > 5:
-            a5, b5 = _vload(of, at + 5 * plane, bits), _vload(of, at + 5 * plane + second_out, bits)
+            a5, b5 = vload(of, at + 5 * plane, bits), vload(of, at + 5 * plane + second_out, bits)
         if live > 6:
-            a6, b6 = _vload(of, at + 6 * plane, bits), _vload(of, at + 6 * plane + second_out, bits)
+            a6, b6 = vload(of, at + 6 * plane, bits), vload(of, at + 6 * plane + second_out, bits)
         if live > 7:
-            a7, b7 = _vload(of, at + 7 * plane, bits), _vload(of, at + 7 * plane + second_out, bits)
+            a7, b7 = vload(of, at + 7 * plane, bits), vload(of, at + 7 * plane + second_out, bits)
     for t in range(t0, t1):
         s = base + offs[t]
         if parts == 2:
-            u = _vload_rows(xf, s, rows_in, 2, bits)
-            v = _vload_rows(xf, s + second_in, rows_in, 2, bits)
+            u = vload_rows(xf, s, rows_in, 2, bits)
+            v = vload_rows(xf, s + second_in, rows_in, 2, bits)
         else:
-            u = _vload(xf, s, bits)
-            v = _vload(xf, s + second_in, bits)
-        w = _vsplat(wpk[wi], bits)
-        a0, b0 = _vfma(w, u, a0), _vfma(w, v, b0)
-        w = _vsplat(wpk[wi + 1], bits)
-        a1, b1 = _vfma(w, u, a1), _vfma(w, v, b1)
-        w = _vsplat(wpk[wi + 2], bits)
-        a2, b2 = _vfma(w, u, a2), _vfma(w, v, b2)
-        w = _vsplat(wpk[wi + 3], bits)
-        a3, b3 = _vfma(w, u, a3), _vfma(w, v, b3)
+            u = vload(xf, s, bits)
+            v = vload(xf, s + second_in, bits)
+        w = vsplat(wpk[wi], bits)
+        a0, b0 = vfma(w, u, a0), vfma(w, v, b0)
+        w = vsplat(wpk[wi + 1], bits)
+        a1, b1 = vfma(w, u, a1), vfma(w, v, b1)
+        w = vsplat(wpk[wi + 2], bits)
+        a2, b2 = vfma(w, u, a2), vfma(w, v, b2)
+        w = vsplat(wpk[wi + 3], bits)
+        a3, b3 = vfma(w, u, a3), vfma(w, v, b3)
         if per > 4:
-            w = _vsplat(wpk[wi + 4], bits)
-            a4, b4 = _vfma(w, u, a4), _vfma(w, v, b4)
-            w = _vsplat(wpk[wi + 5], bits)
-            a5, b5 = _vfma(w, u, a5), _vfma(w, v, b5)
-            w = _vsplat(wpk[wi + 6], bits)
-            a6, b6 = _vfma(w, u, a6), _vfma(w, v, b6)
-            w = _vsplat(wpk[wi + 7], bits)
-            a7, b7 = _vfma(w, u, a7), _vfma(w, v, b7)
+            w = vsplat(wpk[wi + 4], bits)
+            a4, b4 = vfma(w, u, a4), vfma(w, v, b4)
+            w = vsplat(wpk[wi + 5], bits)
+            a5, b5 = vfma(w, u, a5), vfma(w, v, b5)
+            w = vsplat(wpk[wi + 6], bits)
+            a6, b6 = vfma(w, u, a6), vfma(w, v, b6)
+            w = vsplat(wpk[wi + 7], bits)
+            a7, b7 = vfma(w, u, a7), vfma(w, v, b7)
         wi += per
-    _vstore(of, at, a0)
-    _vstore(of, at + second_out, b0)
+    vstore(of, at, a0)
+    vstore(of, at + second_out, b0)
     if live > 1:
-        _vstore(of, at + plane, a1)
-        _vstore(of, at + plane + second_out, b1)
+        vstore(of, at + plane, a1)
+        vstore(of, at + plane + second_out, b1)
     if live > 2:
-        _vstore(of, at + 2 * plane, a2)
-        _vstore(of, at + 2 * plane + second_out, b2)
+        vstore(of, at + 2 * plane, a2)
+        vstore(of, at + 2 * plane + second_out, b2)
     if live > 3:
-        _vstore(of, at + 3 * plane, a3)
-        _vstore(of, at + 3 * plane + second_out, b3)
+        vstore(of, at + 3 * plane, a3)
+        vstore(of, at + 3 * plane + second_out, b3)
     if live > 4:
-        _vstore(of, at + 4 * plane, a4)
-        _vstore(of, at + 4 * plane + second_out, b4)
+        vstore(of, at + 4 * plane, a4)
+        vstore(of, at + 4 * plane + second_out, b4)
     if live > 5:
-        _vstore(of, at + 5 * plane, a5)
-        _vstore(of, at + 5 * plane + second_out, b5)
+        vstore(of, at + 5 * plane, a5)
+        vstore(of, at + 5 * plane + second_out, b5)
     if live > 6:
-        _vstore(of, at + 6 * plane, a6)
-        _vstore(of, at + 6 * plane + second_out, b6)
+        vstore(of, at + 6 * plane, a6)
+        vstore(of, at + 6 * plane + second_out, b6)
     if live > 7:
-        _vstore(of, at + 7 * plane, a7)
-        _vstore(of, at + 7 * plane + second_out, b7)
+        vstore(of, at + 7 * plane, a7)
+        vstore(of, at + 7 * plane + second_out, b7)
 
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")  # compiled into _direct
@@ -358,16 +249,16 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                 t = tb * tper
                 a = ((kb * tblocks + tb) * 4 * tper) * lanes
                 a1, a2, a3 = a + tper * lanes, a + 2 * tper * lanes, a + 3 * tper * lanes
-                r00, r01 = _vload(acc, a, bits), _vload(acc, a + lanes, bits)
-                r10, r11 = _vload(acc, a1, bits), _vload(acc, a1 + lanes, bits)
-                r20, r21 = _vload(acc, a2, bits), _vload(acc, a2 + lanes, bits)
-                r30, r31 = _vload(acc, a3, bits), _vload(acc, a3 + lanes, bits)
+                r00, r01 = vload(acc, a, bits), vload(acc, a + lanes, bits)
+                r10, r11 = vload(acc, a1, bits), vload(acc, a1 + lanes, bits)
+                r20, r21 = vload(acc, a2, bits), vload(acc, a2 + lanes, bits)
+                r30, r31 = vload(acc, a3, bits), vload(acc, a3 + lanes, bits)
                 r02 = r03 = r12 = r13 = r22 = r23 = r32 = r33 = r00
                 if tper > 2:
-                    r02, r03 = _vload(acc, a + 2 * lanes, bits), _vload(acc, a + 3 * lanes, bits)
-                    r12, r13 = _vload(acc, a1 + 2 * lanes, bits), _vload(acc, a1 + 3 * lanes, bits)
-                    r22, r23 = _vload(acc, a2 + 2 * lanes, bits), _vload(acc, a2 + 3 * lanes, bits)
-                    r32, r33 = _vload(acc, a3 + 2 * lanes, bits), _vload(acc, a3 + 3 * lanes, bits)
+                    r02, r03 = vload(acc, a + 2 * lanes, bits), vload(acc, a + 3 * lanes, bits)
+                    r12, r13 = vload(acc, a1 + 2 * lanes, bits), vload(acc, a1 + 3 * lanes, bits)
+                    r22, r23 = vload(acc, a2 + 2 * lanes, bits), vload(acc, a2 + 3 * lanes, bits)
+                    r32, r33 = vload(acc, a3 + 2 * lanes, bits), vload(acc, a3 + 3 * lanes, bits)
                 for n in range(n0, min(n0 + per_pass, n_)):
                     g0 = (n * k_ + min(kb * 4, k_ - 1)) * plane
                     g1 = (n * k_ + min(kb * 4 + 1, k_ - 1)) * plane
@@ -381,38 +272,38 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                         for v in range(vectors):
                             p = y * wo + v * lanes
                             q = y * wp + v * lanes
-                            G0, G1 = _vload(gf, g0 + p, bits), _vload(gf, g1 + p, bits)
-                            G2, G3 = _vload(gf, g2 + p, bits), _vload(gf, g3 + p, bits)
-                            X = _vload(xf, x0 + q, bits)
-                            r00, r10 = _vfma(G0, X, r00), _vfma(G1, X, r10)
-                            r20, r30 = _vfma(G2, X, r20), _vfma(G3, X, r30)
-                            X = _vload(xf, x1 + q, bits)
-                            r01, r11 = _vfma(G0, X, r01), _vfma(G1, X, r11)
-                            r21, r31 = _vfma(G2, X, r21), _vfma(G3, X, r31)
+                            G0, G1 = vload(gf, g0 + p, bits), vload(gf, g1 + p, bits)
+                            G2, G3 = vload(gf, g2 + p, bits), vload(gf, g3 + p, bits)
+                            X = vload(xf, x0 + q, bits)
+                            r00, r10 = vfma(G0, X, r00), vfma(G1, X, r10)
+                            r20, r30 = vfma(G2, X, r20), vfma(G3, X, r30)
+                            X = vload(xf, x1 + q, bits)
+                            r01, r11 = vfma(G0, X, r01), vfma(G1, X, r11)
+                            r21, r31 = vfma(G2, X, r21), vfma(G3, X, r31)
                             if tper > 2:
-                                X = _vload(xf, x2 + q, bits)
-                                r02, r12 = _vfma(G0, X, r02), _vfma(G1, X, r12)
-                                r22, r32 = _vfma(G2, X, r22), _vfma(G3, X, r32)
-                                X = _vload(xf, x3 + q, bits)
-                                r03, r13 = _vfma(G0, X, r03), _vfma(G1, X, r13)
-                                r23, r33 = _vfma(G2, X, r23), _vfma(G3, X, r33)
-                _vstore(acc, a, r00)
-                _vstore(acc, a + lanes, r01)
-                _vstore(acc, a1, r10)
-                _vstore(acc, a1 + lanes, r11)
-                _vstore(acc, a2, r20)
-                _vstore(acc, a2 + lanes, r21)
-                _vstore(acc, a3, r30)
-                _vstore(acc, a3 + lanes, r31)
+                                X = vload(xf, x2 + q, bits)
+                                r02, r12 = vfma(G0, X, r02), vfma(G1, X, r12)
+                                r22, r32 = vfma(G2, X, r22), vfma(G3, X, r32)
+                                X = vload(xf, x3 + q, bits)
+                                r03, r13 = vfma(G0, X, r03), vfma(G1, X, r13)
+                                r23, r33 = vfma(G2, X, r23), vfma(G3, X, r33)
+                vstore(acc, a, r00)
+                vstore(acc, a + lanes, r01)
+                vstore(acc, a1, r10)
+                vstore(acc, a1 + lanes, r11)
+                vstore(acc, a2, r20)
+                vstore(acc, a2 + lanes, r21)
+                vstore(acc, a3, r30)
+                vstore(acc, a3 + lanes, r31)
                 if tper > 2:
-                    _vstore(acc, a + 2 * lanes, r02)
-                    _vstore(acc, a + 3 * lanes, r03)
-                    _vstore(acc, a1 + 2 * lanes, r12)
-                    _vstore(acc, a1 + 3 * lanes, r13)
-                    _vstore(acc, a2 + 2 * lanes, r22)
-                    _vstore(acc, a2 + 3 * lanes, r23)
-                    _vstore(acc, a3 + 2 * lanes, r32)
-                    _vstore(acc, a3 + 3 * lanes, r33)
+                    vstore(acc, a + 2 * lanes, r02)
+                    vstore(acc, a + 3 * lanes, r03)
+                    vstore(acc, a1 + 2 * lanes, r12)
+                    vstore(acc, a1 + 3 * lanes, r13)
+                    vstore(acc, a2 + 2 * lanes, r22)
+                    vstore(acc, a2 + 3 * lanes, r23)
+                    vstore(acc, a3 + 2 * lanes, r32)
+                    vstore(acc, a3 + 3 * lanes, r33)
 
 
 @njit(cache=True, nogil=True)

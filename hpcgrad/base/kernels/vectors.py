@@ -1,0 +1,141 @@
+"""Vectors for numba kernels: an LLVM vector type and intrinsics to load, store and combine it.
+
+Numba has no vector type, and LLVM keeps a value in a register only when it is one: these give
+numba kernels one (``Vec``, an LLVM <8 x float> or <16 x float> ...), so a kernel can say which
+values are vectors and where they are loaded and stored (Note [Direct convolution], Note
+[Winograd convolution]). A kernel passes the width in bits as a constant (256 or 512): a 512-bit
+vector on a CPU without AVX-512 runs as two halves, so the same code is correct on any CPU.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, models, register_model
+
+
+class Vec(types.Type):
+    """A 256- or 512-bit vector of float32 or float64 lanes, as one LLVM value (a register)."""
+
+    def __init__(self, dtype, bits):
+        self.dtype = dtype
+        self.lanes = bits // dtype.bitwidth
+        super().__init__(name=f"Vec({dtype} x {self.lanes})")
+
+
+def _bits(bits):
+    """A vector's width in bits from an intrinsic's ``bits`` argument when it is a literal 256 or
+    512 (the entry points below pass a constant, so the width is known when numba compiles);
+    else None, which tells numba this typing does not apply (it tries the literal one too)."""
+    if isinstance(bits, types.IntegerLiteral) and bits.literal_value in (256, 512):
+        return bits.literal_value
+    return None
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        lane = dmm.lookup(fe_type.dtype).get_value_type()
+        super().__init__(dmm, fe_type, ir.VectorType(lane, fe_type.lanes))
+
+
+def _element_pointer(context, builder, arytype, ary, index):
+    data = context.make_array(arytype)(context, builder, ary).data
+    return builder.gep(data, [index])
+
+
+@intrinsic
+def vload(typingctx, arr, index, bits):
+    """The vector at arr[index:index + lanes] (1-D contiguous ``arr``; unaligned, unchecked)."""
+    if _bits(bits) is None:
+        return None
+    vec = Vec(arr.dtype, _bits(bits))
+
+    def codegen(context, builder, sig, args):
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        ptr = builder.bitcast(ptr, context.get_value_type(vec).as_pointer())
+        return builder.load(ptr, align=1)
+    return vec(arr, index, bits), codegen
+
+
+@intrinsic
+def vload_rows(typingctx, arr, first, step, parts, bits):
+    """A vector made of ``parts`` (a constant 2 or 4) pieces of lanes/parts elements, piece r
+    from arr[first + r*step:]: rows shorter than a vector, two or four of them a vector
+    (unaligned, unchecked). Four rows of a quarter (4x4 planes, two samples a block) ran at 50
+    GF/s, slower than the columns' 63-131 GF/s at 128-512 channels: only halves are used."""
+    if _bits(bits) is None or not isinstance(parts, types.IntegerLiteral) \
+            or parts.literal_value not in (2, 4):
+        return None
+    vec = Vec(arr.dtype, _bits(bits))
+    count = parts.literal_value
+
+    def codegen(context, builder, sig, args):
+        piece = ir.VectorType(context.get_value_type(vec).element, vec.lanes // count)
+        pieces = []
+        for r in range(count):
+            at = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
+            pointer = _element_pointer(context, builder, sig.args[0], args[0], at)
+            pieces.append(builder.load(builder.bitcast(pointer, piece.as_pointer()), align=1))
+        while len(pieces) > 1:  # join neighbours: 4 quarters -> 2 halves -> 1 vector
+            width = 2 * pieces[0].type.count
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
+            pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], mask)
+                      for i in range(0, len(pieces), 2)]
+        return pieces[0]
+    return vec(arr, first, step, parts, bits), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, index, value):
+    """arr[index:index + lanes] = value (unaligned, unchecked)."""
+    def codegen(context, builder, sig, args):
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(ptr, args[2].type.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(arr, index, value), codegen
+
+
+@intrinsic
+def vsplat(typingctx, scalar, bits):
+    """A vector of ``scalar`` in every lane."""
+    if _bits(bits) is None:
+        return None
+    vec = Vec(scalar, _bits(bits))
+
+    def codegen(context, builder, sig, args):
+        vt = context.get_value_type(vec)
+        lane0 = ir.Constant(ir.IntType(32), 0)
+        one = builder.insert_element(ir.Constant(vt, ir.Undefined), args[0], lane0)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes), [0] * vec.lanes)
+        return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), zeros)
+    return vec(scalar, bits), codegen
+
+
+@intrinsic
+def vfma(typingctx, w, x, acc):
+    """w * x + acc, fused where the CPU can (LLVM's ``contract``)."""
+    def codegen(context, builder, sig, args):
+        product = builder.fmul(args[0], args[1], flags=("contract",))
+        return builder.fadd(product, args[2], flags=("contract",))
+    return acc(w, x, acc), codegen
+
+
+def _elementwise(op):
+    """An intrinsic applying IRBuilder's ``op`` to two vectors (or scalars) of one type."""
+    @intrinsic
+    def apply(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return a(a, b), codegen
+    return apply
+
+
+vadd = _elementwise("fadd")
+vsub = _elementwise("fsub")
+
+
+@intrinsic
+def vneg(typingctx, a):
+    """-a, lane by lane."""
+    def codegen(context, builder, sig, args):
+        return builder.fneg(args[0])
+    return a(a), codegen
