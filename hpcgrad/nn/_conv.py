@@ -310,21 +310,21 @@ def _winograd_forward(a, w, geo):
     """``_forward_arrays`` through Winograd's tiles: per chunk of samples, the input
     channels-last, its tiles, 16 products with the weight's and the output's tiles, back to
     channels-first."""
-    from hpcgrad.base.kernels import winograd  # numba: imported on first use
+    from hpcgrad.base.kernels import channels_last, winograd  # numba: imported on first use
     shapes = _WinogradShapes(winograd, geo, a.dtype)
-    h, wd, top, left = a.shape[2], a.shape[3], geo.padding[0], geo.padding[2]
+    a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
     ut = winograd.weight_tiles(w, shapes.op, shapes.cp).transpose(0, 2, 1)
     xp = shapes.planes(a, shapes.cp, 3, 2)
     y = shapes.planes(a, shapes.op, 4, 0)
     out = np.empty((geo.n, geo.o, geo.ho, geo.wo), a.dtype)
     for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
         m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
-        xp[:m, top:top + h, left:left + wd, :geo.c] = a[start:stop].transpose(0, 2, 3, 1)
+        channels_last.to_channels_last(a[start:stop], xp[:m], top, left)
         v = _tile_space(a, tiles * shapes.cp, 1)
         winograd.input_tiles(xp[:m], v)
         mm = blas.matmul(v.reshape(16, tiles, shapes.cp), ut)
         winograd.output_tiles(mm.reshape(16, -1), y[:m])
-        out[start:stop] = y[:m, :geo.ho, :geo.wo, :geo.o].transpose(0, 3, 1, 2)
+        channels_last.to_channels_first(y[:m], 0, 0, out[start:stop])
     return out.reshape(geo.n, geo.o, geo.positions)
 
 
@@ -332,10 +332,10 @@ def _winograd_backward(a, w, g, geo, need_x, need_w):
     """``_backward_arrays`` through Winograd's tiles: the incoming gradient's tiles once per
     chunk, turned around through the weight's tiles (the input's gradient) and the input's
     (the weight's)."""
-    from hpcgrad.base.kernels import winograd  # numba: imported on first use
+    from hpcgrad.base.kernels import channels_last, winograd  # numba: imported on first use
     shapes = _WinogradShapes(winograd, geo, a.dtype)
-    h, wd, top, left = a.shape[2], a.shape[3], geo.padding[0], geo.padding[2]
-    g = g.reshape(geo.n, geo.o, geo.ho, geo.wo)
+    a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
+    g = np.ascontiguousarray(g.reshape(geo.n, geo.o, geo.ho, geo.wo))
     u = winograd.weight_tiles(w, shapes.op, shapes.cp) if need_x else None
     gp = shapes.planes(g, shapes.op, 4, 0)
     xp = shapes.planes(a, shapes.cp, 3, 2) if need_w else None
@@ -344,12 +344,12 @@ def _winograd_backward(a, w, g, geo, need_x, need_w):
     du = None
     for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
         m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
-        gp[:m, :geo.ho, :geo.wo, :geo.o] = g[start:stop].transpose(0, 2, 3, 1)
+        channels_last.to_channels_last(g[start:stop], gp[:m], 0, 0)
         dm = _tile_space(g, tiles * shapes.op, 2)
         winograd.grad_tiles(gp[:m], dm)
         dm = dm.reshape(16, tiles, shapes.op)
         if need_w:
-            xp[:m, top:top + h, left:left + wd, :geo.c] = a[start:stop].transpose(0, 2, 3, 1)
+            channels_last.to_channels_last(a[start:stop], xp[:m], top, left)
             v = _tile_space(a, tiles * shapes.cp, 1)
             winograd.input_tiles(xp[:m], v)
             product = blas.matmul(dm.transpose(0, 2, 1), v.reshape(16, tiles, shapes.cp))
@@ -361,7 +361,7 @@ def _winograd_backward(a, w, g, geo, need_x, need_w):
             if start:
                 gxp[:m].fill(0)
             winograd.fold_tiles(blas.matmul(dm, u).reshape(16, -1), gxp[:m])
-            grad_x[start:stop] = gxp[:m, top:top + h, left:left + wd, :geo.c].transpose(0, 3, 1, 2)
+            channels_last.to_channels_first(gxp[:m], top, left, grad_x[start:stop])
     grad_w = winograd.weight_grad(du[:, :geo.o, :geo.c]) if need_w else None
     return grad_x, grad_w
 

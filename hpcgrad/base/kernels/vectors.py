@@ -139,3 +139,51 @@ def vneg(typingctx, a):
     def codegen(context, builder, sig, args):
         return builder.fneg(args[0])
     return a(a), codegen
+
+
+@intrinsic
+def vtranspose(typingctx, src, src_at, src_offsets, dst, dst_at, dst_offsets, bits):
+    """Transposes a square block: the ``lanes`` vectors at src[src_at + src_offsets[i]] (rows)
+    become the vectors at dst[dst_at + dst_offsets[j]] (columns), through log2(lanes) rounds of
+    interleaving shuffles in registers (a perfect shuffle of the rows' pairs each round:
+    after log2(lanes) of them row j holds every row's element j). Offsets are int64 arrays of
+    ``lanes``; unaligned, unchecked."""
+    if _bits(bits) is None or src.dtype != dst.dtype:
+        return None
+    vec = Vec(src.dtype, _bits(bits))
+    lanes = vec.lanes
+
+    def codegen(context, builder, sig, args):
+        src_ty, _, off_ty, dst_ty, _, doff_ty, _ = sig.args
+        source, src_at, src_offsets, target, dst_at, dst_offsets, _ = args
+        vt = context.get_value_type(vec)
+
+        def offset(arytype, ary, i):
+            pointer = _element_pointer(context, builder, arytype, ary,
+                                       ir.Constant(ir.IntType(64), i))
+            return builder.load(pointer)
+
+        rows = []
+        for i in range(lanes):
+            at = builder.add(src_at, offset(off_ty, src_offsets, i))
+            pointer = builder.bitcast(_element_pointer(context, builder, src_ty, source, at),
+                                      vt.as_pointer())
+            rows.append(builder.load(pointer, align=1))
+        half = lanes // 2
+        low = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                          [x for k in range(half) for x in (k, k + lanes)])
+        high = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                           [x for k in range(half, lanes) for x in (k, k + lanes)])
+        for _ in range(lanes.bit_length() - 1):
+            shuffled = []
+            for k in range(half):
+                shuffled.append(builder.shuffle_vector(rows[k], rows[k + half], low))
+                shuffled.append(builder.shuffle_vector(rows[k], rows[k + half], high))
+            rows = shuffled
+        for j in range(lanes):
+            at = builder.add(dst_at, offset(doff_ty, dst_offsets, j))
+            pointer = builder.bitcast(_element_pointer(context, builder, dst_ty, target, at),
+                                      vt.as_pointer())
+            builder.store(rows[j], pointer, align=1)
+        return context.get_dummy_value()
+    return types.void(src, src_at, src_offsets, dst, dst_at, dst_offsets, bits), codegen
