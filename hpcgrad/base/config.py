@@ -75,7 +75,7 @@ SETTINGS = (
             "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "
             "product"),
     Setting("HPCGRAD_WINOGRAD", "1", "at each convolution on numpy arrays",
-            "1: 3x3 convolutions at stride 1 with at least 128 input and output channels "
+            "1: 3x3 convolutions at stride 1 with at least 48 input and output channels "
             "(forward and both gradients) run through Winograd's F(2x2, 3x3) tiles "
             "(kernels/winograd.py); 0: through columns or direct kernels"),
     Setting("HPCGRAD_BLAS", "auto", "at the first matrix product (import of hpcgrad.base.blas)",

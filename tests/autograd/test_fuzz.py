@@ -94,7 +94,7 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_fuzz_nn_with_winograd_on_every_shape(fuzzer, monkeypatch):
-    """Winograd's tiles (kernels/winograd.py, on by default from 128 channels) taken for every
+    """Winograd's tiles (kernels/winograd.py, on by default from 48 channels) taken for every
     3x3 stride-1 one-group convolution the nn programs draw, however few its channels and
     tiles: against
     PyTorch and the backward modes, as above."""
