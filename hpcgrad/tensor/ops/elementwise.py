@@ -333,7 +333,12 @@ class SigmoidBackward(Function):
 class Relu(Function):
     @staticmethod
     def forward(ctx, a):
-        out = _xp(a.array).maximum(a.array, 0)
+        x = a.array
+        if type(x) is np.ndarray and x.dtype.char in "fd" and x.flags.c_contiguous:
+            from hpcgrad.base.kernels.cpu import relu  # numba: imported on first use
+            out = relu(x)
+        else:
+            out = _xp(x).maximum(x, 0)
         ctx.save_for_backward(out)
         return out
 

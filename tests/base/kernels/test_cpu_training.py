@@ -1,12 +1,12 @@
-"""The numba kernels of the training step (relu's backward) against numpy and PyTorch."""
+"""The numba kernels of the training step (relu and its backward) against numpy and PyTorch."""
 
 import numpy as np
 import pytest
 
 import hpcgrad as hg
 from hpcgrad.autograd import gradcheck, gradgradcheck
-from hpcgrad.base.kernels.cpu import threshold_backward
-from hpcgrad.tensor.ops.elementwise import ThresholdBackward
+from hpcgrad.base.kernels.cpu import relu, threshold_backward
+from hpcgrad.tensor.ops.elementwise import Relu, ThresholdBackward
 
 EDGES = [-np.inf, -1.0, -0.0, 0.0, 1e-30, 1.0, np.inf, np.nan]
 
@@ -69,3 +69,28 @@ def test_relu_backward_and_double_backward_through_the_op():
     x = hg.tensor(rng.standard_normal((5, 4)) + 0.05, requires_grad=True)  # off the kink at 0
     assert gradcheck(lambda t: t.relu(), (x,))
     assert gradgradcheck(lambda t: t.relu(), (x,))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_kernel_matches_numpys_maximum_values_and_signs(dtype):
+    """nan passes through, -0.0 becomes +0.0 (numpy's maximum; PyTorch keeps -0.0), and values
+    past the SIMD blocks' length (a scalar tail) as well."""
+    rng = np.random.default_rng(3)
+    for x in (np.array(EDGES, dtype), rng.standard_normal((3, 37)).astype(dtype)):
+        out, want = relu(x), np.maximum(x, 0)
+        assert out.dtype == dtype and out.shape == x.shape
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(want))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        relu(np.ones((3, 2), np.float32).T)
+    with pytest.raises(ValueError, match="float32/float64"):
+        relu(np.ones(3, np.float16))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "float16"])
+def test_relu_op_takes_kernel_or_numpy_with_one_result(layout):
+    x = np.random.default_rng(4).standard_normal((4, 6))
+    x = {"contiguous": x, "strided": x.T, "float16": x.astype(np.float16)}[layout]
+    out = Relu.apply(hg.tensor(x)).array
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+    assert out.dtype == x.dtype
