@@ -298,11 +298,14 @@ class _WinogradShapes:
         self.m = max((stop - start for start, stop in _winograd_chunks(geo, self.th * self.tw)),
                      default=0)
 
-    def planes(self, like, channels, slot, margin):
-        """A zeroed channels-last workspace (m, 2 th + margin, 2 tw + margin, channels)."""
+    def planes(self, like, channels, slot, margin, zero=True):
+        """A channels-last workspace (m, 2 th + margin, 2 tw + margin, channels), zeroed if
+        ``zero`` (what the copies into it do not cover: padding, channels past the real ones,
+        a cut last tile)."""
         shape = (self.m, 2 * self.th + margin, 2 * self.tw + margin, channels)
         space = _workspace(like, int(np.prod(shape)), slot).reshape(shape)
-        space.fill(0)
+        if zero:
+            space.fill(0)
         return space
 
 
@@ -315,7 +318,7 @@ def _winograd_forward(a, w, geo):
     a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
     ut = winograd.weight_tiles(w, shapes.op, shapes.cp).transpose(0, 2, 1)
     xp = shapes.planes(a, shapes.cp, 3, 2)
-    y = shapes.planes(a, shapes.op, 4, 0)
+    y = shapes.planes(a, shapes.op, 4, 0, zero=False)  # every element an output tile's
     out = np.empty((geo.n, geo.o, geo.ho, geo.wo), a.dtype)
     for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
         m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
@@ -337,7 +340,8 @@ def _winograd_backward(a, w, g, geo, need_x, need_w):
     a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
     g = np.ascontiguousarray(g.reshape(geo.n, geo.o, geo.ho, geo.wo))
     u = winograd.weight_tiles(w, shapes.op, shapes.cp) if need_x else None
-    gp = shapes.planes(g, shapes.op, 4, 0)
+    gp = shapes.planes(g, shapes.op, 4, 0, zero=(2 * shapes.th, 2 * shapes.tw, shapes.op)
+                       != (geo.ho, geo.wo, geo.o))
     xp = shapes.planes(a, shapes.cp, 3, 2) if need_w else None
     gxp = shapes.planes(a, shapes.cp, 5, 2) if need_x else None
     grad_x = np.empty(a.shape, a.dtype) if need_x else None
