@@ -1,15 +1,19 @@
 """MPI start-up and exit in one place: thread level, COMM_WORLD, CUDA-awareness, the bounded
 start-up rendezvous, and the hooks that abort the job when a rank fails or exits non-zero."""
 
+import array
 import atexit
 import ctypes
+import fcntl
 import opcode
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import termios
 import threading
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -183,7 +187,8 @@ def abort_job(lines, status=1):
     A first line says where the rank runs, '[rank N] on host H, pid P:': on several nodes the
     host is where to look (hydra's own messages name a host address and a pid, or a rank).
     For failures that leave MPI unusable or a peer waiting forever; never returns. The
-    functions given to ``before_abort`` run first (the flight recorder writes its record).
+    functions given to ``before_abort`` run first (the flight recorder writes its record); the
+    launcher then gets up to 2 s to read the output: Note [Output before MPI_Abort].
     """
     comm = MPI.COMM_WORLD
     prefix = f"[rank {comm.Get_rank()}] "
@@ -201,9 +206,49 @@ def abort_job(lines, status=1):
                 pass
     finally:
         try:
+            drain_output()
             comm.Abort(status)
         finally:
             os._exit(status)  # Abort does not return; if it somehow did, still never leave peers waiting
+
+
+# Note [Output before MPI_Abort]
+#     A rank's stdout and stderr are pipes that the launcher's proxy reads and forwards. MPI_Abort
+#     asks the launcher to kill every rank at once, and under load the kill can win the race
+#     with the proxy's read: the job then ends with status 1 and no output at all, not even
+#     the line naming the rank and the operation (seen once in CI, init_process_group's
+#     timeout under MPICH's hydra). So before aborting, a rank waits (bounded) until the
+#     launcher has read what it wrote: a pipe's unread byte count (FIONREAD) falls to zero
+#     once the reader has it. Output to a file or terminal has nothing to wait for.
+_DRAIN_BOUND = 2.0  # seconds; a launcher that reads nothing must not stop the abort
+
+
+def unread_bytes(fd):
+    """Bytes written to the pipe ``fd`` that its reader has not read yet (0 unless a pipe)."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count)
+    except OSError:  # a file, a terminal on some systems, a closed descriptor
+        return 0
+    return count[0]
+
+
+def drain_output(streams=None, bound=_DRAIN_BOUND):
+    """Flush ``streams`` (default stdout, stderr) and wait at most ``bound`` seconds until
+    their readers have read everything: Note [Output before MPI_Abort]. True if they have."""
+    descriptors = []
+    for stream in (sys.stdout, sys.stderr) if streams is None else streams:
+        try:
+            stream.flush()
+            descriptors.append(stream.fileno())
+        except (AttributeError, OSError, ValueError):  # replaced, closed or without a descriptor
+            continue
+    deadline = time.monotonic() + bound
+    while any(unread_bytes(fd) for fd in descriptors):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _abort_on_exception(exc_type, exc, tb, fallback, args=None):

@@ -1,5 +1,8 @@
-"""Tests for hpcgrad.comm.mpi: thread level, the CUDA-awareness decision and the abort-on-exception hook."""
+"""Tests for hpcgrad.comm.mpi: thread level, the CUDA-awareness decision, the abort-on-exception
+hook and the output drained before an abort."""
 
+import io
+import os
 import sys
 import threading
 from pathlib import Path
@@ -11,8 +14,10 @@ from hpcgrad.comm.mpi import (
     MPI,
     comm_world,
     cuda_aware_mpi,
+    drain_output,
     install_abort_hook,
     thread_level,
+    unread_bytes,
 )
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "raise_on_rank1.py"
@@ -176,3 +181,44 @@ def test_intel_mpi_is_cuda_aware_with_its_offload_on(monkeypatch, offload, mode,
     result, reason = cuda_aware_mpi()
     assert result is aware and reason.startswith("Intel MPI with I_MPI_OFFLOAD=")
     assert aware or "set I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda" in reason
+
+
+def _pipe_stream():
+    read_end, write_end = os.pipe()
+    return read_end, os.fdopen(write_end, "w")
+
+
+def test_drain_output_waits_until_the_reader_has_read():
+    """Note [Output before MPI_Abort]: the abort waits until the launcher has the last lines."""
+    read_end, stream = _pipe_stream()
+    stream.write("[rank 0] the line that names the failure\n")  # buffered: drain flushes it
+    got = []
+    reader = threading.Timer(0.2, lambda: got.append(os.read(read_end, 4096)))
+    reader.start()
+    try:
+        assert drain_output([stream], bound=10.0) is True
+        assert got == [b"[rank 0] the line that names the failure\n"]  # read before it returned
+        assert unread_bytes(stream.fileno()) == 0
+    finally:
+        reader.join()
+        stream.close()
+        os.close(read_end)
+
+
+def test_drain_output_is_bounded_when_nobody_reads():
+    read_end, stream = _pipe_stream()
+    stream.write("nobody reads this\n")
+    try:
+        assert drain_output([stream], bound=0.1) is False
+        assert unread_bytes(stream.fileno()) == len("nobody reads this\n")
+    finally:
+        stream.close()
+        os.close(read_end)
+
+
+def test_drain_output_skips_files_and_streams_without_a_descriptor(tmp_path):
+    with open(tmp_path / "out.txt", "w") as file:
+        file.write("to a file\n")
+        assert drain_output([file, io.StringIO()], bound=0.1) is True
+        assert unread_bytes(file.fileno()) == 0
+    assert (tmp_path / "out.txt").read_text() == "to a file\n"
