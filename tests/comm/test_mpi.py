@@ -196,13 +196,13 @@ def test_drain_output_waits_until_the_reader_has_read():
     reader = threading.Timer(0.2, lambda: got.append(os.read(read_end, 4096)))
     reader.start()
     try:
-        assert drain_output([stream], bound=10.0) is True
-        assert got == [b"[rank 0] the line that names the failure\n"]  # read before it returned
-        assert unread_bytes(stream.fileno()) == 0
+        assert drain_output([stream], bound=10.0) is True  # returns once the pipe is empty,
+        assert unread_bytes(stream.fileno()) == 0          # which the reader alone empties
     finally:
-        reader.join()
+        reader.join()  # (its append follows its read: checked once it has run)
         stream.close()
         os.close(read_end)
+    assert got == [b"[rank 0] the line that names the failure\n"]
 
 
 def test_drain_output_is_bounded_when_nobody_reads():
