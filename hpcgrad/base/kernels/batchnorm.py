@@ -17,6 +17,8 @@ Sums accumulate in float64 whatever the input's dtype, and may be reassociated (
 each sum is as exact as numpy's pairwise float32 sum or better, not the same bits.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -90,7 +92,8 @@ def typed(*arrays):
 
 
 def _as_ncl(a):
-    return a.reshape(a.shape[0], a.shape[1], int(np.prod(a.shape[2:])))
+    """a (N, C, ...) as (N, C, L), a view (math.prod: np.prod took 14 us a call)."""
+    return a.reshape(a.shape[0], a.shape[1], math.prod(a.shape[2:]))
 
 
 def stats(x):

@@ -419,7 +419,7 @@ def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None):
             if r0 < height and s0 < width:
                 inside = x[:, :, r0::sh, s0::sw]
                 phases[:, :, p, q, y0:y0 + inside.shape[2], x0:x0 + inside.shape[3]] = inside
-    ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
+    ci, i, j = _tap_grid(c, kh, kw)
     phase = (ci * sh + (i * dh) % sh) * sw + (j * dw) % sw
     offs = (phase * (hq * wq) + ((i * dh) // sh) * wq + (j * dw) // sw).reshape(-1)
     return _convolve(phases.reshape(-1), w, offs.astype(np.int64), c * sh * sw * hq * wq, wq,
@@ -462,8 +462,17 @@ def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CH
 def _tap_offsets(c, kh, kw, hp, wp, dilation):
     """Each tap's (input channel, kernel row, kernel column) offset in a padded sample."""
     dh, dw = dilation
-    ci, i, j = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
-    return (ci * (hp * wp) + i * (dh * wp) + j * dw).reshape(-1).astype(np.int64)
+    ci, i, j = _tap_grid(c, kh, kw)
+    return (ci * (hp * wp) + i * (dh * wp) + j * dw).reshape(-1)
+
+
+def _tap_grid(c, kh, kw):
+    """Each tap's (input channel, kernel row, kernel column) as int64 arrays that broadcast to
+    (c, kh, kw): meshgrid's values without its copies (np.meshgrid took 45 us a call, 2-4 ms
+    of a ResNet-18 step in the direct kernels' calls)."""
+    return (np.arange(c, dtype=np.int64).reshape(c, 1, 1),
+            np.arange(kh, dtype=np.int64).reshape(1, kh, 1),
+            np.arange(kw, dtype=np.int64).reshape(1, 1, kw))
 
 
 def weight_grad_bits(wo, dtype):
