@@ -211,6 +211,63 @@ def _gemm_pointers(a, b, out):
     return True
 
 
+def matmul_into(products):
+    """``out[...] = a @ b`` for each (a, b, out) of ``products``: stacks with the same batch
+    axes at any strides, each matrix (out's too) with one unit stride, so that blocks of larger
+    arrays are written in place (blocked causal attention, nn/_causal_attention.py). One MKL
+    call for all (``?gemm_batch``, a group per product) where MKL is used and every operand is
+    numpy float32/float64 of one dtype; else numpy's ``matmul(a, b, out=out)`` per product.
+    Empty products (a zero-sized side) write nothing, or zeros where the sum is empty."""
+    work = []
+    for a, b, out in products:
+        if not (a.shape[:-2] == b.shape[:-2] == out.shape[:-2] and a.shape[-1] == b.shape[-2]
+                and out.shape[-2:] == (a.shape[-2], b.shape[-1])):
+            raise ValueError(f"matmul_into: {list(a.shape)} @ {list(b.shape)} does not fit "
+                             f"an output of {list(out.shape)} (equal batch axes, (m, k) @ "
+                             f"(k, n) -> (m, n))")
+        if a.shape[-1] == 0:
+            out[...] = 0
+        elif out.size:
+            work.append((a, b, out))
+    if not work:
+        return
+    first = work[0][0]
+    gemms = MKL and type(first) is np.ndarray and first.dtype in (np.float32, np.float64) \
+        and all(type(x) is np.ndarray and x.dtype == first.dtype and x.ndim >= 2
+                and not any(stride % x.itemsize for stride in x.strides)
+                for triple in work for x in triple) and _gemms()
+    layouts = [[_layout(x[(0,) * (x.ndim - 2)]) for x in triple] for triple in work] \
+        if gemms else None
+    if not gemms or any(None in lay or lay[2][0] != _NO_TRANS for lay in layouts):
+        for a, b, out in work:
+            np.matmul(a, b, out=out)
+        return
+    _, _, pointers, one, zero = gemms[first.dtype]
+    groups = len(work)
+    ints = {name: (ctypes.c_int * groups)() for name in
+            ("ta", "tb", "m", "n", "k", "lda", "ldb", "ldc", "size")}
+    addresses = []
+    for g, ((a, b, out), (la, lb, lc)) in enumerate(zip(work, layouts)):
+        index = np.indices(a.shape[:-2]).reshape(a.ndim - 2, -1) if a.ndim > 2 \
+            else np.zeros((0, 1), np.intp)  # one matrix
+        for x in (a, b, out):  # each matrix's address (signed strides, as _gemm_pointers)
+            addresses.append(x.ctypes.data + np.asarray(x.strides[:-2], np.intp) @ index)
+        values = (la[0], lb[0], a.shape[-2], b.shape[-1], a.shape[-1], max(1, la[1]),
+                  max(1, lb[1]), max(1, lc[1]), index.shape[1])
+        for name, value in zip(("ta", "tb", "m", "n", "k", "lda", "ldb", "ldc", "size"),
+                               values):
+            ints[name][g] = value
+    # the addresses group by group: all a's, all b's, all c's, each in the groups' order
+    a_all, b_all, c_all = (np.concatenate(addresses[i::3]).astype(np.intp)
+                           for i in range(3))
+    alpha, beta = (type(one) * groups)(*[one.value] * groups), \
+        (type(zero) * groups)(*[zero.value] * groups)
+    pointers(_ROW_MAJOR, ints["ta"], ints["tb"], ints["m"], ints["n"], ints["k"], alpha,
+             ctypes.c_void_p(a_all.ctypes.data), ints["lda"], ctypes.c_void_p(b_all.ctypes.data),
+             ints["ldb"], beta, ctypes.c_void_p(c_all.ctypes.data), ints["ldc"], groups,
+             ints["size"])
+
+
 def matmul(x, y):
     """``x @ y`` of arrays (numpy's rules), by MKL where used (Note [MKL for the products])
     and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the

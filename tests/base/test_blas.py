@@ -175,3 +175,53 @@ def test_auto_falls_back_to_numpy_with_a_warning_when_mkl_does_not_load(monkeypa
     monkeypatch.setattr(blas, "MKL", True)
     with pytest.raises(OSError, match="cannot open"):
         blas.matmul(x, x.T)
+
+
+def _blocks_case(rng, dtype):
+    """Products of blocks of strided stacks into blocks of one larger output, as blocked
+    causal attention's: (a, b, out) triples and the output they write."""
+    heads = rng.standard_normal((2, 9, 3, 5)).astype(dtype)  # (B, L, H, E) -> heads (B, H, L, E)
+    q = np.moveaxis(heads, 2, 1)
+    k = rng.standard_normal((2, 3, 11, 5)).astype(dtype)
+    out = np.full((2, 3, 9, 11), np.nan, dtype)
+    triples = [(q[..., 0:4, :], np.swapaxes(k, -1, -2)[..., :6], out[..., 0:4, :6]),
+               (q[..., 4:9, :], np.swapaxes(k, -1, -2), out[..., 4:9, :]),
+               (q[0, 1], k[0, 1, :2].T, np.empty((9, 2), dtype))]  # a single matrix
+    return triples, out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("use_mkl", [False, pytest.param(True, marks=needs_mkl)])
+def test_matmul_into_writes_each_block_in_place(monkeypatch, dtype, use_mkl):
+    monkeypatch.setattr(blas, "MKL", use_mkl)
+    rng = np.random.default_rng(3)
+    triples, out = _blocks_case(rng, dtype)
+    blas.matmul_into(triples)
+    for a, b, written in triples:
+        np.testing.assert_allclose(written, a @ b, **_tolerance(dtype, a.shape[-1]))
+    assert np.isnan(out[..., 0:4, 6:]).all()  # what no block covers stays as it was
+
+
+@needs_mkl
+def test_matmul_into_falls_back_to_numpy_for_what_mkl_does_not_take(monkeypatch):
+    monkeypatch.setattr(blas, "MKL", True)
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    b = np.broadcast_to(rng.standard_normal((5, 1)).astype(np.float32), (3, 5, 2))  # stride 0
+    out = np.empty((3, 4, 2), np.float32)
+    t_out = np.empty((2, 3, 4), np.float32).transpose(1, 2, 0)  # no unit stride along a row
+    blas.matmul_into([(a, b, out), (a, np.ascontiguousarray(b), t_out)])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-6)
+    np.testing.assert_allclose(t_out, a @ b, rtol=1e-6)
+    empty = np.full((3, 4, 2), np.nan, np.float32)
+    blas.matmul_into([(a[..., :0], b[:, :0], empty)])  # an empty sum: zeros
+    assert (empty == 0).all()
+
+
+def test_matmul_into_refuses_shapes_that_do_not_fit():
+    a, b = np.ones((2, 3, 4)), np.ones((2, 4, 5))
+    with pytest.raises(ValueError, match=r"matmul_into: \[2, 3, 4\] @ \[2, 4, 5\] does not fit "
+                                         r"an output of \[2, 3, 4\]"):
+        blas.matmul_into([(a, b, np.empty((2, 3, 4)))])
+    with pytest.raises(ValueError, match="does not fit"):
+        blas.matmul_into([(a, np.ones((1, 4, 5)), np.empty((2, 3, 5)))])
