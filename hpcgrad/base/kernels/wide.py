@@ -31,14 +31,21 @@ def _host_has_avx512():
 AVX512 = _host_has_avx512()
 
 
-def compile_wide(dispatcher, signatures, lanes=16):
+def compile_wide(dispatcher, signatures, lanes=16, interleave=None):
     """Compile numba ``dispatcher`` for ``signatures`` now, its loops vectorized ``lanes`` wide
-    where the host has AVX-512 (Note [512-bit loops]); elsewhere leave it to compile lazily."""
+    where the host has AVX-512 (Note [512-bit loops]); elsewhere leave it to compile lazily.
+    ``interleave``: vectors a loop's iteration handles (LLVM's ``-force-vector-interleave``;
+    None: LLVM's choice, which at 16 lanes may be 4, so a loop of fewer than 64 elements ran
+    all scalar: short rows want 1)."""
     if not AVX512:
         return
     llvm.set_option("", f"-force-vector-width={lanes}")
+    if interleave is not None:
+        llvm.set_option("", f"-force-vector-interleave={interleave}")
     try:
         for signature in signatures:
             dispatcher.compile(signature)
     finally:
         llvm.set_option("", "-force-vector-width=0")  # 0: LLVM's own choice again
+        if interleave is not None:
+            llvm.set_option("", "-force-vector-interleave=0")

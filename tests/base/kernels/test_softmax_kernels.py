@@ -94,3 +94,62 @@ def test_non_contiguous_and_other_axes_take_the_reference():
         got = F.softmax(hg.tensor(array), dim).array
         want = torch.softmax(torch.tensor(np.ascontiguousarray(array)), dim).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+# --- causal rows (kernels/softmax.py causal_softmax_, causal_softmax_backward_) ---------------
+
+def _causal_case(seed, dtype):
+    """(scores with garbage past each row's seen keys, scale, the masked numpy reference's
+    probabilities): lengths and key counts drawn, a row of nan and one of -inf sometimes."""
+    rng = np.random.default_rng(300 + seed)
+    batch = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
+    length, keys = int(rng.integers(1, 80)), int(rng.integers(1, 80))
+    x = (rng.standard_normal(batch + (length, keys)) * rng.choice([1, 10])).astype(dtype)
+    seen = np.arange(keys)[None, :] <= np.arange(length)[:, None]  # (L, S): j <= i
+    if seed % 3 == 0:
+        x.reshape(-1, length, keys)[0, length // 2, 0] = np.nan
+    if seed % 4 == 1:
+        x.reshape(-1, length, keys)[-1, length - 1][seen[length - 1]] = -np.inf
+    scale = float(rng.uniform(0.05, 2))
+    want = np.where(seen, x * x.dtype.type(scale), -np.inf)
+    # the reference: numpy's masked softmax, 0 on a row of only -inf (attention's dead rows)
+    with np.errstate(invalid="ignore"):
+        top = want.max(-1, keepdims=True)
+        e = np.exp(want - np.where(np.isneginf(top), 0, top))
+        want = np.where(np.isneginf(top), 0, e / e.sum(-1, keepdims=True))
+    garbage = np.where(seen, x, rng.choice([np.nan, np.inf, 1e30], x.shape)).astype(dtype)
+    return garbage, scale, want, seen
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_causal_rows_match_the_masked_softmax(seed, dtype):
+    from hpcgrad.base.kernels import softmax
+    x, scale, want, seen = _causal_case(seed, dtype)
+    got = softmax.causal_softmax_(x, scale)
+    assert got is x and got.dtype == dtype
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    hidden = np.broadcast_to(~seen, got.shape) & ~np.isnan(want)  # (a nan row is nan whole)
+    assert (got[hidden] == 0).all()  # the garbage past the seen keys is never read
+    eps = np.finfo(dtype).eps
+    finite = ~np.isnan(want)
+    assert np.all(np.abs(got[finite] - want[finite]) <= 8 * eps * np.abs(want[finite])
+                  + np.finfo(dtype).tiny)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_causal_rows_backward_matches_the_masked_formula(seed, dtype):
+    from hpcgrad.base.kernels import softmax
+    x, scale, p, seen = _causal_case(seed, dtype)
+    p = np.nan_to_num(p).astype(dtype)
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(p.shape).astype(dtype)
+    masked_g = np.where(seen, g, 0)
+    want = p * (masked_g - (masked_g * p).sum(-1, keepdims=True)) * scale
+    g[..., ~seen] = np.nan  # never read
+    got = softmax.causal_softmax_backward_(p, g, scale)
+    assert got is g
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got, want, **tol)
+    assert (got[..., ~seen] == 0).all()
