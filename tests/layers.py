@@ -58,6 +58,8 @@ DEFERRED_IMPORTS = {
     "hpcgrad.tensor.ops.nn": "numba kernels (softmax's row loops) load only when first used",
     "hpcgrad.tensor.ops.shape": "numba kernels (IndexAdd's row loop) load only when first used",
     "hpcgrad.nn._conv": "numba kernels (the convolution's column loops) load only when first used",
+    "hpcgrad.nn._causal_attention": "numba kernels (the causal row loops) load only when first "
+                                    "used",
     "hpcgrad.nn._functions": "numba kernels (BatchNorm's passes) load only when first used",
     "hpcgrad.nn._layernorm": "numba kernels (LayerNorm's row loops) load only when first used",
     "hpcgrad.optim.sgd": "numba kernels compile only when first used",

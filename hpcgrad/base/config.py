@@ -74,6 +74,10 @@ SETTINGS = (
             "1: convolutions of few channels (forward; at stride 1 also both gradients) run as "
             "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "
             "product"),
+    Setting("HPCGRAD_CAUSAL_BLOCKS", "1", "at each causal scaled_dot_product_attention",
+            "1: causal attention on numpy float32/float64 with MKL, from 64 queries, runs its "
+            "products a block of 32 queries at a time, skipping the masked keys "
+            "(nn/_causal_attention.py); 0: the full products and the masked softmax"),
     Setting("HPCGRAD_WINOGRAD", "1", "at each convolution on numpy arrays",
             "1: 3x3 convolutions at stride 1 with at least 48 input and output channels "
             "(forward and both gradients) run through Winograd's F(2x2, 3x3) tiles "

@@ -21,6 +21,7 @@ from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.nn import softmax_array, softmax_backward_array
 from hpcgrad.tensor._tensor import Tensor
+from hpcgrad.nn import _causal_attention
 from hpcgrad.nn import functional as F  # (functional imports this module last, when it is complete)
 
 
@@ -115,6 +116,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if value.shape[-3] != hq:
             value = value.repeat_interleave(hq // value.shape[-3], -3)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if is_causal and dropout_p == 0.0 and _causal_attention.takes(query.array, key.array,
+                                                                   value.array):
+        return Attention.apply(query, key, value, None, scale, True)  # by blocks of queries
     bias = attention_bias(attn_mask, is_causal, query.shape[-2], key.shape[-2], query)
     if (dropout_p == 0.0 and (bias is None or not bias.requires_grad)
             and query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
@@ -135,10 +139,17 @@ def attention_reference(query, key, value, bias, dropout_p, scale):
 
 class Attention(Function):
     """softmax(q @ k^T * scale + bias) @ v with equal batch axes, as one Node (Note [Attention
-    as one Node]); ``bias`` an array broadcast to (..., L, S), or None."""
+    as one Node]); ``bias`` an array broadcast to (..., L, S), or None; ``causal``: the causal
+    mask by blocks of queries instead of a bias (Note [Blocked causal attention])."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale):
+    def forward(ctx, q, k, v, bias, scale, causal=False):
+        if causal:
+            out, probs = _causal_attention.forward(q.array, k.array, v.array, scale)
+            if ctx.needs_input_grad:
+                ctx.save_for_backward(q, k, v)
+                ctx.state = (probs, None, scale, True)
+            return out
         xp = backend.get_array_module(q.array)
         scores = blas.matmul(q.array, xp.swapaxes(k.array, -1, -2))
         # scaled and masked in place: the composition's ops and bits, without its two
@@ -154,22 +165,27 @@ class Attention(Function):
         probs = _softmax_rows(scores, xp)
         if ctx.needs_input_grad:
             ctx.save_for_backward(q, k, v)
-            ctx.state = (probs, bias, scale)
+            ctx.state = (probs, bias, scale, False)
         return blas.matmul(probs, v.array)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v = ctx.saved_tensors
-        probs, bias, scale = ctx.state
+        probs, bias, scale, causal = ctx.state
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         if grad_mode.is_grad_enabled():  # create_graph: the same formulas on Tensors
+            if causal:
+                bias = attention_bias(None, True, q.shape[-2], k.shape[-2], q).array
             scores = (q @ k.transpose(-2, -1)) * scale
             p = _safe_softmax(scores if bias is None else scores + _const(bias))
             grad_v = p.transpose(-2, -1) @ g if need_v else None
             dp = g @ v.transpose(-2, -1)
             ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
             return (ds @ k if need_q else None, ds.transpose(-2, -1) @ q if need_k else None,
-                    grad_v, None, None)
+                    grad_v, None, None, None)
+        if causal:
+            return _causal_attention.backward(q.array, k.array, v.array, probs, g.array, scale,
+                                              need_q, need_k, need_v) + (None, None, None)
         xp = backend.get_array_module(probs)
         ga = g.array
         grad_v = blas.matmul(xp.swapaxes(probs, -1, -2), ga) if need_v else None
@@ -179,7 +195,7 @@ class Attention(Function):
             ds = softmax_backward_array(probs, dp, -1, scale)
             grad_q = blas.matmul(ds, k.array) if need_q else None
             grad_k = blas.matmul(xp.swapaxes(ds, -1, -2), q.array) if need_k else None
-        return grad_q, grad_k, grad_v, None, None
+        return grad_q, grad_k, grad_v, None, None, None
 
 
 def _softmax_rows(scores, xp):
