@@ -121,6 +121,19 @@ class Linear(Function):
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
+        if not grad_mode.is_grad_enabled():
+            # The same products and sum on the arrays: each Tensor op below is a Node's
+            # bookkeeping (six a layer, 60-80 us of a GPT's 16 layers' backward each step).
+            ga = g.array
+            rows = ga.reshape(-1, ga.shape[-1]) if ga.ndim != 2 else ga
+            grad_x = grad_w = None
+            if need_x:
+                grad_x = matmul_arrays(rows, weight.array).reshape(
+                    ga.shape[:-1] + (weight.shape[-1],))
+            if need_w:
+                a = x.array
+                grad_w = matmul_arrays(rows.T, a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a)
+            return grad_x, grad_w, rows.sum(0) if need_b else None
         rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 else g
         return ((rows @ weight).reshape(g.shape[:-1] + (weight.shape[-1],)) if need_x else None,
                 rows.T @ (x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x) if need_w else None,
