@@ -49,6 +49,7 @@ the input gradient above and the weight gradient, skip the columns: kernels/dire
 HPCGRAD_DIRECT_CONV=0 turns it off.
 """
 
+import math
 import threading
 
 import numpy as np
@@ -303,7 +304,7 @@ class _WinogradShapes:
         ``zero`` (what the copies into it do not cover: padding, channels past the real ones,
         a cut last tile)."""
         shape = (self.m, 2 * self.th + margin, 2 * self.tw + margin, channels)
-        space = _workspace(like, int(np.prod(shape)), slot).reshape(shape)
+        space = _workspace(like, math.prod(shape), slot).reshape(shape)
         if zero:
             space.fill(0)
         return space

@@ -10,6 +10,8 @@ same pass, where numpy made twelve passes. The formulas are nn/_layernorm.py's (
 layer_norm_backward); sums run in the input's dtype and may be reassociated into SIMD lanes.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -83,7 +85,7 @@ def _affine(weight, n, dtype, fill):
 def forward(a, count, weight, bias, eps):
     """(out, mean, rstd) of LayerNorm over the trailing ``count`` axes of ``a``; mean and rstd
     keep those axes as 1s (as the reference's keepdims)."""
-    n = int(np.prod(a.shape[a.ndim - count:]))
+    n = math.prod(a.shape[a.ndim - count:])
     rows = a.reshape(-1, n)
     out = np.empty_like(a)
     mean = np.empty(rows.shape[0], a.dtype)
@@ -97,7 +99,7 @@ def forward(a, count, weight, bias, eps):
 def backward(g, a, weight, mean, rstd, count, need_x):
     """(grad_x or None, grad_weight, grad_bias); the last two over the normalized axes' shape."""
     shape = a.shape[a.ndim - count:]
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     grad_x = np.empty_like(a) if need_x else np.empty((1, n), a.dtype)
     grad_w, grad_b = np.zeros(n, a.dtype), np.zeros(n, a.dtype)
     _backward(g.reshape(-1, n), a.reshape(-1, n), _affine(weight, n, a.dtype, 1),
