@@ -515,11 +515,33 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
     if n and k and taps:
         WEIGHT_GRAD_KERNELS[bits, tper](x.reshape(-1), g.reshape(-1), offs, acc, n, k, ho, wo,
                                         c * hp * wp, wp)
-    sums = acc.reshape(kblocks, tblocks, 4, tper, lanes).sum(-1)
-    sums = sums.transpose(0, 2, 1, 3).reshape(kblocks * 4, tblocks * tper)[:k, :taps]
+    sums = np.empty((k, taps), x.dtype)
+    _lane_sums(acc.reshape(kblocks, tblocks, 4, tper, lanes), sums)
     first = wo - wo % lanes
     if first < wo and n and k and taps:
-        sums = np.ascontiguousarray(sums)
         _weight_grad_rest(x.reshape(-1), g.reshape(-1), offs, sums, n, k, ho, wo,
                           c * hp * wp, wp, first)
-    return np.ascontiguousarray(sums).reshape(k, c, kh, kw)
+    return sums.reshape(k, c, kh, kw)
+
+
+@njit(cache=True, nogil=True)
+def _lane_sums(acc, sums):
+    """sums (K, taps) = each weight's lanes summed, in lane order: acc is (K blocks of 4, tap
+    blocks, 4, taps a block, lanes). (numpy's sum over the lanes and the transposed copy out
+    took 0.4 ms at 32 channels of 16x16, 8% of the weight gradient.)"""
+    k_, taps = sums.shape
+    kblocks, tblocks, outs, tper, lanes = acc.shape
+    for kb in range(kblocks):
+        for o in range(outs):
+            k = kb * outs + o
+            if k >= k_:
+                break
+            for tb in range(tblocks):
+                for t in range(tper):
+                    tap = tb * tper + t
+                    if tap >= taps:
+                        break
+                    total = acc[kb, tb, o, t, 0]
+                    for lane in range(1, lanes):
+                        total += acc[kb, tb, o, t, lane]
+                    sums[k, tap] = total
