@@ -132,13 +132,15 @@ def _gemms():
 
 
 def _layout(a):
-    """(transposed flag, leading dimension) of a 2-D array with one unit stride, else None."""
+    """(transposed flag, leading dimension) of the matrices of ``a`` (its last two axes) where
+    they have one unit stride, else None."""
     item = a.itemsize
-    rows, cols = a.shape
-    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= max(cols, 1) * item:
-        return _NO_TRANS, a.strides[0] // item
-    if a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= max(rows, 1) * item:
-        return _TRANS, a.strides[1] // item
+    rows, cols = a.shape[-2:]
+    row_stride, col_stride = a.strides[-2:]
+    if col_stride == item and row_stride % item == 0 and row_stride >= max(cols, 1) * item:
+        return _NO_TRANS, row_stride // item
+    if row_stride == item and col_stride % item == 0 and col_stride >= max(rows, 1) * item:
+        return _TRANS, col_stride // item
     return None
 
 
@@ -160,7 +162,7 @@ def _gemm(a, b, out, accumulate=False):
 def _gemm_stack(a, b, out):
     """out[i] = a[i] @ b[i] for stacks (batch, m, k) and (batch, k, n) whose matrices lie a
     fixed stride apart, in one MKL call (``?gemm_batch_strided``); False where it cannot."""
-    la, lb = _layout(a[0]), _layout(b[0])
+    la, lb = _layout(a), _layout(b)
     gemms = la and lb and not (a.strides[0] % a.itemsize or b.strides[0] % b.itemsize) \
         and _gemms()
     if not gemms:
@@ -189,27 +191,71 @@ def _gemm_pointers(a, b, out):
     attention's heads, a transposed view whose batch axes do not merge), in one MKL call
     (``?gemm_batch`` over arrays of pointers) instead of copying the stacks; False where it
     cannot."""
-    first = (0,) * (a.ndim - 2)
-    la, lb = _layout(a[first]), _layout(b[first])
+    la, lb = _layout(a), _layout(b)
     gemms = la and lb and not any(stride % a.itemsize for stride in a.strides + b.strides) \
         and _gemms()
     if not gemms:
         return False
-    _, _, pointers, one, zero = gemms[a.dtype]
-    (m, k), n = a.shape[-2:], b.shape[-1]
-    index = np.indices(a.shape[:-2]).reshape(a.ndim - 2, -1)  # every matrix's batch index
-    # each matrix's address (strides may be 0 or negative: signed offsets)
-    addresses = [stack.ctypes.data + np.asarray(stack.strides[:-2], np.intp) @ index
-                 for stack in (a, b, out)]
-    # one group of index.shape[1] products: each parameter an array of one
-    group = [(ctypes.c_int * 1)(value) for value in (
-        la[0], lb[0], m, n, k, max(1, la[1]), max(1, lb[1]), max(1, n), index.shape[1])]
-    trans_a, trans_b, m_, n_, k_, lda, ldb, ldc, size = group
-    alpha, beta = (type(one) * 1)(one), (type(zero) * 1)(zero)
-    a_, b_, c_ = (ctypes.c_void_p(address.ctypes.data) for address in addresses)
-    pointers(_ROW_MAJOR, trans_a, trans_b, m_, n_, k_, alpha, a_, lda, b_, ldb, beta, c_, ldc,
-             1, size)
+    work = [(a, b, out)]
+    key = (a.dtype, tuple((x.shape, x.strides) for x in work[0]))
+    groups = _GROUPS.get(key)
+    if groups is None:
+        groups = _keep(key, _Groups(work, [(la, lb, (_NO_TRANS, out.shape[-1]))]))
+    groups.run(gemms[a.dtype], work)
     return True
+
+
+class _Groups:
+    """What one ``?gemm_batch`` call of ``matmul_into`` needs but the operands' addresses, kept
+    per shapes and strides (Note [Grouped products]): each parameter's array, each matrix's
+    offset from its operand's start, and the scalars."""
+
+    def __init__(self, work, layouts):
+        groups = len(work)
+        rows, counts = [], []
+        for triple in work:
+            shape = triple[0].shape[:-2]
+            grid = np.indices(shape, np.intp).reshape(len(shape), -1) if shape \
+                else np.zeros((0, 1), np.intp)
+            strides = np.array([x.strides[:-2] for x in triple], np.intp).reshape(3, -1)
+            rows.append(strides @ grid)  # (operand, matrix): signed byte offsets
+            counts.append(grid.shape[1])
+        # as ?gemm_batch reads them: every a, then every b, then every out, group by group
+        self.offsets = np.concatenate(rows, axis=1)
+        self.where = np.repeat(np.arange(3 * groups).reshape(groups, 3).T, counts, axis=1)
+        self.params = np.array(
+            [[la[0], lb[0], a.shape[-2], b.shape[-1], a.shape[-1], max(1, la[1]),
+              max(1, lb[1]), max(1, lc[1]), count]
+             for (a, b, _), (la, lb, lc), count in zip(work, layouts, counts)],
+            np.intc).T.copy()  # (9, groups): each parameter's array
+        self.groups = groups
+
+    def run(self, gemms, work):
+        _, _, pointers, one, zero = gemms
+        bases = np.array([x.ctypes.data for triple in work for x in triple], np.intp)
+        table = bases[self.where] + self.offsets  # (3, matrices): every matrix's address
+        groups = self.groups
+        scalars = np.array([[one.value] * groups, [zero.value] * groups],
+                           np.float32 if isinstance(one, ctypes.c_float) else np.float64)
+        p0, t0, s0 = self.params.ctypes.data, table.ctypes.data, scalars.ctypes.data
+        row, third = self.params.itemsize * groups, table.shape[1] * table.itemsize
+        param = [ctypes.c_void_p(p0 + i * row) for i in range(9)]
+        pointers(_ROW_MAJOR, param[0], param[1], param[2], param[3], param[4],
+                 ctypes.c_void_p(s0), ctypes.c_void_p(t0), param[5],
+                 ctypes.c_void_p(t0 + third), param[6],
+                 ctypes.c_void_p(s0 + scalars.itemsize * groups),
+                 ctypes.c_void_p(t0 + 2 * third), param[7], groups, param[8])
+
+
+_GROUPS = {}  # (dtype, each operand's shape and strides) -> _Groups
+_GROUPS_KEPT = 512
+
+
+def _keep(key, groups):
+    if len(_GROUPS) >= _GROUPS_KEPT:
+        _GROUPS.clear()
+    _GROUPS[key] = groups
+    return groups
 
 
 def matmul_into(products):
@@ -218,7 +264,26 @@ def matmul_into(products):
     arrays are written in place (blocked causal attention, nn/_causal_attention.py). One MKL
     call for all (``?gemm_batch``, a group per product) where MKL is used and every operand is
     numpy float32/float64 of one dtype; else numpy's ``matmul(a, b, out=out)`` per product.
-    Empty products (a zero-sized side) write nothing, or zeros where the sum is empty."""
+    Empty products (a zero-sized side) write nothing, or zeros where the sum is empty.
+
+    Note [Grouped products]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    A call's Python, not MKL's work, was its cost at attention's sizes: the parameters' arrays
+    and every matrix's address took 90-250 us of Python a call where MKL's own set-up took 3,
+    and a GPT layer's attention makes six calls a step. What depends only on the operands'
+    shapes and strides (the checks, the layouts, each parameter's array, each matrix's offset
+    from its operand's start) is kept per those (``_GROUPS``, at most ``_GROUPS_KEPT``
+    entries), so a step's call adds the operands' addresses to kept offsets and calls MKL."""
+    products = list(products)
+    dtype = products[0][0].dtype if products else None
+    key = None
+    if MKL and dtype in (np.float32, np.float64) \
+            and all(type(x) is np.ndarray for triple in products for x in triple):
+        key = (dtype, tuple((x.shape, x.strides) for triple in products for x in triple))
+        groups = _GROUPS.get(key)
+        if groups is not None:  # kept: these shapes and strides passed every check below
+            groups.run(_gemms()[dtype], products)
+            return
     work = []
     for a, b, out in products:
         if not (a.shape[:-2] == b.shape[:-2] == out.shape[:-2] and a.shape[-1] == b.shape[-2]
@@ -232,41 +297,24 @@ def matmul_into(products):
             work.append((a, b, out))
     if not work:
         return
-    first = work[0][0]
-    gemms = MKL and type(first) is np.ndarray and first.dtype in (np.float32, np.float64) \
-        and all(type(x) is np.ndarray and x.dtype == first.dtype and x.ndim >= 2
-                and not any(stride % x.itemsize for stride in x.strides)
-                for triple in work for x in triple) and _gemms()
-    layouts = [[_layout(x[(0,) * (x.ndim - 2)]) for x in triple] for triple in work] \
-        if gemms else None
-    if not gemms or any(None in lay or lay[2][0] != _NO_TRANS for lay in layouts):
+    gemms = key is not None and _gemms()
+    layouts = []
+    for triple in work if gemms else ():
+        layout = [_layout(x) for x in triple]
+        if any(x.dtype != dtype for x in triple) or None in layout \
+                or layout[2][0] != _NO_TRANS \
+                or any(stride % dtype.itemsize for x in triple for stride in x.strides):
+            gemms = None
+            break
+        layouts.append(layout)
+    if not gemms:
         for a, b, out in work:
             np.matmul(a, b, out=out)
         return
-    _, _, pointers, one, zero = gemms[first.dtype]
-    groups = len(work)
-    ints = {name: (ctypes.c_int * groups)() for name in
-            ("ta", "tb", "m", "n", "k", "lda", "ldb", "ldc", "size")}
-    addresses = []
-    for g, ((a, b, out), (la, lb, lc)) in enumerate(zip(work, layouts)):
-        index = np.indices(a.shape[:-2]).reshape(a.ndim - 2, -1) if a.ndim > 2 \
-            else np.zeros((0, 1), np.intp)  # one matrix
-        for x in (a, b, out):  # each matrix's address (signed strides, as _gemm_pointers)
-            addresses.append(x.ctypes.data + np.asarray(x.strides[:-2], np.intp) @ index)
-        values = (la[0], lb[0], a.shape[-2], b.shape[-1], a.shape[-1], max(1, la[1]),
-                  max(1, lb[1]), max(1, lc[1]), index.shape[1])
-        for name, value in zip(("ta", "tb", "m", "n", "k", "lda", "ldb", "ldc", "size"),
-                               values):
-            ints[name][g] = value
-    # the addresses group by group: all a's, all b's, all c's, each in the groups' order
-    a_all, b_all, c_all = (np.concatenate(addresses[i::3]).astype(np.intp)
-                           for i in range(3))
-    alpha, beta = (type(one) * groups)(*[one.value] * groups), \
-        (type(zero) * groups)(*[zero.value] * groups)
-    pointers(_ROW_MAJOR, ints["ta"], ints["tb"], ints["m"], ints["n"], ints["k"], alpha,
-             ctypes.c_void_p(a_all.ctypes.data), ints["lda"], ctypes.c_void_p(b_all.ctypes.data),
-             ints["ldb"], beta, ctypes.c_void_p(c_all.ctypes.data), ints["ldc"], groups,
-             ints["size"])
+    groups = _Groups(work, layouts)
+    if len(work) == len(products):  # (a call with empty products is not kept: rare)
+        _keep(key, groups)
+    groups.run(gemms[dtype], work)
 
 
 def addmm(bias, x, y):

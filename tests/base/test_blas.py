@@ -264,3 +264,27 @@ def test_addmm_takes_the_product_then_the_add_for_what_mkl_does_not_take(monkeyp
         calls.clear()
         np.testing.assert_array_equal(blas.addmm(bias, x, y), want)
         assert calls == [{}]  # the plain product (beta 0), then the add
+
+
+@needs_mkl
+def test_matmul_into_kept_groups_follow_new_arrays_of_the_same_shapes(monkeypatch):
+    """Note [Grouped products]: a second call with new arrays of the same shapes and strides
+    reuses the kept offsets with the new arrays' addresses; other strides get their own."""
+    monkeypatch.setattr(blas, "MKL", True)
+    monkeypatch.setattr(blas, "_GROUPS", {})
+    monkeypatch.setattr(blas, "_GROUPS_KEPT", 2)
+    rng = np.random.default_rng(12)
+    for round_ in range(4):
+        triples, out = _blocks_case(rng, np.float32)
+        if round_ == 3:  # the same shapes, other strides: a transposed copy's view
+            triples[1] = (np.ascontiguousarray(triples[1][0]), triples[1][1], triples[1][2])
+        blas.matmul_into(triples)
+        for a, b, written in triples:
+            np.testing.assert_allclose(written, a @ b, **_tolerance(np.float32, a.shape[-1]))
+        assert len(blas._GROUPS) == (1 if round_ < 3 else 2)
+    pointer_stack = np.ones((3, 2, 4, 5), np.float32)[:, 0]  # batch axes that do not merge
+    for _ in range(2):
+        assert blas._gemm_pointers(pointer_stack, pointer_stack.transpose(0, 2, 1),
+                                   out := np.empty((3, 4, 4), np.float32))
+        np.testing.assert_allclose(out, np.full((3, 4, 4), 5.0))
+    assert len(blas._GROUPS) == 1  # at the bound of 2 the kept ones were dropped first
