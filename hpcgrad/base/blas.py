@@ -197,7 +197,7 @@ def _gemm_pointers(a, b, out):
     if not gemms:
         return False
     work = [(a, b, out)]
-    key = (a.dtype, tuple((x.shape, x.strides) for x in work[0]))
+    key = tuple((x.shape, x.strides, x.dtype) for x in work[0])
     groups = _GROUPS.get(key)
     if groups is None:
         groups = _keep(key, _Groups(work, [(la, lb, (_NO_TRANS, out.shape[-1]))]))
@@ -207,8 +207,8 @@ def _gemm_pointers(a, b, out):
 
 class _Groups:
     """What one ``?gemm_batch`` call of ``matmul_into`` needs but the operands' addresses, kept
-    per shapes and strides (Note [Grouped products]): each parameter's array, each matrix's
-    offset from its operand's start, and the scalars."""
+    per shapes, strides and dtypes (Note [Grouped products]): each parameter's array and each
+    matrix's offset from its operand's start."""
 
     def __init__(self, work, layouts):
         groups = len(work)
@@ -247,7 +247,7 @@ class _Groups:
                  ctypes.c_void_p(t0 + 2 * third), param[7], groups, param[8])
 
 
-_GROUPS = {}  # (dtype, each operand's shape and strides) -> _Groups
+_GROUPS = {}  # each operand's (shape, strides, dtype) -> _Groups: a kept key passed the checks
 _GROUPS_KEPT = 512
 
 
@@ -279,7 +279,7 @@ def matmul_into(products):
     key = None
     if MKL and dtype in (np.float32, np.float64) \
             and all(type(x) is np.ndarray for triple in products for x in triple):
-        key = (dtype, tuple((x.shape, x.strides) for triple in products for x in triple))
+        key = tuple((x.shape, x.strides, x.dtype) for triple in products for x in triple)
         groups = _GROUPS.get(key)
         if groups is not None:  # kept: these shapes and strides passed every check below
             groups.run(_gemms()[dtype], products)
