@@ -15,7 +15,11 @@ stored. A block of output channels sweeps a sample's rows with the chunk's weigh
 keeps a value in a register only when it is one; numba has no vector type, so kernels/vectors.py
 gives it one (``Vec``) with intrinsics: load, a load of two half rows, store, splat and a
 multiply-add with LLVM's ``contract`` flag (fused where the CPU has FMA, a multiply and an add
-where it has not: the same code is correct on any x86 or ARM CPU).
+where it has not: the same code is correct on any x86 or ARM CPU). The tap's offset and its weights
+are read with ``sload``, not numba's indexing, whose turn of a negative index into one from the
+end (three integer operations a read, nine reads a tap) held the loop to 0.8x the speed: 32
+channels of 16x16 at batch 32 went from 47 to 55 GF/s, the forward from 1.33x PyTorch's time to
+1.03x (2026-11-29, a throwaway script timing both interleaved).
 
 On a CPU with AVX-512 (32 vector registers: ``WIDTHS``, ``OUTPUTS``) a block is 8 output
 channels x 2 vectors, 16 accumulators; rows of 32k or 16 float32 positions take 512-bit vectors,
@@ -67,7 +71,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from hpcgrad.base.kernels.vectors import vfma, vload, vload_rows, vsplat, vstore
+from hpcgrad.base.kernels.vectors import sload, vfma, vload, vload_rows, vsplat, vstore
 from hpcgrad.base.kernels.wide import AVX512
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
@@ -104,29 +108,29 @@ def _block(xf, wpk, offs, of, base, second_in, wi, t0, t1, at, second_out, plane
         if live > 7:
             a7, b7 = vload(of, at + 7 * plane, bits), vload(of, at + 7 * plane + second_out, bits)
     for t in range(t0, t1):
-        s = base + offs[t]
+        s = base + sload(offs, t)
         if parts == 2:
             u = vload_rows(xf, s, rows_in, 2, bits)
             v = vload_rows(xf, s + second_in, rows_in, 2, bits)
         else:
             u = vload(xf, s, bits)
             v = vload(xf, s + second_in, bits)
-        w = vsplat(wpk[wi], bits)
+        w = vsplat(sload(wpk, wi), bits)
         a0, b0 = vfma(w, u, a0), vfma(w, v, b0)
-        w = vsplat(wpk[wi + 1], bits)
+        w = vsplat(sload(wpk, wi + 1), bits)
         a1, b1 = vfma(w, u, a1), vfma(w, v, b1)
-        w = vsplat(wpk[wi + 2], bits)
+        w = vsplat(sload(wpk, wi + 2), bits)
         a2, b2 = vfma(w, u, a2), vfma(w, v, b2)
-        w = vsplat(wpk[wi + 3], bits)
+        w = vsplat(sload(wpk, wi + 3), bits)
         a3, b3 = vfma(w, u, a3), vfma(w, v, b3)
         if per > 4:
-            w = vsplat(wpk[wi + 4], bits)
+            w = vsplat(sload(wpk, wi + 4), bits)
             a4, b4 = vfma(w, u, a4), vfma(w, v, b4)
-            w = vsplat(wpk[wi + 5], bits)
+            w = vsplat(sload(wpk, wi + 5), bits)
             a5, b5 = vfma(w, u, a5), vfma(w, v, b5)
-            w = vsplat(wpk[wi + 6], bits)
+            w = vsplat(sload(wpk, wi + 6), bits)
             a6, b6 = vfma(w, u, a6), vfma(w, v, b6)
-            w = vsplat(wpk[wi + 7], bits)
+            w = vsplat(sload(wpk, wi + 7), bits)
             a7, b7 = vfma(w, u, a7), vfma(w, v, b7)
         wi += per
     vstore(of, at, a0)
