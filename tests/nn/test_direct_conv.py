@@ -139,7 +139,7 @@ def _weight_grad_slices_and_sums(padded, g, kernel, dilation):
 @pytest.mark.parametrize("case", CASES)
 def test_weight_gradient_matches_slices_and_sums(bits, dtype, case):
     """The weight gradient's kernel at both vector widths (whole vectors, rows past them one
-    position at a time, outputs and taps past a block's 4 x 4 or 4 x 2), within the bound of
+    position at a time, outputs and taps past a block's 4 x 6 or 4 x 2), within the bound of
     its N*Ho*Wo terms."""
     n, c, k, size, kernel, padding, dilation = case
     rng = np.random.default_rng(4)

@@ -34,13 +34,17 @@ run of one phase's row (one copy of the input, where columns are kh*kw of it), 8
 a pass (four phase planes each must stay in L1): ResNet-18's stride-2 forwards in 0.57-0.65x the
 columns' time.
 
-The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 4 taps (x 2 at
-256 bits), 16 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the positions it
-sees, samples a pass enough for 1,024 positions, the lanes summed at the end. At 512 bits it
-took 0.31-0.45x the columns' time at 3 channels of 32x32, 0.45-0.54x at 16 of 32x32, 0.69-0.87x
-at 32 of 16x16, and was no faster at 64-128 (256 bits, the same CPU: 0.45x, 0.8x, 1.2x): taken
-up to 32 input channels at 512 bits, 16 at 256 (nn/_conv.py). Blocks of 4 x 6 taps (24
-accumulators) ran 0.95-1.0x the 4 x 4 one: not kept. Its sums are loaded and stored
+The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 6 taps at 512
+bits (x 2 at 256), 24 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the
+positions it sees, samples a pass enough for 1,024 positions, the lanes summed at the end. At
+512 bits, with blocks of 4 x 4, it took 0.31-0.45x the columns' time at 3 channels of 32x32,
+0.45-0.54x at 16 of 32x32, 0.69-0.87x at 32 of 16x16, and was no faster at 64-128 (256 bits,
+the same CPU: 0.45x, 0.8x, 1.2x): taken up to 32 input channels at 512 bits, 16 at 256
+(nn/_conv.py). Blocks of 4 x 6 (ten loads for 24 multiply-adds, where 4 x 4 has eight for 16)
+took 0.92-0.94x the 4 x 4 one's time at 16 channels of 32x32 and 32 of 16x16 (2026-11-29,
+interleaved, a throwaway generator of block shapes): 6 x 4 1.06-1.13x, 3 x 8 0.96-1.07x, 5 x 5
+1.04-1.16x, 2 x 8 1.06-1.16x; samples a pass for 512 or 2,048 positions 0.93-1.05x. (An earlier
+measure, on another day, had 4 x 6 at 0.95-1.0x.) Its sums are loaded and stored
 in the loop itself: through a function returning 16 vectors, and with the scalar loop for a
 row's last positions in the same loop, it ran 1.7-2.5x slower, so that loop is its own kernel.
 
@@ -265,6 +269,12 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                     r12, r13 = vload(acc, a1 + 2 * lanes, bits), vload(acc, a1 + 3 * lanes, bits)
                     r22, r23 = vload(acc, a2 + 2 * lanes, bits), vload(acc, a2 + 3 * lanes, bits)
                     r32, r33 = vload(acc, a3 + 2 * lanes, bits), vload(acc, a3 + 3 * lanes, bits)
+                r04 = r05 = r14 = r15 = r24 = r25 = r34 = r35 = r00
+                if tper > 4:
+                    r04, r05 = vload(acc, a + 4 * lanes, bits), vload(acc, a + 5 * lanes, bits)
+                    r14, r15 = vload(acc, a1 + 4 * lanes, bits), vload(acc, a1 + 5 * lanes, bits)
+                    r24, r25 = vload(acc, a2 + 4 * lanes, bits), vload(acc, a2 + 5 * lanes, bits)
+                    r34, r35 = vload(acc, a3 + 4 * lanes, bits), vload(acc, a3 + 5 * lanes, bits)
                 for n in range(n0, min(n0 + per_pass, n_)):
                     g0 = (n * k_ + min(kb * 4, k_ - 1)) * plane
                     g1 = (n * k_ + min(kb * 4 + 1, k_ - 1)) * plane
@@ -274,6 +284,8 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                     x1 = n * sample + offs[min(t + 1, taps - 1)]
                     x2 = n * sample + offs[min(t + 2, taps - 1)]
                     x3 = n * sample + offs[min(t + 3, taps - 1)]
+                    x4 = n * sample + offs[min(t + 4, taps - 1)]
+                    x5 = n * sample + offs[min(t + 5, taps - 1)]
                     for y in range(ho):
                         for v in range(vectors):
                             p = y * wo + v * lanes
@@ -293,6 +305,13 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                                 X = vload(xf, x3 + q, bits)
                                 r03, r13 = vfma(G0, X, r03), vfma(G1, X, r13)
                                 r23, r33 = vfma(G2, X, r23), vfma(G3, X, r33)
+                            if tper > 4:
+                                X = vload(xf, x4 + q, bits)
+                                r04, r14 = vfma(G0, X, r04), vfma(G1, X, r14)
+                                r24, r34 = vfma(G2, X, r24), vfma(G3, X, r34)
+                                X = vload(xf, x5 + q, bits)
+                                r05, r15 = vfma(G0, X, r05), vfma(G1, X, r15)
+                                r25, r35 = vfma(G2, X, r25), vfma(G3, X, r35)
                 vstore(acc, a, r00)
                 vstore(acc, a + lanes, r01)
                 vstore(acc, a1, r10)
@@ -310,6 +329,15 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                     vstore(acc, a2 + 3 * lanes, r23)
                     vstore(acc, a3 + 2 * lanes, r32)
                     vstore(acc, a3 + 3 * lanes, r33)
+                if tper > 4:
+                    vstore(acc, a + 4 * lanes, r04)
+                    vstore(acc, a + 5 * lanes, r05)
+                    vstore(acc, a1 + 4 * lanes, r14)
+                    vstore(acc, a1 + 5 * lanes, r15)
+                    vstore(acc, a2 + 4 * lanes, r24)
+                    vstore(acc, a2 + 5 * lanes, r25)
+                    vstore(acc, a3 + 4 * lanes, r34)
+                    vstore(acc, a3 + 5 * lanes, r35)
 
 
 @njit(cache=True, nogil=True)
@@ -336,12 +364,13 @@ def _weight_grad_256x2(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _weight_grad_512x4(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
-    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 512, 4)
+def _weight_grad_512x6(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
+    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 512, 6)
 
 
 # (vector bits, taps per block; 4 outputs each): the weight gradient's kernel for them
-WEIGHT_GRAD_KERNELS = {(256, 2): _weight_grad_256x2, (512, 4): _weight_grad_512x4}
+WEIGHT_GRAD_KERNELS = {(256, 2): _weight_grad_256x2, (512, 6): _weight_grad_512x6}
+WEIGHT_GRAD_TAPS = {256: 2, 512: 6}  # taps a block, by vector width
 
 
 # AVX-512: 512-bit vectors and 32 vector registers, room for 8 x 2 accumulators
@@ -496,7 +525,7 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
     """The weight's gradient (K, C, kh, kw) of the stride-1 convolution (groups 1) of the
     zero-padded input x (N, C, Hp, Wp) whose output's gradient is g (N, K, Ho, Wo), both
     C-contiguous numpy arrays of one float dtype: each lane of a vector sums its positions'
-    products in registers (4 outputs x 4 taps at 512 bits, x 2 at 256), the lanes summed at the
+    products in registers (4 outputs x 6 taps at 512 bits, x 2 at 256), the lanes summed at the
     end; positions past a row's whole vectors one at a time (slow: nn/_conv.py sends rows of
     whole vectors only). ``bits``: 256 or 512 (default: ``weight_grad_bits``, else 256)."""
     n, c, hp, wp = x.shape
@@ -508,7 +537,7 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
                          f"of a {kh}x{kw} kernel (dilation {dh}, {dw}) over {list(x.shape)}")
     if bits is None:
         bits = weight_grad_bits(wo, x.dtype) or 256
-    tper = {256: 2, 512: 4}.get(bits)
+    tper = WEIGHT_GRAD_TAPS.get(bits)
     if tper is None:
         raise ValueError(f"weight_grad_stride1: bits must be 256 or 512, not {bits!r}")
     lanes = bits // (8 * x.itemsize)
