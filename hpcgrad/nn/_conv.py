@@ -100,6 +100,10 @@ _DIRECT_WEIGHT_GRAD_PLANE = 1024
 # (``benchmarks/conv_layouts.py --strided``); the step 0.98x (``benchmarks/models.py
 # --alternate hpcgrad.nn._conv._DIRECT_STRIDED=False,True``).
 _DIRECT_STRIDED = True
+# ... and their weight gradients (weight_grad_strided), at 512 bits: ResNet-18's 16 -> 32
+# channels of 32x32 at batch 32 in 0.92x the columns' time (3x3) and 0.93x (1x1) (2026-11-29,
+# interleaved beside PyTorch's: 1.48x and 1.02x its time, the columns 1.65x and 1.07x).
+_DIRECT_STRIDED_WEIGHT_GRAD = True
 # Columns read a plane at a time from the unpadded input (Note [Unfolding a plane at a time])
 # at every stride but 1, and at stride 1 on output rows of at most _UNFOLD_PLANES_WIDTH: on
 # ResNet-18's shapes at batch 32 (unfold and padding together) 4x4 planes took 0.45x the time of
@@ -399,10 +403,12 @@ def _direct_kernel(a, w, geo):
 
 def _direct_weight_grad(a, g, geo):
     """kernels/direct_conv.py where its weight gradient takes this convolution (Note [Direct
-    convolution]): the forward's conditions at stride 1, rows of whole vectors (any rows where
+    convolution]): the forward's conditions (other strides through the input's phases at 512
+    bits, _DIRECT_STRIDED_WEIGHT_GRAD), rows of whole vectors (any rows where
     _DIRECT_WHOLE_ROWS is off), and at most _DIRECT_WEIGHT_GRAD_CHANNELS input channels for
     this CPU's vector width (_WIDE on large planes). Else None."""
-    direct = None if geo.stride != (1, 1) else _direct_kernel(a, a, geo)
+    strided = geo.stride != (1, 1)
+    direct = None if strided and not _DIRECT_STRIDED_WEIGHT_GRAD else _direct_kernel(a, a, geo)
     if direct is None or type(g) is not np.ndarray or g.dtype != a.dtype:
         return None
     bits = direct.weight_grad_bits(geo.wo, a.dtype)
@@ -412,7 +418,7 @@ def _direct_weight_grad(a, g, geo):
         most = _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
         if bits == 512 and geo.positions >= _DIRECT_WEIGHT_GRAD_PLANE:
             most = max(most, _DIRECT_WEIGHT_GRAD_WIDE)
-        takes = geo.c <= most
+        takes = geo.c <= most and (bits == 512 or not strided)  # strided: measured at 512
     return direct if takes else None
 
 
@@ -483,10 +489,14 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         grad_x = grad_x.reshape(geo.n, geo.c, through.ho, through.wo)
         need_x = False
     direct = _direct_weight_grad(a, g, geo) if need_w else None
-    if direct is not None:  # Note [Direct convolution]
+    if direct is not None and geo.stride == (1, 1):  # Note [Direct convolution]
         grad_w = direct.weight_grad_stride1(
             np.ascontiguousarray(_padded(a, geo.padding)), np.ascontiguousarray(g),
             (geo.kh, geo.kw), geo.dilation)
+        need_w = False
+    elif direct is not None:  # through the input's phases
+        grad_w = direct.weight_grad_strided(a, np.ascontiguousarray(g), (geo.kh, geo.kw),
+                                            geo.stride, geo.padding, geo.dilation)
         need_w = False
     if not (need_x or need_w):
         return grad_x, grad_w

@@ -188,6 +188,66 @@ def test_strided_kernel_matches_slices_and_sums(stride, dtype, case):
                    f"strided {stride} vs slices and sums")
 
 
+@pytest.mark.parametrize("stride", [(2, 2), (3, 2), (1, 3)])
+@pytest.mark.parametrize("bits", [256, 512])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_strided_weight_gradient_matches_slices_and_sums(stride, bits, dtype, case):
+    """weight_grad_strided: the weight gradient's kernel over the input's phases, at both
+    vector widths, against each weight's products summed over a strided view."""
+    n, c, k, size, kernel, padding, dilation = case
+    top, bottom, left, right = padding
+    if size[0] + top + bottom < dilation[0] * (kernel[0] - 1) + 1:
+        pytest.skip("the padded input is smaller than the kernel")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    padded = _conv._padded(x, padding)
+    (sh, sw), (dh, dw), (kh, kw) = stride, dilation, kernel
+    ho = (padded.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    wo = (padded.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    g = rng.standard_normal((n, k, ho, wo)).astype(dtype)
+    got = direct_conv.weight_grad_strided(x, g, kernel, stride, padding, dilation, bits=bits)
+    want = np.zeros((k, c, kh, kw))
+    magnitude = np.zeros_like(want)
+    for i in range(kh):
+        for j in range(kw):
+            patch = padded[:, :, dh * i:dh * i + sh * (ho - 1) + 1:sh,
+                           dw * j:dw * j + sw * (wo - 1) + 1:sw].astype(np.float64)
+            want[:, :, i, j] = np.einsum("nkhw,nchw->kc", g.astype(np.float64), patch)
+            magnitude[:, :, i, j] = np.einsum("nkhw,nchw->kc", np.abs(g), np.abs(patch))
+    _assert_within(got, want, magnitude, n * ho * wo, dtype, f"strided weight gradient {stride}")
+
+
+def test_strided_weight_gradient_refuses_a_gradient_of_another_shape():
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    with pytest.raises(ValueError, match=r"weight_grad_strided: a gradient \[2, 4, 8, 8\] is "
+                       r"not the output of a 3x3 kernel at stride \(2, 2\)"):
+        direct_conv.weight_grad_strided(x, np.zeros((2, 4, 8, 8), np.float32), (3, 3), (2, 2),
+                                        (1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, stride, padding", [
+    ((32, 16, 32, 32), (2, 2), (1, 1, 1, 1)),  # ResNet-18's: whole vectors of each row's run
+    ((2, 3, 7, 9), (2, 2), (1, 1, 1, 1)), ((2, 3, 7, 9), (3, 2), (2, 0, 1, 3)),
+    ((1, 2, 40, 41), (2, 3), (0, 0, 0, 0)), ((2, 2, 5, 37), (1, 2), (0, 1, 2, 0)),
+    ((1, 1, 1, 1), (2, 2), (1, 1, 1, 1)), ((0, 3, 4, 4), (2, 2), (1, 1, 1, 1))])
+def test_the_phases_are_the_padded_inputs_strided_views(dtype, shape, stride, padding):
+    """_split_phases writes every element (the array starts as NaN): phase (p, q) is the
+    padded input's rows p::sh and columns q::sw, zeros past it."""
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    (sh, sw), (top, bottom, left, right) = stride, padding
+    n, c, h, w = shape
+    hq, wq = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
+    padded = np.zeros((n, c, hq * sh, wq * sw), dtype)
+    padded[:, :, top:top + h, left:left + w] = x
+    phases = np.full((n, c, sh, sw, hq, wq), np.nan, dtype)
+    direct_conv._split_phases(x, phases, top, left)
+    for p in range(sh):
+        for q in range(sw):
+            np.testing.assert_array_equal(phases[:, :, p, q], padded[:, :, p::sh, q::sw])
+
+
 def test_kernel_refuses_groups_and_a_kernel_larger_than_the_input():
     x = np.zeros((1, 4, 5, 5), np.float32)
     with pytest.raises(ValueError, match="input channels"):
@@ -227,20 +287,27 @@ def _spy(monkeypatch, weight_grads=None):
         return real_weight(x, g, kernel_size, dilation)
 
     real_strided = direct_conv.conv2d_strided
+    real_weight_strided = direct_conv.weight_grad_strided
 
     def spy_strided(x, w, stride, padding, dilation=(1, 1)):
         seen.append((x.shape, w.shape, stride))
         return real_strided(x, w, stride, padding, dilation)
+
+    def spy_weight_strided(x, g, kernel_size, stride, padding, dilation=(1, 1)):
+        if weight_grads is not None:
+            weight_grads.append((x.shape, g.shape, stride))
+        return real_weight_strided(x, g, kernel_size, stride, padding, dilation)
     monkeypatch.setattr(direct_conv, "conv2d_stride1", spy)
     monkeypatch.setattr(direct_conv, "conv2d_strided", spy_strided)
     monkeypatch.setattr(direct_conv, "weight_grad_stride1", spy_weight)
+    monkeypatch.setattr(direct_conv, "weight_grad_strided", spy_weight_strided)
     return seen
 
 
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
     block) take it, forward and input gradient, and the 16-channel one its weight gradient;
-    a stride-2 layer its forward; 64 input channels of 16x16 only on an AVX-512 CPU, and of
+    a stride-2 layer its forward, and at 512 bits its weight gradient; 64 input channels of 16x16 only on an AVX-512 CPU, and of
     32x32 with the weight gradient; 256 of
     16x16, 64 at stride 2, 128 of 8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not.
     Winograd's tiles, which come first where they take a convolution, are off here."""
@@ -262,8 +329,11 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     assert [g for _, g in weight_grads] == [(2, 16, 32, 32)]
     seen.clear()
     weight_grads.clear()
-    run(16, 32, stride=2)  # its forward through the phases; its gradients through columns
-    assert seen == [((2, 16, 32, 32), (16, 16, 3, 3), (2, 2))] and weight_grads == []
+    run(16, 32, stride=2)  # its forward through the phases, and at 512 bits its weight's
+    assert seen == [((2, 16, 32, 32), (16, 16, 3, 3), (2, 2))]  # gradient; its input's: columns
+    wide = 512 in direct_conv.WIDTHS
+    assert weight_grads == ([((2, 16, 32, 32), (2, 16, 16, 16), (2, 2))] if wide else [])
+    weight_grads.clear()
     seen.clear()
     run(64, 16)  # with 512-bit vectors, up to 128 channels on planes of more than 64 positions
     assert len(seen) == (2 if 512 in direct_conv.WIDTHS else 0) and weight_grads == []

@@ -32,7 +32,11 @@ Strided convolutions (``conv2d_strided``) run the same kernel over the padded in
 its stride's phases, phase (p, q) holding positions (sh*y + p, sw*x + q): each tap then reads a
 run of one phase's row (one copy of the input, where columns are kh*kw of it), 8 input channels
 a pass (four phase planes each must stay in L1): ResNet-18's stride-2 forwards in 0.57-0.65x the
-columns' time.
+columns' time. The split into phases (``_split_phases``) is one numba pass taking each phase
+row's run at stride 2 by whole vectors (``vload_even``): numpy's strided slices, and numba's
+own loop (which gathers), took 2.5-3.5x its time, a third of the strided forward at 16
+channels of 32x32; with it that forward went from 1.37x PyTorch's time to 1.19x. The weight
+gradient runs over the same phases (``weight_grad_strided``).
 
 The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 6 taps at 512
 bits (x 2 at 256), 24 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the
@@ -71,11 +75,13 @@ Figures: ``python benchmarks/conv_layouts.py --direct`` and docs/performance.rst
 """
 
 import functools
+import math
 
 import numpy as np
 from numba import njit
 
-from hpcgrad.base.kernels.vectors import sload, vfma, vload, vload_rows, vsplat, vstore
+from hpcgrad.base.kernels.vectors import (sload, vfma, vload, vload_even, vload_rows, vsplat,
+                                          vstore)
 from hpcgrad.base.kernels.wide import AVX512
 
 BLOCK_VECTORS = 2  # vectors of one output row per pass
@@ -434,31 +440,89 @@ def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None):
     (sh*y + p, sw*x + q), so that each tap reads a run of one phase's row: the stride-1 kernel
     with each tap's offset into its phase (one more copy of the input, in place of the columns'
     kh*kw). The same sums as ``conv2d_stride1`` over the same taps, in the same order."""
-    n, c, height, width = x.shape
     k, kh, kw = _check_weight("conv2d_strided", x, w)
-    (sh, sw), (dh, dw) = stride, dilation
+    phases, offs, (ho, wo) = _phases("conv2d_strided", x, (kh, kw), stride, padding, dilation)
+    n, c, _, _, hq, wq = phases.shape
+    return _convolve(phases.reshape(-1), w, offs, c * math.prod(phases.shape[2:]), wq,
+                     (x.shape[0], k, ho, wo), None, bits, per, STRIDED_CHUNK)
+
+
+def _phases(name, x, kernel_size, stride, padding, dilation):
+    """x (N, C, H, W) zero-padded by padding and split into its stride's phases: (N, C, sh, sw,
+    Hq, Wq), phase (p, q) holding the padded positions (sh*y + p, sw*x + q); each tap's offset
+    into its phase in a sample (int64, taps in (channel, row, column) order); the output's
+    (Ho, Wo). Each tap then reads a run of one phase's row, as a stride-1 kernel does."""
+    n, c, height, width = x.shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
     top, bottom, left, right = padding
     hp, wp = height + top + bottom, width + left + right
     ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     if ho <= 0 or wo <= 0:
-        raise ValueError(f"conv2d_strided: the padded input {hp}x{wp} is smaller than the "
+        raise ValueError(f"{name}: the padded input {hp}x{wp} is smaller than the "
                          f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
     hq, wq = -(-hp // sh), -(-wp // sw)
-    phases = np.zeros((n, c, sh, sw, hq, wq), x.dtype)
-    for p in range(sh):
-        y0 = max(0, -(-(top - p) // sh))  # phase p's first row inside the input: input row r0
-        r0 = p - top + y0 * sh
-        for q in range(sw):
-            x0 = max(0, -(-(left - q) // sw))
-            s0 = q - left + x0 * sw
-            if r0 < height and s0 < width:
-                inside = x[:, :, r0::sh, s0::sw]
-                phases[:, :, p, q, y0:y0 + inside.shape[2], x0:x0 + inside.shape[3]] = inside
+    phases = np.empty((n, c, sh, sw, hq, wq), x.dtype)
+    _split_phases(x, phases, top, left)
     ci, i, j = _tap_grid(c, kh, kw)
     phase = (ci * sh + (i * dh) % sh) * sw + (j * dw) % sw
     offs = (phase * (hq * wq) + ((i * dh) // sh) * wq + (j * dw) // sw).reshape(-1)
-    return _convolve(phases.reshape(-1), w, offs.astype(np.int64), c * sh * sw * hq * wq, wq,
-                     (n, k, ho, wo), None, bits, per, STRIDED_CHUNK)
+    return phases, offs.astype(np.int64), (ho, wo)
+
+
+def _split_phases(x, phases, top, left):
+    """phases[n, c, p, q, y, z] = x[n, c, sh*y + p - top, sw*z + q - left], 0 outside x: every
+    element written (C-contiguous numpy arrays of one dtype). numpy's strided slices took 1.7
+    ms for ResNet-18's 16 channels of 32x32 at batch 32 (the stride-2 forward's third)."""
+    bits = 512 if AVX512 else 256
+    (_split_phases_512 if bits == 512 else _split_phases_256)(
+        x.reshape(-1), x.shape, phases.reshape(-1), phases.shape, top, left)
+
+
+@njit(nogil=True, inline="always")
+def _split(xf, shape, pf, phase_shape, top, left, bits):
+    # Each destination row (n, c, p, q, y) in order: the source row's run at stride sw, zeros
+    # around it. At sw 2 whole vectors of it by vload_even, where the two vectors it reads lie
+    # inside xf; else one element at a time.
+    n_, c_, height, width = shape
+    sh, sw, hq, wq = phase_shape[2:]
+    lanes = bits // (8 * xf.itemsize)
+    d = 0
+    for nc in range(n_ * c_):
+        src = nc * height * width
+        for p in range(sh):
+            for q in range(sw):
+                lo = min(wq, max(0, -(-(left - q) // sw)))  # the row's run: [lo, hi)
+                hi = max(lo, min(wq, (width - 1 - q + left) // sw + 1))
+                for y in range(hq):
+                    r = sh * y + p - top
+                    if r < 0 or r >= height:
+                        for z in range(wq):
+                            pf[d + z] = 0
+                        d += wq
+                        continue
+                    for z in range(lo):
+                        pf[d + z] = 0
+                    s0 = src + r * width + q - left
+                    z = lo
+                    if sw == 2:
+                        while z + lanes <= hi and s0 + 2 * (z + lanes) <= xf.size:
+                            vstore(pf, d + z, vload_even(xf, s0 + 2 * z, bits))
+                            z += lanes
+                    for z in range(z, hi):
+                        pf[d + z] = sload(xf, s0 + sw * z)
+                    for z in range(hi, wq):
+                        pf[d + z] = 0
+                    d += wq
+
+
+@njit(cache=True, nogil=True)
+def _split_phases_512(xf, shape, pf, phase_shape, top, left):
+    _split(xf, shape, pf, phase_shape, top, left, 512)
+
+
+@njit(cache=True, nogil=True)
+def _split_phases_256(xf, shape, pf, phase_shape, top, left):
+    _split(xf, shape, pf, phase_shape, top, left, 256)
 
 
 def _check_weight(name, x, w):
@@ -535,25 +599,50 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
     if gn != n or (ho, wo) != (hp - dh * (kh - 1), wp - dw * (kw - 1)):
         raise ValueError(f"weight_grad_stride1: a gradient {list(g.shape)} is not the output "
                          f"of a {kh}x{kw} kernel (dilation {dh}, {dw}) over {list(x.shape)}")
+    offs = _tap_offsets(c, kh, kw, hp, wp, dilation)
+    return _weight_grad_sums(x.reshape(-1), g, offs, c * hp * wp, wp, (c, kh, kw), bits,
+                             "weight_grad_stride1")
+
+
+def weight_grad_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), bits=None):
+    """The weight's gradient (K, C, kh, kw) of the convolution (groups 1) of x (N, C, H, W),
+    zero-padded by padding (top, bottom, left, right), at ``stride``, whose output's gradient
+    is g (N, K, Ho, Wo): ``weight_grad_stride1``'s kernel over the input's phases (as
+    ``conv2d_strided``), each tap reading a run of its phase's rows. The same terms in the same
+    order as the stride-1 kernel over a strided view would sum."""
+    c = x.shape[1]
+    (kh, kw) = kernel_size
+    phases, offs, (ho, wo) = _phases("weight_grad_strided", x, kernel_size, stride, padding,
+                                     dilation)
+    if g.ndim != 4 or g.shape != (x.shape[0], g.shape[1], ho, wo):
+        raise ValueError(f"weight_grad_strided: a gradient {list(g.shape)} is not the output "
+                         f"of a {kh}x{kw} kernel at stride {tuple(stride)}, padding "
+                         f"{tuple(padding)}, dilation {tuple(dilation)} over {list(x.shape)}")
+    return _weight_grad_sums(phases.reshape(-1), g, offs, c * math.prod(phases.shape[2:]),
+                             phases.shape[-1], (c, kh, kw), bits, "weight_grad_strided")
+
+
+def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name):
+    """The weight gradient's kernel over the flat input ``xf`` (``sample`` elements a sample,
+    rows ``row`` long, each tap at its offset ``offs``) and g (N, K, Ho, Wo): (K, C, kh, kw)."""
+    n, k, ho, wo = g.shape
+    c, kh, kw = kernel
     if bits is None:
-        bits = weight_grad_bits(wo, x.dtype) or 256
+        bits = weight_grad_bits(wo, xf.dtype) or 256
     tper = WEIGHT_GRAD_TAPS.get(bits)
     if tper is None:
-        raise ValueError(f"weight_grad_stride1: bits must be 256 or 512, not {bits!r}")
-    lanes = bits // (8 * x.itemsize)
+        raise ValueError(f"{name}: bits must be 256 or 512, not {bits!r}")
+    lanes = bits // (8 * xf.itemsize)
     taps = c * kh * kw
     kblocks, tblocks = -(-k // 4), -(-taps // tper)
-    acc = np.zeros(kblocks * tblocks * 4 * tper * lanes, x.dtype)
-    offs = _tap_offsets(c, kh, kw, hp, wp, dilation)
+    acc = np.zeros(kblocks * tblocks * 4 * tper * lanes, xf.dtype)
     if n and k and taps:
-        WEIGHT_GRAD_KERNELS[bits, tper](x.reshape(-1), g.reshape(-1), offs, acc, n, k, ho, wo,
-                                        c * hp * wp, wp)
-    sums = np.empty((k, taps), x.dtype)
+        WEIGHT_GRAD_KERNELS[bits, tper](xf, g.reshape(-1), offs, acc, n, k, ho, wo, sample, row)
+    sums = np.empty((k, taps), xf.dtype)
     _lane_sums(acc.reshape(kblocks, tblocks, 4, tper, lanes), sums)
     first = wo - wo % lanes
     if first < wo and n and k and taps:
-        _weight_grad_rest(x.reshape(-1), g.reshape(-1), offs, sums, n, k, ho, wo,
-                          c * hp * wp, wp, first)
+        _weight_grad_rest(xf, g.reshape(-1), offs, sums, n, k, ho, wo, sample, row, first)
     return sums.reshape(k, c, kh, kw)
 
 

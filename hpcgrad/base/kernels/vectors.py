@@ -99,6 +99,29 @@ def sload(typingctx, arr, index):
 
 
 @intrinsic
+def vload_even(typingctx, arr, index, bits):
+    """The vector of arr[index], arr[index + 2], ..., arr[index + 2 * (lanes - 1)]: the two
+    vectors from arr[index] loaded and their even lanes kept, one shuffle (unaligned,
+    unchecked: reads 2 * lanes elements). LLVM's own vectorizing of a stride-2 copy gathers,
+    at 1.8x numpy's time."""
+    if _bits(bits) is None:
+        return None
+    vec = Vec(arr.dtype, _bits(bits))
+
+    def codegen(context, builder, sig, args):
+        vt = context.get_value_type(vec)
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        first = builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1)
+        ptr = _element_pointer(context, builder, sig.args[0], args[0],
+                               builder.add(args[1], ir.Constant(args[1].type, vec.lanes)))
+        second = builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1)
+        evens = ir.Constant(ir.VectorType(ir.IntType(32), vec.lanes),
+                            list(range(0, 2 * vec.lanes, 2)))
+        return builder.shuffle_vector(first, second, evens)
+    return vec(arr, index, bits), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, index, value):
     """arr[index:index + lanes] = value (unaligned, unchecked)."""
     def codegen(context, builder, sig, args):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hpcgrad.base.kernels.vectors import sload, vfma, vload, vsplat, vstore
+from hpcgrad.base.kernels.vectors import sload, vfma, vload, vload_even, vsplat, vstore
 
 
 @njit
@@ -49,3 +49,32 @@ def test_vector_multiply_add_matches_numpy(kernel, dtype):
     kernel(a, x, y, out)
     # one rounding (fused) or two: within a unit in the last place of the larger term
     np.testing.assert_allclose(out, a[0] * x + y, rtol=4 * np.finfo(dtype).eps, atol=1e-6)
+
+
+@njit
+def _evens(arr, starts, out, bits):
+    lanes = bits // (8 * arr.itemsize)
+    for i in range(starts.size):
+        vstore(out, i * lanes, vload_even(arr, starts[i], bits))
+
+
+@njit
+def _evens512(arr, starts, out):
+    _evens(arr, starts, out, 512)
+
+
+@njit
+def _evens256(arr, starts, out):
+    _evens(arr, starts, out, 256)
+
+
+@pytest.mark.parametrize("kernel, bits", [(_evens512, 512), (_evens256, 256)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vload_even_takes_every_other_element(kernel, bits, dtype):
+    lanes = bits // (8 * np.dtype(dtype).itemsize)
+    arr = np.arange(5 * lanes).astype(dtype)
+    starts = np.array([0, 1, 3, 5 * lanes - 2 * lanes], np.int64)
+    out = np.empty(starts.size * lanes, dtype)
+    kernel(arr, starts, out)
+    want = np.concatenate([arr[s:s + 2 * lanes:2] for s in starts])
+    np.testing.assert_array_equal(out, want)
