@@ -413,7 +413,8 @@ def _direct_weight_grad(a, g, geo):
         return None
     bits = direct.weight_grad_bits(geo.wo, a.dtype)
     if bits is None:
-        takes = not _DIRECT_WHOLE_ROWS and geo.c <= _DIRECT_WEIGHT_GRAD_CHANNELS[256]
+        most = _DIRECT_WEIGHT_GRAD_CHANNELS[256]
+        takes = not (_DIRECT_WHOLE_ROWS or strided) and geo.c <= most
     else:
         most = _DIRECT_WEIGHT_GRAD_CHANNELS[bits]
         if bits == 512 and geo.positions >= _DIRECT_WEIGHT_GRAD_PLANE:

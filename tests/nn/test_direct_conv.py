@@ -307,9 +307,9 @@ def _spy(monkeypatch, weight_grads=None):
 def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     """ResNet-18's 16- and 64-channel 3x3 layers (float32 rows of 32, and of 8: two rows a
     block) take it, forward and input gradient, and the 16-channel one its weight gradient;
-    a stride-2 layer its forward, and at 512 bits its weight gradient; 64 input channels of 16x16 only on an AVX-512 CPU, and of
-    32x32 with the weight gradient; 256 of
-    16x16, 64 at stride 2, 128 of 8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not.
+    a stride-2 layer its forward, and at 512 bits its weight gradient; 64 input channels of
+    16x16 only on an AVX-512 CPU, and of 32x32 with the weight gradient; 256 of 16x16, 64 at
+    stride 2, 128 of 8x8, rows of 12 float32 and HPCGRAD_DIRECT_CONV=0 do not.
     Winograd's tiles, which come first where they take a convolution, are off here."""
     monkeypatch.delenv("HPCGRAD_DIRECT_CONV", raising=False)
     monkeypatch.setenv("HPCGRAD_WINOGRAD", "0")
@@ -353,10 +353,10 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     assert seen == [] and weight_grads == []
 
 
-def _node_run(x, w, b, padding, dilation):
+def _node_run(x, w, b, padding, dilation, stride=1):
     hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
     hb = hg.tensor(b, requires_grad=True)
-    out = F.conv2d(hx, hw, hb, padding=padding, dilation=dilation)
+    out = F.conv2d(hx, hw, hb, stride=stride, padding=padding, dilation=dilation)
     u = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
     (out * hg.tensor(u)).sum().backward()
     return out.array, hx.grad.array, hw.grad.array, hb.grad.array
@@ -418,3 +418,45 @@ def test_the_node_with_the_kernel_matches_torch(dtype, direct_everywhere):
     for got, want in zip(ours, theirs):
         scale = np.abs(want).max()
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [((4, 16, 32, 32), (32, 16, 3, 3), 1, 2),  # ResNet-18's
+                                   ((4, 16, 32, 32), (32, 16, 1, 1), 0, 2),  # ... shortcut
+                                   ((2, 5, 33, 31), (6, 5, 3, 3), 1, 2),
+                                   ((2, 4, 48, 50), (3, 4, 5, 5), 2, 3)])
+def test_the_strided_node_with_the_kernels_matches_the_node_without_and_torch(
+        dtype, shape, monkeypatch, direct_everywhere):
+    """At stride 2 and 3 the forward and, at 512 bits where the output's rows are whole
+    vectors, the weight gradient go through the input's phases: the same values as the
+    columns' path (HPCGRAD_DIRECT_CONV=0) and as PyTorch's."""
+    xs, ws, padding, stride = shape
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) * 0.1).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    weight_grads = []
+    seen = _spy(monkeypatch, weight_grads)
+    on = _node_run(x, w, b, padding, 1, stride)
+    assert seen
+    wo = (xs[3] + 2 * padding - ws[3]) // stride + 1
+    lanes = 512 // (8 * np.dtype(dtype).itemsize)
+    wide = 512 in direct_conv.WIDTHS and wo % lanes == 0
+    assert [s for _, _, s in weight_grads] == ([(stride, stride)] if wide else [])
+    monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
+    off = _node_run(x, w, b, padding, 1, stride)
+    terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3], xs[0] * xs[2] * xs[3]) + 1
+    rtol = 4 * terms * np.finfo(dtype).eps
+    names = ("output", "input gradient", "weight gradient", "bias gradient")
+    for got, want, what in zip(on, off, names):
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(np.abs(want).max(), 1),
+                                   err_msg=what)
+    torch = pytest.importorskip("torch")
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=padding)
+    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(dtype)
+    (out * torch.tensor(u)).sum().backward()
+    theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
+    for got, want, what in zip(on, theirs, names):
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(np.abs(want).max(), 1),
+                                   err_msg=what + " (PyTorch)")
