@@ -13,7 +13,8 @@
 The same model code runs on both libraries (``nn`` and ``F`` are hpcgrad's or torch's): the step
 is forward, loss, zero_grad, backward and the optimizer's step (SGD with momentum for the ResNet,
 AdamW for the GPT). Times: hpcgrad and torch alternate, one step each per round, after two
-warm-up steps; the ratio is the median of the rounds' ratios. Memory: each library in a fresh
+warm-up steps; the ratio is the median of the rounds' ratios (and their middle half, the
+first to the third quartile). Memory: each library in a fresh
 process, the peak resident set over 3 steps above the built model (what training adds, the
 optimizer's state included), after one step of a tiny model of the same kind (what a library
 sets up once per process, numba loading its kernels, is not training). --ddp (under mpiexec):
@@ -370,6 +371,15 @@ def layer_times(args):
         f"{name} {1e3 * t:.1f} ms" for name, t in total.items()), flush=True)
 
 
+def _middle_half(ratios):
+    """The rounds' ratios' middle half (first to third quartile) as " (middle half A-B)", or
+    "" for fewer than 4 rounds: how far the noisy machine moved the ratio between rounds."""
+    if len(ratios) < 4:
+        return ""
+    first, _, third = statistics.quantiles(ratios, n=4)
+    return f" (rounds' middle half {first:.2f}-{third:.2f})"
+
+
 def describe(args):
     from hpcgrad.base import blas as chosen
     blas = "; hpcgrad's products by " + ("MKL" if chosen.MKL else "numpy's BLAS")
@@ -441,9 +451,10 @@ def main(argv=None):
             ours = statistics.median(found["hpcgrad"])
             line = f"  step: hpcgrad {1e3 * ours:.1f} ms (min {1e3 * min(found['hpcgrad']):.1f})"
             if "torch" in found:
-                ratio = statistics.median(a / b for a, b in zip(found["hpcgrad"], found["torch"]))
+                ratios = [a / b for a, b in zip(found["hpcgrad"], found["torch"])]
                 line += (f"; torch {1e3 * statistics.median(found['torch']):.1f} ms; "
-                         f"ratio {ratio:.2f}x (target <= 1.0x)")
+                         f"ratio {statistics.median(ratios):.2f}x{_middle_half(ratios)} "
+                         f"(target <= 1.0x)")
             show(line, flush=True)
         if not one.no_memory:
             ours = memory(one, "hpcgrad")
