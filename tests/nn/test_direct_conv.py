@@ -169,6 +169,16 @@ def test_kernel_refuses_a_width_it_has_no_kernel_for():
         direct_conv.conv2d_stride1(x, np.zeros((2, 2, 3, 3), np.float32), bits=512, per=4)
 
 
+def _strided_case_input(case, seed, dtype):
+    """(a generator seeded ``seed``, a random input of the case's shape); skips the case where
+    its padded input is shorter than the dilated kernel."""
+    n, c, _, size, kernel, (top, bottom, _, _), dilation = case
+    if size[0] + top + bottom < dilation[0] * (kernel[0] - 1) + 1:
+        pytest.skip("the padded input is smaller than the kernel")
+    rng = np.random.default_rng(seed)
+    return rng, rng.standard_normal((n, c) + size).astype(dtype)
+
+
 @pytest.mark.parametrize("stride", [(2, 2), (3, 2), (1, 3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES)
@@ -176,11 +186,7 @@ def test_strided_kernel_matches_slices_and_sums(stride, dtype, case):
     """conv2d_strided: the stride-1 kernel over the padded input's phases (its own padding:
     rows and columns of padding before a phase's first input row, odd sizes, empty batches)."""
     n, c, k, size, kernel, padding, dilation = case
-    top, bottom, left, right = padding
-    if size[0] + top + bottom < dilation[0] * (kernel[0] - 1) + 1:
-        pytest.skip("the padded input is smaller than the kernel")
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((n, c) + size).astype(dtype)
+    rng, x = _strided_case_input(case, 5, dtype)
     w = rng.standard_normal((k, c) + kernel).astype(dtype)
     got = direct_conv.conv2d_strided(x, w, stride, padding, dilation)
     want, magnitude = _slices_and_sums(_conv._padded(x, padding), w, dilation, stride)
@@ -196,11 +202,7 @@ def test_strided_weight_gradient_matches_slices_and_sums(stride, bits, dtype, ca
     """weight_grad_strided: the weight gradient's kernel over the input's phases, at both
     vector widths, against each weight's products summed over a strided view."""
     n, c, k, size, kernel, padding, dilation = case
-    top, bottom, left, right = padding
-    if size[0] + top + bottom < dilation[0] * (kernel[0] - 1) + 1:
-        pytest.skip("the padded input is smaller than the kernel")
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((n, c) + size).astype(dtype)
+    rng, x = _strided_case_input(case, 6, dtype)
     padded = _conv._padded(x, padding)
     (sh, sw), (dh, dw), (kh, kw) = stride, dilation, kernel
     ho = (padded.shape[2] - dh * (kh - 1) - 1) // sh + 1
