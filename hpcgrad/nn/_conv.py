@@ -104,6 +104,10 @@ _DIRECT_STRIDED = True
 # channels of 32x32 at batch 32 in 0.92x the columns' time (3x3) and 0.93x (1x1) (2026-11-29,
 # interleaved beside PyTorch's: 1.48x and 1.02x its time, the columns 1.65x and 1.07x).
 _DIRECT_STRIDED_WEIGHT_GRAD = True
+# The stride-1 direct kernels pad their input a chunk of channels at a time in a small
+# workspace as they go (Note [Padding as the kernels go]); False: they read a padded copy of
+# the whole input (``_padded``), the same sums, kept as their reference.
+_DIRECT_FILL = True
 # Columns read a plane at a time from the unpadded input (Note [Unfolding a plane at a time])
 # at every stride but 1, and at stride 1 on output rows of at most _UNFOLD_PLANES_WIDTH: on
 # ResNet-18's shapes at batch 32 (unfold and padding together) 4x4 planes took 0.45x the time of
@@ -248,8 +252,12 @@ def _forward_arrays(a, w, geo):
         return _winograd_forward(a, w, geo)
     direct = _direct_kernel(a, w, geo)
     if direct is not None and geo.stride == (1, 1):
-        source = np.ascontiguousarray(_padded(a, geo.padding))
-        out = direct.conv2d_stride1(source, w, geo.dilation)
+        if _DIRECT_FILL:
+            out = direct.conv2d_stride1(np.ascontiguousarray(a), w, geo.dilation,
+                                        padding=geo.padding)
+        else:
+            out = direct.conv2d_stride1(np.ascontiguousarray(_padded(a, geo.padding)), w,
+                                        geo.dilation)
         return out.reshape(geo.n, geo.o, geo.positions)
     if direct is not None:  # through the input's phases (conv2d_strided)
         out = direct.conv2d_strided(a, w, geo.stride, geo.padding, geo.dilation)
@@ -491,9 +499,14 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         need_x = False
     direct = _direct_weight_grad(a, g, geo) if need_w else None
     if direct is not None and geo.stride == (1, 1):  # Note [Direct convolution]
-        grad_w = direct.weight_grad_stride1(
-            np.ascontiguousarray(_padded(a, geo.padding)), np.ascontiguousarray(g),
-            (geo.kh, geo.kw), geo.dilation)
+        if _DIRECT_FILL:
+            grad_w = direct.weight_grad_stride1(np.ascontiguousarray(a), np.ascontiguousarray(g),
+                                                (geo.kh, geo.kw), geo.dilation,
+                                                padding=geo.padding)
+        else:
+            grad_w = direct.weight_grad_stride1(np.ascontiguousarray(_padded(a, geo.padding)),
+                                                np.ascontiguousarray(g), (geo.kh, geo.kw),
+                                                geo.dilation)
         need_w = False
     elif direct is not None:  # through the input's phases
         grad_w = direct.weight_grad_strided(a, np.ascontiguousarray(g), (geo.kh, geo.kw),

@@ -81,9 +81,9 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
     calls, weight_calls = [], []
     kernel, weight_kernel = direct_conv.conv2d_stride1, direct_conv.weight_grad_stride1
     monkeypatch.setattr(direct_conv, "conv2d_stride1",
-                        lambda *args: calls.append(1) or kernel(*args))
+                        lambda *args, **kw: calls.append(1) or kernel(*args, **kw))
     monkeypatch.setattr(direct_conv, "weight_grad_stride1",
-                        lambda *args: weight_calls.append(1) or weight_kernel(*args))
+                        lambda *args, **kw: weight_calls.append(1) or weight_kernel(*args, **kw))
     failing = [(index, found) for index in range(2 * BUDGET["nn"])
                if (found := fuzzer.check(fuzzer.program("nn", SEED + 1, index)))]
     assert calls, "no program took the direct kernel: the test would prove nothing"

@@ -105,6 +105,32 @@ def test_every_vector_width_and_block_gives_the_same_sums(dtype, case):
                                             f"differs from 256 x 4 by {np.abs(got - first).max()}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_padding_as_the_kernels_go_gives_the_padded_copys_sums(dtype, case):
+    """Note [Padding as the kernels go]: the forward at every vector width and block, and the
+    weight gradient at both widths, over the unpadded input (``padding=``) equal the same
+    kernels over its padded copy bit for bit: chunks of 16 channels and a shorter last one (40
+    channels), passes of several samples and a shorter last one (planes of 16x16 and 12x8),
+    asymmetric padding, none, and the empty batch. The input is left as it was."""
+    n, c, k, size, kernel, padding, dilation = case
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c) + size).astype(dtype)
+    w = rng.standard_normal((k, c) + kernel).astype(dtype)
+    before = x.copy()
+    padded = np.ascontiguousarray(_conv._padded(x, padding))
+    for bits, per in direct_conv.KERNELS:
+        want = direct_conv.conv2d_stride1(padded, w, dilation, bits=bits, per=per)
+        got = direct_conv.conv2d_stride1(x, w, dilation, bits=bits, per=per, padding=padding)
+        assert np.array_equal(got, want), f"forward, {bits} bits x {per}"
+    g = rng.standard_normal(want.shape).astype(dtype)
+    for bits in (256, 512):
+        want = direct_conv.weight_grad_stride1(padded, g, kernel, dilation, bits=bits)
+        got = direct_conv.weight_grad_stride1(x, g, kernel, dilation, bits=bits, padding=padding)
+        assert np.array_equal(got, want), f"weight gradient, {bits} bits"
+    assert np.array_equal(x, before)
+
+
 @pytest.mark.parametrize("size", [16, 32, 48])
 def test_the_default_kernel_takes_this_cpus_widest_vectors(size):
     """On an AVX-512 CPU, rows of 16 or 32k float32 positions take 512-bit vectors and 8 outputs
@@ -279,14 +305,14 @@ def _spy(monkeypatch, weight_grads=None):
     stride (and, into ``weight_grads``, each weight gradient)."""
     seen, real, real_weight = [], direct_conv.conv2d_stride1, direct_conv.weight_grad_stride1
 
-    def spy(x, w, dilation=(1, 1), out=None):
+    def spy(x, w, dilation=(1, 1), out=None, padding=None):
         seen.append((x.shape, w.shape))
-        return real(x, w, dilation, out)
+        return real(x, w, dilation, out, padding=padding)
 
-    def spy_weight(x, g, kernel_size, dilation=(1, 1)):
+    def spy_weight(x, g, kernel_size, dilation=(1, 1), padding=None):
         if weight_grads is not None:
             weight_grads.append((x.shape, g.shape))
-        return real_weight(x, g, kernel_size, dilation)
+        return real_weight(x, g, kernel_size, dilation, padding=padding)
 
     real_strided = direct_conv.conv2d_strided
     real_weight_strided = direct_conv.weight_grad_strided

@@ -38,6 +38,23 @@ own loop (which gathers), took 2.5-3.5x its time, a third of the strided forward
 channels of 32x32; with it that forward went from 1.37x PyTorch's time to 1.19x. The weight
 gradient runs over the same phases (``weight_grad_strided``).
 
+Note [Padding as the kernels go]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The stride-1 kernels read a zero-padded input, and its padded copy (a zeroed array, the input
+written into it) was 6% of a ResNet-18 step at width 16: 23 copies a step (the forward's input,
+the input gradient's incoming gradient, the weight gradient's input again), 0.84 ms each for
+16 channels of 32x32 at batch 32, and the kernel then read the copy back from memory. Given
+``padding``, the kernels take the input unpadded and make its padded planes themselves, in a
+small workspace whose zero borders are written once: the forward a sample's chunk of input
+channels before the blocks of outputs sweep it (16 planes of 34x34 float32, 74 KB), the weight
+gradient a pass's samples (``PASS_POSITIONS``). The sums are those over the padded copy, bit for
+bit (the same values at the same offsets). At batch 32 (2026-11-29, interleaved, one thread):
+the forward of 16 channels of 32x32 took 0.71x the time of the copy and the kernel, 32 of
+16x16 0.84x, the stem 0.87x; the weight gradient 0.79x, 0.91x, 0.90x; the width-16 step 0.91x
+(``benchmarks/models.py --alternate hpcgrad.nn._conv._DIRECT_FILL=False,True``: 259.7 against
+236.0 ms, PyTorch's 234.8). ``_DIRECT_FILL = False`` in nn/_conv.py reads the padded copy, the
+reference tests/nn/test_direct_conv.py holds it to.
+
 The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 6 taps at 512
 bits (x 2 at 256), 24 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the
 positions it sees, samples a pass enough for 1,024 positions, the lanes summed at the end. At
@@ -87,6 +104,7 @@ from hpcgrad.base.kernels.wide import AVX512
 BLOCK_VECTORS = 2  # vectors of one output row per pass
 CHUNK_CHANNELS = 16  # input channels per pass over the outputs
 STRIDED_CHUNK = 8  # input channels per pass at strides > 1: four phase planes each (L1)
+PASS_POSITIONS = 1024  # the weight gradient's samples a pass: enough for this many positions
 HALF_ROWS = True  # False: rows of half a 512-bit vector take 256-bit ones (a benchmark's switch)
 
 
@@ -179,22 +197,52 @@ def _position(xf, wpk, offs, of, base, wi, t0, t1, at, plane, live, per, zero):
         of[at + j * plane] = total
 
 
+@njit(nogil=True, inline="always")
+def _fill(xs, space, at, n, c0, c1, fill, hp, wp, bits):
+    # Channels [c0, c1) of sample n of the unpadded input xs (flat; fill: (C, H, W, top,
+    # left)) into the padded planes of ``space`` from ``at`` on, where their zero borders are
+    # already: whole vectors, then one element at a time.
+    c_, height, width, top, left = fill
+    lanes = bits // (8 * xs.itemsize)
+    for ci in range(c0, c1):
+        for r in range(height):
+            src = ((n * c_ + ci) * height + r) * width
+            dst = at + ((ci - c0) * hp + r + top) * wp + left
+            q = 0
+            while q + lanes <= width:
+                vstore(space, dst + q, vload(xs, src + q, bits))
+                q += lanes
+            for q in range(q, width):
+                space[dst + q] = sload(xs, src + q)
+
+
 @njit(nogil=True, fastmath={"contract"})
-def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
+def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per, xs, fill):
     # xf: the padded input, flat; sample: its elements per sample; wp: its row's length.
     # wpk: (K blocks, taps, per) flat, zeros past K; offs: each tap's offset in a sample; chunk:
     # taps per pass over the outputs (whole channels). out: (N, K, Ho, Wo). A block of channels
     # sweeps a chunk of the sample's channels with its weights (chunk * per) and the chunk's
     # rows around the current one in L1. bits and per are constants (the entry points below).
+    # fill (C, H, W, top, left), C > 0: xf is a workspace of a chunk's padded planes, zeros
+    # around them, filled here from the unpadded input xs a sample's chunk at a time (Note
+    # [Padding as the kernels go]); C == 0: xf is the whole padded input (xs unread).
     n_, k_, ho, wo = out.shape
     of = out.reshape(-1)
     taps = offs.size
     lanes = bits // (8 * xf.itemsize)
     blocks = (k_ + per - 1) // per
     plane = ho * wo
+    filled = fill[0]
     for n in range(n_):
         for t0 in range(0, taps, chunk):
             t1 = min(t0 + chunk, taps)
+            start = n * sample
+            if filled:  # the chunk's channels padded into xf; start: where sample n would be
+                per_channel = taps // filled
+                c0 = t0 // per_channel
+                _fill(xs, xf, 0, n, c0, (t1 + per_channel - 1) // per_channel, fill,
+                      sample // (filled * wp), wp, bits)
+                start = -c0 * (sample // filled)
             for kb in range(blocks):
                 k0 = kb * per
                 live = min(per, k_ - k0)
@@ -202,7 +250,7 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
                 first = (n * k_ + k0) * plane
                 y = 0
                 while y < ho:
-                    row = n * sample + y * wp
+                    row = start + y * wp
                     if 2 * wo == lanes and y + 3 < ho:  # rows of half a vector: four a block
                         _block(xf, wpk, offs, of, row, 2 * wp, wi, t0, t1, first + y * wo,
                                lanes, plane, live, per, zero, bits, wp, 2)
@@ -225,18 +273,18 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _direct_256x4(xf, wpk, offs, out, sample, wp, chunk, zero):
-    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 4)
+def _direct_256x4(xf, wpk, offs, out, sample, wp, chunk, zero, xs, fill):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 4, xs, fill)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _direct_256x8(xf, wpk, offs, out, sample, wp, chunk, zero):
-    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 8)
+def _direct_256x8(xf, wpk, offs, out, sample, wp, chunk, zero, xs, fill):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 256, 8, xs, fill)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _direct_512x8(xf, wpk, offs, out, sample, wp, chunk, zero):
-    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 512, 8)
+def _direct_512x8(xf, wpk, offs, out, sample, wp, chunk, zero, xs, fill):
+    _direct(xf, wpk, offs, out, sample, wp, chunk, zero, 512, 8, xs, fill)
 
 
 # (vector bits, output channels per block): the kernel compiled for them
@@ -244,7 +292,7 @@ KERNELS = {(256, 4): _direct_256x4, (256, 8): _direct_256x8, (512, 8): _direct_5
 
 
 @njit(nogil=True, fastmath={"contract"})
-def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
+def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper, xs, fill):
     # xf: the padded input, flat (sample: its elements per sample, wp: its row's length); gf:
     # the incoming gradient (N, K, Ho, Wo), flat; offs: each tap's offset in a sample. acc:
     # (K blocks of 4, tap blocks of tper, 4, tper, lanes) flat, added to: each lane's running
@@ -252,14 +300,23 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
     # order (a row's positions past its whole vectors: _weight_grad_rest). Blocks past K or
     # the taps repeat the last real one (their sums are dropped). The sums are loaded and
     # stored here, not through a function returning 16 vectors: that ran 1.7-2.5x slower.
+    # fill (C, H, W, top, left), C > 0: xf is a workspace of a pass's samples padded, zeros
+    # around them, filled here from the unpadded input xs (Note [Padding as the kernels go]).
     lanes = bits // (8 * xf.itemsize)
     taps = offs.size
     kblocks = (k_ + 3) // 4
     tblocks = (taps + tper - 1) // tper
     plane = ho * wo
     vectors = wo // lanes
-    per_pass = max(1, 1024 // plane)  # samples a block's sums stay in registers for
+    per_pass = max(1, PASS_POSITIONS // plane)  # samples a block's sums stay in registers
+    filled = fill[0]
     for n0 in range(0, n_, per_pass):
+        first = 0  # where sample 0 is (would be) in xf
+        if filled:
+            first = -n0 * sample
+            hp = sample // (filled * wp)
+            for n in range(n0, min(n0 + per_pass, n_)):
+                _fill(xs, xf, (n - n0) * sample, n, 0, filled, fill, hp, wp, bits)
         for kb in range(kblocks):
             for tb in range(tblocks):
                 t = tb * tper
@@ -286,12 +343,12 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper):
                     g1 = (n * k_ + min(kb * 4 + 1, k_ - 1)) * plane
                     g2 = (n * k_ + min(kb * 4 + 2, k_ - 1)) * plane
                     g3 = (n * k_ + min(kb * 4 + 3, k_ - 1)) * plane
-                    x0 = n * sample + offs[min(t, taps - 1)]
-                    x1 = n * sample + offs[min(t + 1, taps - 1)]
-                    x2 = n * sample + offs[min(t + 2, taps - 1)]
-                    x3 = n * sample + offs[min(t + 3, taps - 1)]
-                    x4 = n * sample + offs[min(t + 4, taps - 1)]
-                    x5 = n * sample + offs[min(t + 5, taps - 1)]
+                    x0 = first + n * sample + offs[min(t, taps - 1)]
+                    x1 = first + n * sample + offs[min(t + 1, taps - 1)]
+                    x2 = first + n * sample + offs[min(t + 2, taps - 1)]
+                    x3 = first + n * sample + offs[min(t + 3, taps - 1)]
+                    x4 = first + n * sample + offs[min(t + 4, taps - 1)]
+                    x5 = first + n * sample + offs[min(t + 5, taps - 1)]
                     for y in range(ho):
                         for v in range(vectors):
                             p = y * wo + v * lanes
@@ -365,13 +422,13 @@ def _weight_grad_rest(xf, gf, offs, rest, n_, k_, ho, wo, sample, wp, first):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _weight_grad_256x2(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
-    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 256, 2)
+def _weight_grad_256x2(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, xs, fill):
+    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 256, 2, xs, fill)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _weight_grad_512x6(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp):
-    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 512, 6)
+def _weight_grad_512x6(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, xs, fill):
+    _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, 512, 6, xs, fill)
 
 
 # (vector bits, taps per block; 4 outputs each): the weight gradient's kernel for them
@@ -415,13 +472,17 @@ def takes(x, w):
             and x.flags.c_contiguous)
 
 
-def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None):
+def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None, padding=None):
     """The stride-1 convolution (groups 1, no bias) of the zero-padded input x (N, C, Hp, Wp)
     with w (K, C, kh, kw): (N, K, Ho, Wo), into ``out`` (a C-contiguous array of that shape and
     x's dtype) when given, by the kernel of ``KERNELS[bits, per]`` (by default ``width_for``
     the rows, and this CPU's ``OUTPUTS``): every one gives the same sums, bit for bit.
-    ``takes(x, w)`` must hold."""
+    ``padding`` (top, bottom, left, right): x is the input before its padding, padded a chunk
+    of channels at a time as the kernel goes (Note [Padding as the kernels go]), the same sums
+    as over its padded copy. ``takes(x, w)`` must hold."""
     n, c, hp, wp = x.shape
+    if padding is not None:
+        hp, wp = hp + padding[0] + padding[1], wp + padding[2] + padding[3]
     k, kh, kw = _check_weight("conv2d_stride1", x, w)
     dh, dw = dilation
     ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
@@ -429,7 +490,8 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None):
         raise ValueError(f"conv2d_stride1: the padded input {hp}x{wp} is smaller than the "
                          f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
     return _convolve(x.reshape(-1), w, _tap_offsets(c, kh, kw, hp, wp, dilation), c * hp * wp,
-                     wp, (n, k, ho, wo), out, bits, per)
+                     wp, (n, k, ho, wo), out, bits, per,
+                     fill=None if padding is None else (x.shape, padding[0], padding[2]))
 
 
 def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None):
@@ -534,9 +596,12 @@ def _check_weight(name, x, w):
     return k, kh, kw
 
 
-def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CHUNK_CHANNELS):
+def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CHUNK_CHANNELS,
+              fill=None):
     """Run the kernel over the flat input ``xf`` (``sample`` elements a sample, rows ``row``
-    long), each tap at its offset ``offs``, into ``out`` of ``shape`` (N, K, Ho, Wo)."""
+    long), each tap at its offset ``offs``, into ``out`` of ``shape`` (N, K, Ho, Wo). ``fill``
+    (xf's unpadded (N, C, H, W), top, left): xf is unpadded, its padded planes made a chunk of
+    channels at a time in a workspace (Note [Padding as the kernels go])."""
     n, k, ho, wo = shape
     if out is None:
         out = np.empty(shape, w.dtype)
@@ -554,8 +619,17 @@ def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CH
     # (blocks, taps, per): each tap's weights of a block's outputs side by side
     packed = np.ascontiguousarray(packed.reshape(blocks, per, -1).transpose(0, 2, 1)).reshape(-1)
     chunk = chunk_channels * w.shape[2] * w.shape[3]
-    kernel(xf, packed, offs, out, sample, row, chunk, w.dtype.type(0))
+    if fill is None:
+        kernel(xf, packed, offs, out, sample, row, chunk, w.dtype.type(0), xf, _NO_FILL)
+        return out
+    (_, c, height, width), top, left = fill
+    space = np.zeros(min(c, chunk_channels) * (sample // c), w.dtype)  # borders stay zero
+    kernel(space, packed, offs, out, sample, row, chunk, w.dtype.type(0), xf,
+           (c, height, width, top, left))
     return out
+
+
+_NO_FILL = (0, 0, 0, 0, 0)  # the kernels' ``fill`` where they read a padded input whole
 
 
 @functools.lru_cache(maxsize=256)
@@ -585,14 +659,20 @@ def weight_grad_bits(wo, dtype):
     return None
 
 
-def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
+def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None, padding=None):
     """The weight's gradient (K, C, kh, kw) of the stride-1 convolution (groups 1) of the
     zero-padded input x (N, C, Hp, Wp) whose output's gradient is g (N, K, Ho, Wo), both
     C-contiguous numpy arrays of one float dtype: each lane of a vector sums its positions'
     products in registers (4 outputs x 6 taps at 512 bits, x 2 at 256), the lanes summed at the
     end; positions past a row's whole vectors one at a time (slow: nn/_conv.py sends rows of
-    whole vectors only). ``bits``: 256 or 512 (default: ``weight_grad_bits``, else 256)."""
+    whole vectors only). ``bits``: 256 or 512 (default: ``weight_grad_bits``, else 256).
+    ``padding`` (top, bottom, left, right): x is the input before its padding, padded a pass of
+    samples at a time as the kernel goes (Note [Padding as the kernels go]): the same sums."""
     n, c, hp, wp = x.shape
+    fill = None
+    if padding is not None:
+        fill = (x.shape, padding[0], padding[2])
+        hp, wp = hp + padding[0] + padding[1], wp + padding[2] + padding[3]
     gn, k, ho, wo = g.shape
     kh, kw = kernel_size
     dh, dw = dilation
@@ -601,7 +681,7 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None):
                          f"of a {kh}x{kw} kernel (dilation {dh}, {dw}) over {list(x.shape)}")
     offs = _tap_offsets(c, kh, kw, hp, wp, dilation)
     return _weight_grad_sums(x.reshape(-1), g, offs, c * hp * wp, wp, (c, kh, kw), bits,
-                             "weight_grad_stride1")
+                             "weight_grad_stride1", fill)
 
 
 def weight_grad_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), bits=None):
@@ -622,9 +702,11 @@ def weight_grad_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), bit
                              phases.shape[-1], (c, kh, kw), bits, "weight_grad_strided")
 
 
-def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name):
+def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name, fill=None):
     """The weight gradient's kernel over the flat input ``xf`` (``sample`` elements a sample,
-    rows ``row`` long, each tap at its offset ``offs``) and g (N, K, Ho, Wo): (K, C, kh, kw)."""
+    rows ``row`` long, each tap at its offset ``offs``) and g (N, K, Ho, Wo): (K, C, kh, kw).
+    ``fill`` (xf's unpadded (N, C, H, W), top, left): xf is unpadded, a pass's samples padded
+    in a workspace as the kernel goes (Note [Padding as the kernels go])."""
     n, k, ho, wo = g.shape
     c, kh, kw = kernel
     if bits is None:
@@ -635,12 +717,24 @@ def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name):
     lanes = bits // (8 * xf.itemsize)
     taps = c * kh * kw
     kblocks, tblocks = -(-k // 4), -(-taps // tper)
+    first = wo - wo % lanes
+    if fill is not None and first < wo:  # the scalar loop reads the padded input whole
+        (_, _, height, width), top, left = fill
+        padded = np.zeros((n, c, sample // (c * row), row), xf.dtype)
+        padded[:, :, top:top + height, left:left + width] = xf.reshape(fill[0])
+        xf, fill = padded.reshape(-1), None
     acc = np.zeros(kblocks * tblocks * 4 * tper * lanes, xf.dtype)
     if n and k and taps:
-        WEIGHT_GRAD_KERNELS[bits, tper](xf, g.reshape(-1), offs, acc, n, k, ho, wo, sample, row)
+        space, xs, how = xf, xf, _NO_FILL
+        if fill is not None:
+            (_, _, height, width), top, left = fill
+            per_pass = max(1, PASS_POSITIONS // (ho * wo))  # as the kernel's passes
+            space = np.zeros(min(n, per_pass) * sample, xf.dtype)  # borders stay zero
+            how = (c, height, width, top, left)
+        WEIGHT_GRAD_KERNELS[bits, tper](space, g.reshape(-1), offs, acc, n, k, ho, wo, sample,
+                                        row, xs, how)
     sums = np.empty((k, taps), xf.dtype)
     _lane_sums(acc.reshape(kblocks, tblocks, 4, tper, lanes), sums)
-    first = wo - wo % lanes
     if first < wo and n and k and taps:
         _weight_grad_rest(xf, g.reshape(-1), offs, sums, n, k, ho, wo, sample, row, first)
     return sums.reshape(k, c, kh, kw)
