@@ -104,9 +104,10 @@ _DIRECT_STRIDED = True
 # channels of 32x32 at batch 32 in 0.92x the columns' time (3x3) and 0.93x (1x1) (2026-11-29,
 # interleaved beside PyTorch's: 1.48x and 1.02x its time, the columns 1.65x and 1.07x).
 _DIRECT_STRIDED_WEIGHT_GRAD = True
-# The stride-1 direct kernels pad their input a chunk of channels at a time in a small
-# workspace as they go (Note [Padding as the kernels go]); False: they read a padded copy of
-# the whole input (``_padded``), the same sums, kept as their reference.
+# The direct kernels pad their input (split it into its phases at a stride) a chunk of
+# channels at a time in a small workspace as they go (Note [Padding as the kernels go]);
+# False: they read a padded copy (the phases) of the whole input, the same sums, kept as
+# their reference.
 _DIRECT_FILL = True
 # Columns read a plane at a time from the unpadded input (Note [Unfolding a plane at a time])
 # at every stride but 1, and at stride 1 on output rows of at most _UNFOLD_PLANES_WIDTH: on
@@ -260,7 +261,8 @@ def _forward_arrays(a, w, geo):
                                         geo.dilation)
         return out.reshape(geo.n, geo.o, geo.positions)
     if direct is not None:  # through the input's phases (conv2d_strided)
-        out = direct.conv2d_strided(a, w, geo.stride, geo.padding, geo.dilation)
+        out = direct.conv2d_strided(a, w, geo.stride, geo.padding, geo.dilation,
+                                    whole=not _DIRECT_FILL)
         return out.reshape(geo.n, geo.o, geo.positions)
     return _columns_forward(a, w, geo)
 
@@ -510,7 +512,8 @@ def _backward_arrays(a, w, g, geo, need_x, need_w):
         need_w = False
     elif direct is not None:  # through the input's phases
         grad_w = direct.weight_grad_strided(a, np.ascontiguousarray(g), (geo.kh, geo.kw),
-                                            geo.stride, geo.padding, geo.dilation)
+                                            geo.stride, geo.padding, geo.dilation,
+                                            whole=not _DIRECT_FILL)
         need_w = False
     if not (need_x or need_w):
         return grad_x, grad_w

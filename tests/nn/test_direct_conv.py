@@ -246,6 +246,31 @@ def test_strided_weight_gradient_matches_slices_and_sums(stride, bits, dtype, ca
     _assert_within(got, want, magnitude, n * ho * wo, dtype, f"strided weight gradient {stride}")
 
 
+@pytest.mark.parametrize("stride", [(2, 2), (3, 2), (1, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_strided_phases_as_the_kernels_go_give_the_whole_phases_sums(stride, dtype, case):
+    """Note [Padding as the kernels go] at a stride: the forward at every vector width and
+    block, and the weight gradient at both widths, splitting a chunk's (a pass's) phases as
+    they go equal the same kernels over the whole input's phases (``whole=True``) bit for bit."""
+    n, c, k, size, kernel, padding, dilation = case
+    rng, x = _strided_case_input(case, 7, dtype)
+    w = rng.standard_normal((k, c) + kernel).astype(dtype)
+    before = x.copy()
+    for bits, per in direct_conv.KERNELS:
+        want = direct_conv.conv2d_strided(x, w, stride, padding, dilation, bits=bits, per=per,
+                                          whole=True)
+        got = direct_conv.conv2d_strided(x, w, stride, padding, dilation, bits=bits, per=per)
+        assert np.array_equal(got, want), f"forward, {bits} bits x {per}"
+    g = rng.standard_normal(want.shape).astype(dtype)
+    for bits in (256, 512):
+        want = direct_conv.weight_grad_strided(x, g, kernel, stride, padding, dilation,
+                                               bits=bits, whole=True)
+        got = direct_conv.weight_grad_strided(x, g, kernel, stride, padding, dilation, bits=bits)
+        assert np.array_equal(got, want), f"weight gradient, {bits} bits"
+    assert np.array_equal(x, before)
+
+
 def test_strided_weight_gradient_refuses_a_gradient_of_another_shape():
     x = np.zeros((2, 3, 8, 8), np.float32)
     with pytest.raises(ValueError, match=r"weight_grad_strided: a gradient \[2, 4, 8, 8\] is "
@@ -317,14 +342,14 @@ def _spy(monkeypatch, weight_grads=None):
     real_strided = direct_conv.conv2d_strided
     real_weight_strided = direct_conv.weight_grad_strided
 
-    def spy_strided(x, w, stride, padding, dilation=(1, 1)):
+    def spy_strided(x, w, stride, padding, dilation=(1, 1), whole=False):
         seen.append((x.shape, w.shape, stride))
-        return real_strided(x, w, stride, padding, dilation)
+        return real_strided(x, w, stride, padding, dilation, whole=whole)
 
-    def spy_weight_strided(x, g, kernel_size, stride, padding, dilation=(1, 1)):
+    def spy_weight_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), whole=False):
         if weight_grads is not None:
             weight_grads.append((x.shape, g.shape, stride))
-        return real_weight_strided(x, g, kernel_size, stride, padding, dilation)
+        return real_weight_strided(x, g, kernel_size, stride, padding, dilation, whole=whole)
     monkeypatch.setattr(direct_conv, "conv2d_stride1", spy)
     monkeypatch.setattr(direct_conv, "conv2d_strided", spy_strided)
     monkeypatch.setattr(direct_conv, "weight_grad_stride1", spy_weight)

@@ -47,13 +47,19 @@ the input gradient's incoming gradient, the weight gradient's input again), 0.84
 ``padding``, the kernels take the input unpadded and make its padded planes themselves, in a
 small workspace whose zero borders are written once: the forward a sample's chunk of input
 channels before the blocks of outputs sweep it (16 planes of 34x34 float32, 74 KB), the weight
-gradient a pass's samples (``PASS_POSITIONS``). The sums are those over the padded copy, bit for
-bit (the same values at the same offsets). At batch 32 (2026-11-29, interleaved, one thread):
-the forward of 16 channels of 32x32 took 0.71x the time of the copy and the kernel, 32 of
-16x16 0.84x, the stem 0.87x; the weight gradient 0.79x, 0.91x, 0.90x; the width-16 step 0.91x
-(``benchmarks/models.py --alternate hpcgrad.nn._conv._DIRECT_FILL=False,True``: 259.7 against
-236.0 ms, PyTorch's 234.8). ``_DIRECT_FILL = False`` in nn/_conv.py reads the padded copy, the
-reference tests/nn/test_direct_conv.py holds it to.
+gradient a pass's samples (``PASS_POSITIONS``). Strided kernels split the chunk's channels into
+their phases there the same way (``_split_plane``, which at stride 1 is the padded plane).
+Every fill writes the same places, so the workspace's zeros stay. The sums are those over the
+padded copy (the whole input's phases), bit for bit: the same values at the same offsets. At
+batch 32 (2026-11-29, interleaved, one thread), against the copy and the kernel: the forward of
+16 channels of 32x32 0.67-0.78x, 32 of 16x16 0.84-0.93x, the stem 0.87-0.94x; the weight
+gradient 0.79-0.82x, 0.91-0.98x, 0.90x; at stride 2 (16 -> 32 of 32x32, 32 -> 64 of 16x16, the
+1x1 shortcut) the forward 0.72-0.90x and the weight gradient 0.81-0.91x. The width-16 step:
+0.91x with the stride-1 kernels' padding (``benchmarks/models.py --alternate
+hpcgrad.nn._conv._DIRECT_FILL=False,True``: 259.7 against 236.0 ms, PyTorch's 234.8), 0.955x
+with both in a faster hour (187.9 against 179.5, PyTorch's 179.6). ``_DIRECT_FILL = False`` in
+nn/_conv.py reads the whole copy (``whole=True``), the reference tests/nn/test_direct_conv.py
+holds the kernels to.
 
 The weight gradient (``weight_grad_stride1``): a block is 4 output channels x 6 taps at 512
 bits (x 2 at 256), 24 accumulators, each lane summing g[n, k, p] * x[n, tap + p] over the
@@ -198,22 +204,15 @@ def _position(xf, wpk, offs, of, base, wi, t0, t1, at, plane, live, per, zero):
 
 
 @njit(nogil=True, inline="always")
-def _fill(xs, space, at, n, c0, c1, fill, hp, wp, bits):
-    # Channels [c0, c1) of sample n of the unpadded input xs (flat; fill: (C, H, W, top,
-    # left)) into the padded planes of ``space`` from ``at`` on, where their zero borders are
-    # already: whole vectors, then one element at a time.
-    c_, height, width, top, left = fill
-    lanes = bits // (8 * xs.itemsize)
+def _fill(xs, space, at, n, c0, c1, fill, hq, wq, bits):
+    # Channels [c0, c1) of sample n of the unpadded input xs (flat; fill: (C, H, W, top, left,
+    # sh, sw)) split into their phases (stride 1: the padded planes) in ``space`` from ``at``,
+    # where the zeros around them are already (every fill writes the same places).
+    c_, height, width, top, left, sh, sw = fill
+    d = at
     for ci in range(c0, c1):
-        for r in range(height):
-            src = ((n * c_ + ci) * height + r) * width
-            dst = at + ((ci - c0) * hp + r + top) * wp + left
-            q = 0
-            while q + lanes <= width:
-                vstore(space, dst + q, vload(xs, src + q, bits))
-                q += lanes
-            for q in range(q, width):
-                space[dst + q] = sload(xs, src + q)
+        d = _split_plane(xs, ((n * c_ + ci) * height) * width, space, d, height, width, sh,
+                         sw, hq, wq, top, left, bits, False)
 
 
 @njit(nogil=True, fastmath={"contract"})
@@ -241,7 +240,7 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per, xs, fill):
                 per_channel = taps // filled
                 c0 = t0 // per_channel
                 _fill(xs, xf, 0, n, c0, (t1 + per_channel - 1) // per_channel, fill,
-                      sample // (filled * wp), wp, bits)
+                      sample // (filled * fill[5] * fill[6] * wp), wp, bits)
                 start = -c0 * (sample // filled)
             for kb in range(blocks):
                 k0 = kb * per
@@ -314,9 +313,9 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper, xs, 
         first = 0  # where sample 0 is (would be) in xf
         if filled:
             first = -n0 * sample
-            hp = sample // (filled * wp)
+            hq = sample // (filled * fill[5] * fill[6] * wp)
             for n in range(n0, min(n0 + per_pass, n_)):
-                _fill(xs, xf, (n - n0) * sample, n, 0, filled, fill, hp, wp, bits)
+                _fill(xs, xf, (n - n0) * sample, n, 0, filled, fill, hq, wp, bits)
         for kb in range(kblocks):
             for tb in range(tblocks):
                 t = tb * tper
@@ -491,30 +490,39 @@ def conv2d_stride1(x, w, dilation=(1, 1), out=None, bits=None, per=None, padding
                          f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
     return _convolve(x.reshape(-1), w, _tap_offsets(c, kh, kw, hp, wp, dilation), c * hp * wp,
                      wp, (n, k, ho, wo), out, bits, per,
-                     fill=None if padding is None else (x.shape, padding[0], padding[2]))
+                     fill=None if padding is None else (x, padding[0], padding[2], 1, 1))
 
 
-def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None):
+def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None, whole=False):
     """The convolution (groups 1, no bias) of x (N, C, H, W), zero-padded by padding (top,
     bottom, left, right), with w (K, C, kh, kw) at ``stride`` (sh, sw): (N, K, Ho, Wo).
 
     The padded input is split into its sh*sw phases, phase (p, q) holding the positions
     (sh*y + p, sw*x + q), so that each tap reads a run of one phase's row: the stride-1 kernel
     with each tap's offset into its phase (one more copy of the input, in place of the columns'
-    kh*kw). The same sums as ``conv2d_stride1`` over the same taps, in the same order."""
+    kh*kw), a sample's chunk of channels at a time in a small workspace as the kernel goes
+    (Note [Padding as the kernels go]; ``whole``: the whole input's phases first, the
+    reference). The same sums as ``conv2d_stride1`` over the same taps, in the same order."""
     k, kh, kw = _check_weight("conv2d_strided", x, w)
-    phases, offs, (ho, wo) = _phases("conv2d_strided", x, (kh, kw), stride, padding, dilation)
-    n, c, _, _, hq, wq = phases.shape
-    return _convolve(phases.reshape(-1), w, offs, c * math.prod(phases.shape[2:]), wq,
-                     (x.shape[0], k, ho, wo), None, bits, per, STRIDED_CHUNK)
+    (hq, wq), offs, (ho, wo) = _phase_geometry("conv2d_strided", x.shape, (kh, kw), stride,
+                                               padding, dilation)
+    n, c = x.shape[:2]
+    sample = c * stride[0] * stride[1] * hq * wq
+    if whole:
+        phases = _phases(x, stride, padding, (hq, wq))
+        return _convolve(phases.reshape(-1), w, offs, sample, wq, (n, k, ho, wo), None, bits,
+                         per, STRIDED_CHUNK)
+    return _convolve(np.ascontiguousarray(x).reshape(-1), w, offs, sample, wq, (n, k, ho, wo),
+                     None, bits, per, STRIDED_CHUNK,
+                     fill=(x, padding[0], padding[2], stride[0], stride[1]))
 
 
-def _phases(name, x, kernel_size, stride, padding, dilation):
-    """x (N, C, H, W) zero-padded by padding and split into its stride's phases: (N, C, sh, sw,
-    Hq, Wq), phase (p, q) holding the padded positions (sh*y + p, sw*x + q); each tap's offset
-    into its phase in a sample (int64, taps in (channel, row, column) order); the output's
-    (Ho, Wo). Each tap then reads a run of one phase's row, as a stride-1 kernel does."""
-    n, c, height, width = x.shape
+def _phase_geometry(name, shape, kernel_size, stride, padding, dilation):
+    """For x of ``shape`` (N, C, H, W) zero-padded by padding and split into its stride's
+    phases (``_phases``): a phase's (Hq, Wq); each tap's offset into its phase in a sample
+    (int64, taps in (channel, row, column) order); the output's (Ho, Wo). Each tap then reads
+    a run of one phase's row, as a stride-1 kernel does."""
+    n, c, height, width = shape
     (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
     top, bottom, left, right = padding
     hp, wp = height + top + bottom, width + left + right
@@ -523,12 +531,19 @@ def _phases(name, x, kernel_size, stride, padding, dilation):
         raise ValueError(f"{name}: the padded input {hp}x{wp} is smaller than the "
                          f"dilated kernel {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}")
     hq, wq = -(-hp // sh), -(-wp // sw)
-    phases = np.empty((n, c, sh, sw, hq, wq), x.dtype)
-    _split_phases(x, phases, top, left)
     ci, i, j = _tap_grid(c, kh, kw)
     phase = (ci * sh + (i * dh) % sh) * sw + (j * dw) % sw
     offs = (phase * (hq * wq) + ((i * dh) // sh) * wq + (j * dw) // sw).reshape(-1)
-    return phases, offs.astype(np.int64), (ho, wo)
+    return (hq, wq), offs.astype(np.int64), (ho, wo)
+
+
+def _phases(x, stride, padding, phase_size):
+    """x (N, C, H, W) zero-padded by padding and split into its stride's phases of
+    ``phase_size`` (Hq, Wq): (N, C, sh, sw, Hq, Wq), phase (p, q) holding the padded positions
+    (sh*y + p, sw*x + q)."""
+    phases = np.empty(x.shape[:2] + tuple(stride) + tuple(phase_size), x.dtype)
+    _split_phases(np.ascontiguousarray(x), phases, padding[0], padding[2])
+    return phases
 
 
 def _split_phases(x, phases, top, left):
@@ -541,40 +556,55 @@ def _split_phases(x, phases, top, left):
 
 
 @njit(nogil=True, inline="always")
-def _split(xf, shape, pf, phase_shape, top, left, bits):
-    # Each destination row (n, c, p, q, y) in order: the source row's run at stride sw, zeros
-    # around it. At sw 2 whole vectors of it by vload_even, where the two vectors it reads lie
-    # inside xf; else one element at a time.
-    n_, c_, height, width = shape
-    sh, sw, hq, wq = phase_shape[2:]
+def _split_plane(xf, src, pf, d, height, width, sh, sw, hq, wq, top, left, bits, zeros):
+    # One plane (at src in xf, height x width) into its sh*sw phases at d in pf, each
+    # destination row in order: the source row's run at stride sw, zeros around it (unless
+    # ``zeros`` is False: pf has them there already). At sw 1 and 2 whole vectors of it (vload,
+    # vload_even, where the vectors read lie inside xf); else one element at a time. Returns
+    # where the next plane's phases go.
     lanes = bits // (8 * xf.itemsize)
-    d = 0
-    for nc in range(n_ * c_):
-        src = nc * height * width
-        for p in range(sh):
-            for q in range(sw):
-                lo = min(wq, max(0, -(-(left - q) // sw)))  # the row's run: [lo, hi)
-                hi = max(lo, min(wq, (width - 1 - q + left) // sw + 1))
-                for y in range(hq):
-                    r = sh * y + p - top
-                    if r < 0 or r >= height:
+    for p in range(sh):
+        for q in range(sw):
+            lo = min(wq, max(0, -(-(left - q) // sw)))  # the row's run: [lo, hi)
+            hi = max(lo, min(wq, (width - 1 - q + left) // sw + 1))
+            for y in range(hq):
+                r = sh * y + p - top
+                if r < 0 or r >= height:
+                    if zeros:
                         for z in range(wq):
                             pf[d + z] = 0
-                        d += wq
-                        continue
+                    d += wq
+                    continue
+                if zeros:
                     for z in range(lo):
                         pf[d + z] = 0
-                    s0 = src + r * width + q - left
-                    z = lo
-                    if sw == 2:
-                        while z + lanes <= hi and s0 + 2 * (z + lanes) <= xf.size:
-                            vstore(pf, d + z, vload_even(xf, s0 + 2 * z, bits))
-                            z += lanes
-                    for z in range(z, hi):
-                        pf[d + z] = sload(xf, s0 + sw * z)
+                s0 = src + r * width + q - left
+                z = lo
+                if sw == 2:
+                    while z + lanes <= hi and s0 + 2 * (z + lanes) <= xf.size:
+                        vstore(pf, d + z, vload_even(xf, s0 + 2 * z, bits))
+                        z += lanes
+                elif sw == 1:
+                    while z + lanes <= hi:
+                        vstore(pf, d + z, vload(xf, s0 + z, bits))
+                        z += lanes
+                for z in range(z, hi):
+                    pf[d + z] = sload(xf, s0 + sw * z)
+                if zeros:
                     for z in range(hi, wq):
                         pf[d + z] = 0
-                    d += wq
+                d += wq
+    return d
+
+
+@njit(nogil=True, inline="always")
+def _split(xf, shape, pf, phase_shape, top, left, bits):
+    n_, c_, height, width = shape
+    sh, sw, hq, wq = phase_shape[2:]
+    d = 0
+    for nc in range(n_ * c_):
+        d = _split_plane(xf, nc * height * width, pf, d, height, width, sh, sw, hq, wq, top,
+                         left, bits, True)
 
 
 @njit(cache=True, nogil=True)
@@ -600,8 +630,9 @@ def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CH
               fill=None):
     """Run the kernel over the flat input ``xf`` (``sample`` elements a sample, rows ``row``
     long), each tap at its offset ``offs``, into ``out`` of ``shape`` (N, K, Ho, Wo). ``fill``
-    (xf's unpadded (N, C, H, W), top, left): xf is unpadded, its padded planes made a chunk of
-    channels at a time in a workspace (Note [Padding as the kernels go])."""
+    (x, top, left, sh, sw): xf is x (N, C, H, W) unpadded, its padded planes (their phases at
+    a stride) made a chunk of channels at a time in a workspace (Note [Padding as the kernels
+    go])."""
     n, k, ho, wo = shape
     if out is None:
         out = np.empty(shape, w.dtype)
@@ -622,14 +653,19 @@ def _convolve(xf, w, offs, sample, row, shape, out, bits, per, chunk_channels=CH
     if fill is None:
         kernel(xf, packed, offs, out, sample, row, chunk, w.dtype.type(0), xf, _NO_FILL)
         return out
-    (_, c, height, width), top, left = fill
-    space = np.zeros(min(c, chunk_channels) * (sample // c), w.dtype)  # borders stay zero
-    kernel(space, packed, offs, out, sample, row, chunk, w.dtype.type(0), xf,
-           (c, height, width, top, left))
+    c = fill[0].shape[1]
+    space = np.zeros(min(c, chunk_channels) * (sample // c), w.dtype)  # its zeros stay
+    kernel(space, packed, offs, out, sample, row, chunk, w.dtype.type(0), xf, _kernel_fill(fill))
     return out
 
 
-_NO_FILL = (0, 0, 0, 0, 0)  # the kernels' ``fill`` where they read a padded input whole
+def _kernel_fill(fill):
+    """The kernels' ``fill`` tuple (C, H, W, top, left, sh, sw) from (x, top, left, sh, sw)."""
+    x, top, left, sh, sw = fill
+    return x.shape[1:] + (top, left, sh, sw)
+
+
+_NO_FILL = (0,) * 7  # the kernels' ``fill`` where they read a padded input whole
 
 
 @functools.lru_cache(maxsize=256)
@@ -671,7 +707,7 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None, padding=N
     n, c, hp, wp = x.shape
     fill = None
     if padding is not None:
-        fill = (x.shape, padding[0], padding[2])
+        fill = (x, padding[0], padding[2], 1, 1)
         hp, wp = hp + padding[0] + padding[1], wp + padding[2] + padding[3]
     gn, k, ho, wo = g.shape
     kh, kw = kernel_size
@@ -684,29 +720,36 @@ def weight_grad_stride1(x, g, kernel_size, dilation=(1, 1), bits=None, padding=N
                              "weight_grad_stride1", fill)
 
 
-def weight_grad_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), bits=None):
+def weight_grad_strided(x, g, kernel_size, stride, padding, dilation=(1, 1), bits=None,
+                        whole=False):
     """The weight's gradient (K, C, kh, kw) of the convolution (groups 1) of x (N, C, H, W),
     zero-padded by padding (top, bottom, left, right), at ``stride``, whose output's gradient
     is g (N, K, Ho, Wo): ``weight_grad_stride1``'s kernel over the input's phases (as
-    ``conv2d_strided``), each tap reading a run of its phase's rows. The same terms in the same
-    order as the stride-1 kernel over a strided view would sum."""
-    c = x.shape[1]
+    ``conv2d_strided``, ``whole`` too), each tap reading a run of its phase's rows. The same
+    terms in the same order as the stride-1 kernel over a strided view would sum."""
+    n, c = x.shape[:2]
     (kh, kw) = kernel_size
-    phases, offs, (ho, wo) = _phases("weight_grad_strided", x, kernel_size, stride, padding,
-                                     dilation)
+    (hq, wq), offs, (ho, wo) = _phase_geometry("weight_grad_strided", x.shape, kernel_size,
+                                               stride, padding, dilation)
     if g.ndim != 4 or g.shape != (x.shape[0], g.shape[1], ho, wo):
         raise ValueError(f"weight_grad_strided: a gradient {list(g.shape)} is not the output "
                          f"of a {kh}x{kw} kernel at stride {tuple(stride)}, padding "
                          f"{tuple(padding)}, dilation {tuple(dilation)} over {list(x.shape)}")
-    return _weight_grad_sums(phases.reshape(-1), g, offs, c * math.prod(phases.shape[2:]),
-                             phases.shape[-1], (c, kh, kw), bits, "weight_grad_strided")
+    sample = c * stride[0] * stride[1] * hq * wq
+    if whole:
+        return _weight_grad_sums(_phases(x, stride, padding, (hq, wq)).reshape(-1), g, offs,
+                                 sample, wq, (c, kh, kw), bits, "weight_grad_strided")
+    return _weight_grad_sums(np.ascontiguousarray(x).reshape(-1), g, offs, sample, wq,
+                             (c, kh, kw), bits, "weight_grad_strided",
+                             (x, padding[0], padding[2], stride[0], stride[1]))
 
 
 def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name, fill=None):
     """The weight gradient's kernel over the flat input ``xf`` (``sample`` elements a sample,
     rows ``row`` long, each tap at its offset ``offs``) and g (N, K, Ho, Wo): (K, C, kh, kw).
-    ``fill`` (xf's unpadded (N, C, H, W), top, left): xf is unpadded, a pass's samples padded
-    in a workspace as the kernel goes (Note [Padding as the kernels go])."""
+    ``fill`` (x, top, left, sh, sw): xf is x (N, C, H, W) unpadded, a pass's samples padded
+    (their phases at a stride) in a workspace as the kernel goes (Note [Padding as the kernels
+    go])."""
     n, k, ho, wo = g.shape
     c, kh, kw = kernel
     if bits is None:
@@ -719,18 +762,17 @@ def _weight_grad_sums(xf, g, offs, sample, row, kernel, bits, name, fill=None):
     kblocks, tblocks = -(-k // 4), -(-taps // tper)
     first = wo - wo % lanes
     if fill is not None and first < wo:  # the scalar loop reads the padded input whole
-        (_, _, height, width), top, left = fill
-        padded = np.zeros((n, c, sample // (c * row), row), xf.dtype)
-        padded[:, :, top:top + height, left:left + width] = xf.reshape(fill[0])
-        xf, fill = padded.reshape(-1), None
+        x, top, left, sh, sw = fill
+        padding = (top, 0, left, 0)  # (only the top and left ones are read)
+        xf = _phases(x, (sh, sw), padding, (sample // (c * sh * sw * row), row)).reshape(-1)
+        fill = None
     acc = np.zeros(kblocks * tblocks * 4 * tper * lanes, xf.dtype)
     if n and k and taps:
         space, xs, how = xf, xf, _NO_FILL
         if fill is not None:
-            (_, _, height, width), top, left = fill
             per_pass = max(1, PASS_POSITIONS // (ho * wo))  # as the kernel's passes
-            space = np.zeros(min(n, per_pass) * sample, xf.dtype)  # borders stay zero
-            how = (c, height, width, top, left)
+            space = np.zeros(min(n, per_pass) * sample, xf.dtype)  # its zeros stay
+            how = _kernel_fill(fill)
         WEIGHT_GRAD_KERNELS[bits, tper](space, g.reshape(-1), offs, acc, n, k, ho, wo, sample,
                                         row, xs, how)
     sums = np.empty((k, taps), xf.dtype)
