@@ -495,7 +495,10 @@ def test_the_strided_node_with_the_kernels_matches_the_node_without_and_torch(
     wo = (xs[3] + 2 * padding - ws[3]) // stride + 1
     lanes = 512 // (8 * np.dtype(dtype).itemsize)
     wide = 512 in direct_conv.WIDTHS and wo % lanes == 0
-    assert [s for _, _, s in weight_grads] == ([(stride, stride)] if wide else [])
+    if ws[2:] == (1, 1):  # Note [Strided 1x1 convolutions]: the stride-1 kernels, subsampled
+        assert [len(entry) for entry in seen + weight_grads] == [2, 2]
+    else:
+        assert [s for _, _, s in weight_grads] == ([(stride, stride)] if wide else [])
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     off = _node_run(x, w, b, padding, 1, stride)
     terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3], xs[0] * xs[2] * xs[3]) + 1
@@ -512,4 +515,53 @@ def test_the_strided_node_with_the_kernels_matches_the_node_without_and_torch(
     theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
     for got, want, what in zip(on, theirs, names):
         np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(np.abs(want).max(), 1),
+                                   err_msg=what + " (PyTorch)")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [((4, 16, 32, 32), (32, 16, 1, 1), (2, 2), 1),  # ResNet-18's
+                                   ((3, 6, 17, 33), (5, 6, 1, 1), (2, 3), 1),  # odd sizes
+                                   ((2, 8, 16, 16), (8, 4, 1, 1), (2, 2), 2),  # groups
+                                   ((3, 5, 9, 12), (4, 5, 1, 1), (3, 1), 1),
+                                   ((0, 4, 8, 16), (4, 4, 1, 1), (2, 2), 1)])  # empty batch
+def test_a_strided_1x1_convolution_is_the_stride_1_one_of_the_positions_it_reads(
+        dtype, shape, monkeypatch, direct_everywhere):
+    """Note [Strided 1x1 convolutions]: forward and the three gradients with the subsampled
+    input through the stride-1 kernels equal the strided path's (``_SUBSAMPLE_1X1 = False``)
+    within the sums' rounding bound, and PyTorch's; the input a transposed view."""
+    xs, ws, stride, groups = shape
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)  # a view
+    w = (rng.standard_normal(ws) * 0.1).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+
+    def run():
+        hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
+        hb = hg.tensor(b, requires_grad=True)
+        out = F.conv2d(hx, hw, hb, stride=stride, groups=groups)
+        u = np.random.default_rng(1).standard_normal(out.shape).astype(dtype)
+        (out * hg.tensor(u)).sum().backward()
+        return out.array, hx.grad.array, hw.grad.array, hb.grad.array
+    weight_grads = []
+    seen = _spy(monkeypatch, weight_grads)
+    on = run()
+    if groups == 1 and xs[0]:  # (the direct kernels take one group)
+        assert [len(entry) for entry in seen + weight_grads] == [2, 2]  # stride 1, subsampled
+    monkeypatch.setattr(_conv, "_SUBSAMPLE_1X1", False)
+    off = run()
+    terms = max(xs[1], ws[0], xs[0] * xs[2] * xs[3]) + 1
+    atol = 4 * terms * np.finfo(dtype).eps
+    names = ("output", "input gradient", "weight gradient", "bias gradient")
+    for got, want, what in zip(on, off, names):
+        scale = np.abs(want).max() if want.size else 0
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(scale, 1), err_msg=what)
+    torch = pytest.importorskip("torch")
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, groups=groups)
+    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(dtype)
+    (out * torch.tensor(u)).sum().backward()
+    theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
+    for got, want, what in zip(on, theirs, names):
+        scale = np.abs(want).max() if want.size else 0
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(scale, 1),
                                    err_msg=what + " (PyTorch)")
