@@ -122,6 +122,40 @@ def vload_even(typingctx, arr, index, bits):
 
 
 @intrinsic
+def vload_wide(typingctx, arr, index, bits):
+    """The ``bits // 64`` elements at arr[index:] as a float64 vector of ``bits``: float32 ones
+    widened, exactly (unaligned, unchecked). Sums of float32 arrays kept in float64 lanes
+    (kernels/batchnorm.py)."""
+    if _bits(bits) is None or arr.dtype not in (types.float32, types.float64):
+        return None
+    vec = Vec(types.float64, _bits(bits))
+
+    def codegen(context, builder, sig, args):
+        source = ir.VectorType(context.get_value_type(sig.args[0].dtype), vec.lanes)
+        ptr = _element_pointer(context, builder, sig.args[0], args[0], args[1])
+        value = builder.load(builder.bitcast(ptr, source.as_pointer()), align=1)
+        if source.element != ir.DoubleType():
+            value = builder.fpext(value, context.get_value_type(vec))
+        return value
+    return vec(arr, index, bits), codegen
+
+
+@intrinsic
+def vsum(typingctx, value):
+    """The lanes of a vector summed in lane order: ((lane 0 + lane 1) + lane 2) + ..."""
+    if not isinstance(value, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        total = builder.extract_element(args[0], ir.Constant(ir.IntType(32), 0))
+        for lane in range(1, sig.args[0].lanes):
+            total = builder.fadd(total, builder.extract_element(
+                args[0], ir.Constant(ir.IntType(32), lane)))
+        return total
+    return value.dtype(value), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, index, value):
     """arr[index:index + lanes] = value (unaligned, unchecked)."""
     def codegen(context, builder, sig, args):

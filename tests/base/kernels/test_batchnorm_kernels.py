@@ -104,6 +104,34 @@ def test_a_large_mean_keeps_the_normalised_values(monkeypatch):
     assert np.abs(ours - exact).max() < 2e-3
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 4, 16, 16), (2, 3, 17), (5, 2, 7, 9), (2, 3, 100),
+                                   (4, 2, 1), (1, 3, 8, 8)])
+def test_the_sums_in_float64_vectors_match_exact_sums(dtype, shape):
+    """The statistics' and the backward's sums (float64 vectors, the row's last elements one
+    at a time: rows of 256, 17, 63, 100, 1, 64) against numpy's float64 sums of the same
+    terms, within the float64 rounding of a sum of that many terms (the terms are exact: a
+    float32 product of two float32 values widened is exact in float64)."""
+    from hpcgrad.base.kernels import batchnorm
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    g = rng.standard_normal(shape).astype(dtype)
+    axes = (0,) + tuple(range(2, len(shape)))
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    mean, var = batchnorm.stats(x)
+    terms = x.size // shape[1]
+    bound = 4 * terms * np.finfo(np.float64).eps
+    want_mean = x64.mean(axes)
+    np.testing.assert_allclose(mean, want_mean, rtol=bound, atol=0)
+    centred = x64 - want_mean.reshape((1, -1) + (1,) * (len(shape) - 2))
+    np.testing.assert_allclose(var, (centred ** 2).mean(axes), rtol=64 * bound)
+    sum_g, dotp = batchnorm.backward_sums(g, x, want_mean)
+    scale = np.abs(g64).sum(axes)
+    np.testing.assert_allclose(sum_g, g64.sum(axes), rtol=0, atol=bound * scale.max())
+    np.testing.assert_allclose(dotp, (g64 * centred).sum(axes), rtol=0,
+                               atol=bound * np.abs(g64 * centred).sum(axes).max())
+
+
 def test_the_empty_batch_and_non_contiguous_inputs_take_the_reference():
     torch = pytest.importorskip("torch")
     weight = np.array([1.5, 0.5], np.float32)

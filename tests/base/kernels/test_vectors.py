@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hpcgrad.base.kernels.vectors import sload, vfma, vload, vload_even, vsplat, vstore
+from hpcgrad.base.kernels.vectors import (sload, vfma, vload, vload_even, vload_wide, vsplat,
+                                          vstore, vsum)
 
 
 @njit
@@ -78,3 +79,43 @@ def test_vload_even_takes_every_other_element(kernel, bits, dtype):
     kernel(arr, starts, out)
     want = np.concatenate([arr[s:s + 2 * lanes:2] for s in starts])
     np.testing.assert_array_equal(out, want)
+
+
+@njit
+def _widened_sums(arr, starts, out, lane_values, bits):
+    lanes = bits // 64
+    for i in range(starts.size):
+        v = vload_wide(arr, starts[i], bits)
+        vstore(lane_values, i * lanes, v)
+        out[i] = vsum(v)
+
+
+@njit
+def _widened_sums_512(arr, starts, out, lane_values):
+    _widened_sums(arr, starts, out, lane_values, 512)
+
+
+@njit
+def _widened_sums_256(arr, starts, out, lane_values):
+    _widened_sums(arr, starts, out, lane_values, 256)
+
+
+@pytest.mark.parametrize("bits", [256, 512])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vload_wide_widens_exactly_and_vsum_adds_the_lanes_in_order(bits, dtype):
+    """vload_wide: bits // 64 elements as float64 lanes (float32 ones widened, so exact);
+    vsum: their sum lane after lane, as a Python loop over float64 adds them."""
+    rng = np.random.default_rng(3)
+    arr = (rng.standard_normal(50) * 10.0 ** rng.integers(-8, 8, 50)).astype(dtype)
+    lanes = bits // 64
+    starts = np.array([0, 1, 7, 50 - lanes], np.int64)
+    out = np.empty(starts.size)
+    lane_values = np.empty(starts.size * lanes)
+    (_widened_sums_512 if bits == 512 else _widened_sums_256)(arr, starts, out, lane_values)
+    for i, start in enumerate(starts):
+        want = arr[start:start + lanes].astype(np.float64)
+        np.testing.assert_array_equal(lane_values[i * lanes:(i + 1) * lanes], want)
+        total = want[0]
+        for value in want[1:]:
+            total += value
+        assert out[i] == total
