@@ -146,3 +146,34 @@ def test_winograd_takes_wide_3x3_convolutions_of_enough_tiles_and_the_setting_tu
     assert not _conv._winograd(x, w, strided)
     monkeypatch.setenv("HPCGRAD_WINOGRAD", "0")
     assert not _conv._winograd(x, w, geo)
+
+
+@pytest.mark.parametrize("padding", [(1, 1), (0, 0), (2, 1), (0, 2)])
+def test_winograd_writes_every_element_it_reads_of_a_reused_workspace(padding, monkeypatch,
+                                                                      every_conv):
+    """The workspaces come back from earlier layers holding anything: here every one is NaN
+    when handed out, so an element the transforms read that no copy or zeroing wrote (the
+    input planes' padding, channels past the real ones, a cut last tile) would show as NaN.
+    Values equal those of fresh workspaces."""
+    real = _conv._workspace
+
+    def stale(like, size, slot=0):
+        space = real(like, size, slot)
+        space.fill(np.nan)
+        return space
+    rng = np.random.default_rng(12)
+    x, w = rng.standard_normal((3, 5, 7, 6)), rng.standard_normal((6, 5, 3, 3))
+
+    def run():
+        hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
+        out = F.conv2d(hx, hw, padding=padding)
+        (out * out).sum().backward()
+        return out.array, hx.grad.array, hw.grad.array
+    want = run()
+    monkeypatch.setattr(_conv, "_workspace", stale)
+    calls = len(every_conv)
+    got = run()
+    assert len(every_conv) > calls
+    for g, v in zip(got, want):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, v, rtol=1e-12, atol=1e-12)
