@@ -153,6 +153,41 @@ def test_fresh_gradient_is_stolen_not_copied():
     np.testing.assert_allclose(x.grad.array, 4.0)
 
 
+def test_a_fresh_gradient_viewed_in_another_shape_is_stolen_and_a_shared_one_copied():
+    """A backward returning a reshape of an array it just made (as a kernel's (K, C*kh*kw)
+    result viewed as (K, C, kh, kw)) gives .grad that array without a copy; a view of an array
+    something else still holds, or of part of one, is copied, so writing into .grad cannot
+    reach it."""
+    held = np.arange(12.0)
+
+    def run(make):
+        x = hg.tensor(np.ones((3, 4)), requires_grad=True)
+        produced = []
+
+        class Tag(Function):
+            @staticmethod
+            def forward(ctx, a):
+                return a.array.copy()
+
+            @staticmethod
+            def backward(ctx, g):
+                out = make()
+                produced.append(weakref.ref(out.base if out.base is not None else out))
+                return hg.Tensor(out)
+        Tag.apply(x).sum().backward()
+        return x, produced.pop()()
+
+    x, base = run(lambda: np.arange(12.0).reshape(3, 4))
+    assert x.grad.array.base is base  # adopted: the fresh array, viewed
+    x, base = run(lambda: held.reshape(3, 4))  # a view of an array still held elsewhere
+    assert x.grad.array.base is not held and x.grad.array is not held
+    x.grad.array[...] = -1
+    np.testing.assert_array_equal(held, np.arange(12.0))
+    x, _ = run(lambda: np.arange(24.0)[:12].reshape(3, 4))  # part of a fresh array: copied
+    assert x.grad.array.base is None
+    np.testing.assert_array_equal(x.grad.array, np.arange(12.0).reshape(3, 4))
+
+
 def test_user_gradient_is_copied_not_aliased():
     x = hg.tensor(np.zeros(3), requires_grad=True)
     g = hg.tensor(np.ones(3))
