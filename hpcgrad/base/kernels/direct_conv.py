@@ -520,8 +520,16 @@ def conv2d_strided(x, w, stride, padding, dilation=(1, 1), bits=None, per=None, 
 def _phase_geometry(name, shape, kernel_size, stride, padding, dilation):
     """For x of ``shape`` (N, C, H, W) zero-padded by padding and split into its stride's
     phases (``_phases``): a phase's (Hq, Wq); each tap's offset into its phase in a sample
-    (int64, taps in (channel, row, column) order); the output's (Ho, Wo). Each tap then reads
-    a run of one phase's row, as a stride-1 kernel does."""
+    (int64, taps in (channel, row, column) order, shared: the kernels only read it); the
+    output's (Ho, Wo). Each tap then reads a run of one phase's row, as a stride-1 kernel
+    does."""
+    return _phase_geometry_of(name, tuple(shape), tuple(kernel_size), tuple(stride),
+                              tuple(padding), tuple(dilation))
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_geometry_of(name, shape, kernel_size, stride, padding, dilation):
+    # (kept per shape, as _tap_offsets: 20-30 us a call, two calls a strided layer a step)
     n, c, height, width = shape
     (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
     top, bottom, left, right = padding
