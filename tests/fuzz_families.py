@@ -649,7 +649,8 @@ def build_checkpoint(b, knobs, skip):
 NN_KNOBS = dict(COMMON_KNOBS, net=lambda r: choice(r, ("linear", "conv", "fconv", "bn", "fbn")),
                 loss=lambda r: choice(r, ("ce", "mse", "none")), stride=lambda r: int(r.integers(1, 3)),
                 padding=lambda r: int(r.integers(0, 2)), relu=lambda r: bool(r.integers(2)),
-                backward=lambda r: choice(r, ("backward", "backward", "twice", "grad")))
+                backward=lambda r: choice(r, ("backward", "backward", "twice", "grad")),
+                kernel=lambda r: choice(r, (3, 3, 1)))  # 1: strided 1x1 ones are subsampled
 
 
 def build_nn(b, knobs, skip):
@@ -660,13 +661,13 @@ def build_nn(b, knobs, skip):
         y = b.emit("call", (n, 3), m, x)
     elif knobs["net"] in ("conv", "fconv"):
         x = b.leaf((n, 2, 5, 5))
-        s, p = knobs["stride"], knobs["padding"]
-        o = (5 + 2 * p - 3) // s + 1
+        s, p, k = knobs["stride"], knobs["padding"], knobs["kernel"]
+        o = (5 + 2 * p - k) // s + 1
         if knobs["net"] == "conv":
-            m = b.emit("module", (), _Src(f"Conv2d(2, 3, 3, stride={s}, padding={p})"), dt)
+            m = b.emit("module", (), _Src(f"Conv2d(2, 3, {k}, stride={s}, padding={p})"), dt)
             y = b.emit("call", (n, 3, o, o), m, x)
         else:
-            y = b.emit("conv2d", (n, 3, o, o), x, b.leaf((3, 2, 3, 3)), b.leaf((3,)), s, p)
+            y = b.emit("conv2d", (n, 3, o, o), x, b.leaf((3, 2, k, k)), b.leaf((3,)), s, p)
     else:
         x = b.leaf((n + 1, 3, 2, 2))  # batch norm over one value per channel is undefined
         if knobs["net"] == "bn":
@@ -700,7 +701,7 @@ FAMILIES = {
     "inplace": (INPLACE_KNOBS, build_inplace, ("op", "target", "use_view", "n")),
     "hooks": (HOOKS_KNOBS, build_hooks, ("leaf_hook", "mid_hook", "retain", "second", "backward")),
     "checkpoint": (CHECKPOINT_KNOBS, build_checkpoint, ("reentrant", "twice", "n", "backward")),
-    "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding")),
+    "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding", "kernel")),
 }
 
 

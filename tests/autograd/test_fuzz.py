@@ -68,7 +68,8 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
     """The direct convolution (kernels/direct_conv.py, on by default for the shapes it is
     measured faster on) taken for every stride-1, one-group convolution the nn programs draw,
     whatever its channels and row length, and its weight gradient wherever rows are whole
-    vectors: against PyTorch and the backward modes, as above."""
+    vectors, strided 1x1 ones through their subsample (Note [Strided 1x1 convolutions]):
+    against PyTorch and the backward modes, as above."""
     if fuzzer.torch_ns is None:
         pytest.skip("needs PyTorch: the direct kernel is compared with it here")
     from hpcgrad.base.kernels import direct_conv
@@ -84,10 +85,19 @@ def test_fuzz_nn_with_the_direct_convolution_on_every_shape(fuzzer, monkeypatch)
                         lambda *args, **kw: calls.append(1) or kernel(*args, **kw))
     monkeypatch.setattr(direct_conv, "weight_grad_stride1",
                         lambda *args, **kw: weight_calls.append(1) or weight_kernel(*args, **kw))
+    subsampled, subsample = [], _conv._subsampled
+
+    def counted(a, geo):
+        found = subsample(a, geo)
+        if found is not None:
+            subsampled.append(1)
+        return found
+    monkeypatch.setattr(_conv, "_subsampled", counted)
     failing = [(index, found) for index in range(2 * BUDGET["nn"])
                if (found := fuzzer.check(fuzzer.program("nn", SEED + 1, index)))]
     assert calls, "no program took the direct kernel: the test would prove nothing"
     assert weight_calls, "no program took the direct weight gradient: it would go unproven"
+    assert subsampled, "no program took a strided 1x1 convolution's subsample: unproven"
     assert not failing, f"{len(failing)} nn programs differ with the direct kernel: {failing[:3]}"
 
 
