@@ -177,3 +177,44 @@ def test_winograd_writes_every_element_it_reads_of_a_reused_workspace(padding, m
     for g, v in zip(got, want):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, v, rtol=1e-12, atol=1e-12)
+
+
+def test_the_forwards_input_tiles_kept_for_the_weights_gradient_give_the_same_bits(
+        monkeypatch, every_conv):
+    """Note [Winograd's input tiles kept]: kept (one chunk), not kept (_WINOGRAD_KEEP_BYTES 0)
+    and a second backward over a retained graph (the tiles are used once, then made anew) give
+    the same values bit for bit; a batch of several chunks keeps none (its products have other
+    shapes, so other roundings); the Node lets go of them."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((4, 6, 8, 7)).astype(np.float32)
+    w = rng.standard_normal((5, 6, 3, 3)).astype(np.float32)
+
+    def run(twice=False):
+        hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
+        out = F.conv2d(hx, hw, padding=1)
+        kept = out.grad_fn.input_tiles is not None
+        (out * out).sum().backward(retain_graph=twice)
+        assert out.grad_fn.input_tiles is None
+        first = (out.array, hx.grad.array.copy(), hw.grad.array.copy())
+        if twice:
+            hx.grad, hw.grad = None, None
+            (out * out).sum().backward()
+            second = (out.array, hx.grad.array, hw.grad.array)
+            for a, b in zip(first, second):
+                np.testing.assert_array_equal(a, b)
+        return kept, first
+
+    kept, want = run()
+    assert kept
+    for setting, value in (("_WINOGRAD_KEEP_BYTES", 0), ("_WINOGRAD_ELEMENTS", 1)):
+        with monkeypatch.context() as m:
+            m.setattr(_conv, setting, value)
+            kept, got = run()
+            assert not kept
+            for a, b in zip(got, want):
+                if setting == "_WINOGRAD_KEEP_BYTES":
+                    np.testing.assert_array_equal(a, b)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+    kept, got = run(twice=True)
+    assert kept
