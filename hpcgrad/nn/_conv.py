@@ -63,14 +63,16 @@ and 1.26 -> 1.18 ms (PyTorch's 0.99 and 1.13). The input's gradient keeps the st
 Note [Winograd's input tiles kept]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The weight's gradient through Winograd's tiles needs the input's tiles, which the forward has
-just made: where the batch is one chunk and they take at most _WINOGRAD_KEEP_BYTES (2 MB:
-ResNet-18's 64- and 128-channel layers at width 16, batch 32; none at width 64), the forward
+just made: where the batch is one chunk and they take at most _WINOGRAD_KEEP_BYTES, the forward
 makes them in an array of their own and the Node keeps it for its backward, which uses it
 once and lets go (a retained graph's next backward makes them again). The backward then skips
-the input's channels-last copy and its transform: the width-16 step 0.977x (``benchmarks/
-models.py --alternate hpcgrad.nn._conv._WINOGRAD_KEEP_BYTES=0,2097152``, 240.8 against
-235.2 ms, 2026-11-29), 9 MB more held between a layer's forward and backward. The same
-arrays, so the same bits (tests/nn/test_winograd_conv.py).
+the input's channels-last copy and its transform. At 2 MB (ResNet-18's 64- and 128-channel
+layers at width 16, batch 32; none at width 64) the width-16 step took 0.977x and 0.98x the
+time (``benchmarks/models.py --alternate hpcgrad.nn._conv._WINOGRAD_KEEP_BYTES=0,2097152``,
+2026-11-29), but the tiles are 4x the input (16 values a tile of 4 outputs): the memory 3
+steps add went from 72 to 81 MB, above PyTorch's 75-80. So it is off (0) by default, a
+setting that trades memory for time; the same arrays, so the same bits
+(tests/nn/test_winograd_conv.py).
 """
 
 import math
@@ -166,8 +168,9 @@ _WINOGRAD_DEFAULT = True
 _WINOGRAD_ELEMENTS = 1 << 19
 _WINOGRAD_TILES = 128
 # The forward's input tiles kept for the weight's gradient where the batch is one chunk and
-# they take at most this many bytes (Note [Winograd's input tiles kept]); 0: never.
-_WINOGRAD_KEEP_BYTES = 2 << 20
+# they take at most this many bytes (Note [Winograd's input tiles kept]); 0 (the default):
+# never, as they cost 4x the input's memory.
+_WINOGRAD_KEEP_BYTES = 0
 _WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True

@@ -185,6 +185,7 @@ def test_the_forwards_input_tiles_kept_for_the_weights_gradient_give_the_same_bi
     and a second backward over a retained graph (the tiles are used once, then made anew) give
     the same values bit for bit; a batch of several chunks keeps none (its products have other
     shapes, so other roundings); the Node lets go of them."""
+    monkeypatch.setattr(_conv, "_WINOGRAD_KEEP_BYTES", 2 << 20)  # (off by default)
     rng = np.random.default_rng(13)
     x = rng.standard_normal((4, 6, 8, 7)).astype(np.float32)
     w = rng.standard_normal((5, 6, 3, 3)).astype(np.float32)
