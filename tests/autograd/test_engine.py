@@ -130,10 +130,10 @@ def test_retain_grad_on_intermediate():
     np.testing.assert_allclose(x.grad.array, [2.0, 4.0])
 
 
-def test_fresh_gradient_is_stolen_not_copied():
-    x = hg.tensor(np.ones(1000, dtype=np.float32), requires_grad=True)
-    produced = []
-
+def _returning(make, produced):
+    """A Function, identity forward, whose backward returns ``make(g)``; a weak reference to
+    that array's owner (itself, or the array it views) goes into ``produced`` (a strong one
+    would forbid adopting it)."""
     class Tag(Function):
         @staticmethod
         def forward(ctx, a):
@@ -141,14 +141,20 @@ def test_fresh_gradient_is_stolen_not_copied():
 
         @staticmethod
         def backward(ctx, g):
-            out = g.array * 2
-            produced.append(weakref.ref(out))  # a strong reference would forbid stealing
+            out = make(g)
+            produced.append(weakref.ref(out.base if out.base is not None else out))
             return hg.Tensor(out)
+    return Tag
 
-    Tag.apply(x).sum().backward()
+
+def test_fresh_gradient_is_stolen_not_copied():
+    x = hg.tensor(np.ones(1000, dtype=np.float32), requires_grad=True)
+    produced = []
+    tag = _returning(lambda g: g.array * 2, produced)
+    tag.apply(x).sum().backward()
     assert x.grad.array is produced.pop()()  # adopted without a copy
     first = x.grad.array
-    Tag.apply(x).sum().backward()
+    tag.apply(x).sum().backward()
     assert x.grad.array is first  # the second one is added in place
     np.testing.assert_allclose(x.grad.array, 4.0)
 
@@ -163,18 +169,7 @@ def test_a_fresh_gradient_viewed_in_another_shape_is_stolen_and_a_shared_one_cop
     def run(make):
         x = hg.tensor(np.ones((3, 4)), requires_grad=True)
         produced = []
-
-        class Tag(Function):
-            @staticmethod
-            def forward(ctx, a):
-                return a.array.copy()
-
-            @staticmethod
-            def backward(ctx, g):
-                out = make()
-                produced.append(weakref.ref(out.base if out.base is not None else out))
-                return hg.Tensor(out)
-        Tag.apply(x).sum().backward()
+        _returning(lambda g: make(), produced).apply(x).sum().backward()
         return x, produced.pop()()
 
     x, base = run(lambda: np.arange(12.0).reshape(3, 4))

@@ -406,13 +406,34 @@ def test_the_node_takes_the_kernel_where_measured_faster(monkeypatch):
     assert seen == [] and weight_grads == []
 
 
-def _node_run(x, w, b, padding, dilation, stride=1):
+def _node_run(x, w, b, padding, dilation, stride=1, groups=1):
     hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
     hb = hg.tensor(b, requires_grad=True)
-    out = F.conv2d(hx, hw, hb, stride=stride, padding=padding, dilation=dilation)
+    out = F.conv2d(hx, hw, hb, stride=stride, padding=padding, dilation=dilation, groups=groups)
     u = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
     (out * hg.tensor(u)).sum().backward()
     return out.array, hx.grad.array, hw.grad.array, hb.grad.array
+
+
+def _agree(on, off, x, w, b, terms, **conv):
+    """The Node's run ``on`` (output and three gradients) within 4 ``terms`` eps of ``off``'s
+    and of PyTorch's conv2d(x, w, b, **conv) run the same way (where PyTorch is installed)."""
+    atol = 4 * terms * np.finfo(x.dtype).eps
+
+    def check(theirs, whose):
+        for got, want, what in zip(on, theirs, ("output", "input gradient", "weight gradient",
+                                                "bias gradient")):
+            scale = np.abs(want).max() if want.size else 0
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(scale, 1),
+                                       err_msg=what + whose)
+    check(off, "")
+    torch = pytest.importorskip("torch")
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = torch.nn.functional.conv2d(tx, tw, tb, **conv)
+    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(x.dtype)
+    (out * torch.tensor(u)).sum().backward()
+    check((out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()),
+          " (PyTorch)")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -502,20 +523,7 @@ def test_the_strided_node_with_the_kernels_matches_the_node_without_and_torch(
     monkeypatch.setenv("HPCGRAD_DIRECT_CONV", "0")
     off = _node_run(x, w, b, padding, 1, stride)
     terms = max(xs[1] * ws[2] * ws[3], ws[0] * ws[2] * ws[3], xs[0] * xs[2] * xs[3]) + 1
-    rtol = 4 * terms * np.finfo(dtype).eps
-    names = ("output", "input gradient", "weight gradient", "bias gradient")
-    for got, want, what in zip(on, off, names):
-        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(np.abs(want).max(), 1),
-                                   err_msg=what)
-    torch = pytest.importorskip("torch")
-    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
-    out = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=padding)
-    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(dtype)
-    (out * torch.tensor(u)).sum().backward()
-    theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
-    for got, want, what in zip(on, theirs, names):
-        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(np.abs(want).max(), 1),
-                                   err_msg=what + " (PyTorch)")
+    _agree(on, off, x, w, b, terms, stride=stride, padding=padding)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -534,34 +542,12 @@ def test_a_strided_1x1_convolution_is_the_stride_1_one_of_the_positions_it_reads
     x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)  # a view
     w = (rng.standard_normal(ws) * 0.1).astype(dtype)
     b = rng.standard_normal(ws[0]).astype(dtype)
-
-    def run():
-        hx, hw = hg.tensor(x, requires_grad=True), hg.tensor(w, requires_grad=True)
-        hb = hg.tensor(b, requires_grad=True)
-        out = F.conv2d(hx, hw, hb, stride=stride, groups=groups)
-        u = np.random.default_rng(1).standard_normal(out.shape).astype(dtype)
-        (out * hg.tensor(u)).sum().backward()
-        return out.array, hx.grad.array, hw.grad.array, hb.grad.array
     weight_grads = []
     seen = _spy(monkeypatch, weight_grads)
-    on = run()
+    on = _node_run(x, w, b, 0, 1, stride, groups)
     if groups == 1 and xs[0]:  # (the direct kernels take one group)
         assert [len(entry) for entry in seen + weight_grads] == [2, 2]  # stride 1, subsampled
     monkeypatch.setattr(_conv, "_SUBSAMPLE_1X1", False)
-    off = run()
-    terms = max(xs[1], ws[0], xs[0] * xs[2] * xs[3]) + 1
-    atol = 4 * terms * np.finfo(dtype).eps
-    names = ("output", "input gradient", "weight gradient", "bias gradient")
-    for got, want, what in zip(on, off, names):
-        scale = np.abs(want).max() if want.size else 0
-        np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(scale, 1), err_msg=what)
-    torch = pytest.importorskip("torch")
-    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
-    out = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, groups=groups)
-    u = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(dtype)
-    (out * torch.tensor(u)).sum().backward()
-    theirs = (out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy())
-    for got, want, what in zip(on, theirs, names):
-        scale = np.abs(want).max() if want.size else 0
-        np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(scale, 1),
-                                   err_msg=what + " (PyTorch)")
+    off = _node_run(x, w, b, 0, 1, stride, groups)
+    _agree(on, off, x, w, b, max(xs[1], ws[0], xs[0] * xs[2] * xs[3]) + 1, stride=stride,
+           groups=groups)
