@@ -415,6 +415,14 @@ def _node_run(x, w, b, padding, dilation, stride=1, groups=1):
     return out.array, hx.grad.array, hw.grad.array, hb.grad.array
 
 
+def _viewed_case(seed, xs, ws, dtype):
+    """An input of shape ``xs`` that is a transposed view, a weight of ``ws`` and a bias."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)
+    return x, (rng.standard_normal(ws) * 0.1).astype(dtype), rng.standard_normal(ws[0]).astype(
+        dtype)
+
+
 def _agree(on, off, x, w, b, terms, **conv):
     """The Node's run ``on`` (output and three gradients) within 4 ``terms`` eps of ``off``'s
     and of PyTorch's conv2d(x, w, b, **conv) run the same way (where PyTorch is installed)."""
@@ -505,10 +513,7 @@ def test_the_strided_node_with_the_kernels_matches_the_node_without_and_torch(
     vectors, the weight gradient go through the input's phases: the same values as the
     columns' path (HPCGRAD_DIRECT_CONV=0) and as PyTorch's, the input a transposed view."""
     xs, ws, padding, stride = shape
-    rng = np.random.default_rng(8)
-    x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)  # a view
-    w = (rng.standard_normal(ws) * 0.1).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
+    x, w, b = _viewed_case(8, xs, ws, dtype)
     weight_grads = []
     seen = _spy(monkeypatch, weight_grads)
     on = _node_run(x, w, b, padding, 1, stride)
@@ -538,10 +543,7 @@ def test_a_strided_1x1_convolution_is_the_stride_1_one_of_the_positions_it_reads
     input through the stride-1 kernels equal the strided path's (``_SUBSAMPLE_1X1 = False``)
     within the sums' rounding bound, and PyTorch's; the input a transposed view."""
     xs, ws, stride, groups = shape
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal(xs[:2] + xs[3:1:-1]).astype(dtype).transpose(0, 1, 3, 2)  # a view
-    w = (rng.standard_normal(ws) * 0.1).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
+    x, w, b = _viewed_case(9, xs, ws, dtype)
     weight_grads = []
     seen = _spy(monkeypatch, weight_grads)
     on = _node_run(x, w, b, 0, 1, stride, groups)
