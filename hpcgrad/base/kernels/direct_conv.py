@@ -222,9 +222,10 @@ def _direct(xf, wpk, offs, out, sample, wp, chunk, zero, bits, per, xs, fill):
     # taps per pass over the outputs (whole channels). out: (N, K, Ho, Wo). A block of channels
     # sweeps a chunk of the sample's channels with its weights (chunk * per) and the chunk's
     # rows around the current one in L1. bits and per are constants (the entry points below).
-    # fill (C, H, W, top, left), C > 0: xf is a workspace of a chunk's padded planes, zeros
-    # around them, filled here from the unpadded input xs a sample's chunk at a time (Note
-    # [Padding as the kernels go]); C == 0: xf is the whole padded input (xs unread).
+    # fill (C, H, W, top, left, sh, sw), C > 0: xf is a workspace of a chunk's padded planes
+    # (their phases at a stride), zeros around them, filled here from the unpadded input xs a
+    # sample's chunk at a time (Note [Padding as the kernels go]); C == 0: xf is the whole
+    # padded input (its phases), and xs is not read.
     n_, k_, ho, wo = out.shape
     of = out.reshape(-1)
     taps = offs.size
@@ -299,8 +300,9 @@ def _weight_grad(xf, gf, offs, acc, n_, k_, ho, wo, sample, wp, bits, tper, xs, 
     # order (a row's positions past its whole vectors: _weight_grad_rest). Blocks past K or
     # the taps repeat the last real one (their sums are dropped). The sums are loaded and
     # stored here, not through a function returning 16 vectors: that ran 1.7-2.5x slower.
-    # fill (C, H, W, top, left), C > 0: xf is a workspace of a pass's samples padded, zeros
-    # around them, filled here from the unpadded input xs (Note [Padding as the kernels go]).
+    # fill (C, H, W, top, left, sh, sw), C > 0: xf is a workspace of a pass's samples padded
+    # (split into their phases at a stride), zeros around them, filled here from the unpadded
+    # input xs (Note [Padding as the kernels go]).
     lanes = bits // (8 * xf.itemsize)
     taps = offs.size
     kblocks = (k_ + 3) // 4
@@ -607,6 +609,7 @@ def _split_plane(xf, src, pf, d, height, width, sh, sw, hq, wq, top, left, bits,
 
 @njit(nogil=True, inline="always")
 def _split(xf, shape, pf, phase_shape, top, left, bits):
+    # Every plane of xf (shape) into its phases in pf (phase_shape), zeros included.
     n_, c_, height, width = shape
     sh, sw, hq, wq = phase_shape[2:]
     d = 0
