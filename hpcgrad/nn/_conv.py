@@ -59,20 +59,6 @@ phases and read one of four, eight input channels a pass. ResNet-18's shortcuts 
 weight gradient 1.32 -> 1.04 ms (PyTorch's 1.30 and 1.53); 32 -> 64 of 16x16 1.47 -> 0.78 ms
 and 1.26 -> 1.18 ms (PyTorch's 0.99 and 1.13). The input's gradient keeps the strided path
 (col2im folds into the zeros between). ``_SUBSAMPLE_1X1 = False`` is the reference.
-
-Note [Winograd's input tiles kept]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-The weight's gradient through Winograd's tiles needs the input's tiles, which the forward has
-just made: where the batch is one chunk and they take at most _WINOGRAD_KEEP_BYTES, the forward
-makes them in an array of their own and the Node keeps it for its backward, which uses it
-once and lets go (a retained graph's next backward makes them again). The backward then skips
-the input's channels-last copy and its transform. At 2 MB (ResNet-18's 64- and 128-channel
-layers at width 16, batch 32; none at width 64) the width-16 step took 0.977x and 0.98x the
-time (``benchmarks/models.py --alternate hpcgrad.nn._conv._WINOGRAD_KEEP_BYTES=0,2097152``,
-2026-11-29), but the tiles are 4x the input (16 values a tile of 4 outputs): the memory 3
-steps add went from 72 to 81 MB, above PyTorch's 75-80. So it is off (0) by default, a
-setting that trades memory for time; the same arrays, so the same bits
-(tests/nn/test_winograd_conv.py).
 """
 
 import math
@@ -167,10 +153,6 @@ _WINOGRAD_DEFAULT = True
 # 0.75-0.94x at 64.
 _WINOGRAD_ELEMENTS = 1 << 19
 _WINOGRAD_TILES = 128
-# The forward's input tiles kept for the weight's gradient where the batch is one chunk and
-# they take at most this many bytes (Note [Winograd's input tiles kept]); 0 (the default):
-# never, as they cost 4x the input's memory.
-_WINOGRAD_KEEP_BYTES = 0
 _WEIGHT_GRAD_TRANSPOSED = 64  # _backward_arrays: the weight gradient's product's orientation
 _DIRECT_WHOLE_ROWS = True  # False: any row length (a scalar loop past the whole blocks; tests)
 _DIRECT_DEFAULT = True
@@ -293,17 +275,16 @@ def _subsampled(a, geo):
     return np.ascontiguousarray(a[:, :, ::sh, ::sw]), sub
 
 
-def _forward_arrays(a, w, geo, keep=None):
+def _forward_arrays(a, w, geo):
     """The convolution of arrays ``a`` and ``w`` (one dtype) without bias: (N, O, Ho*Wo); by
     Winograd's tiles or the direct kernel where they are faster (Notes [Winograd convolution],
     [Direct convolution]), else through columns; a strided 1x1 one over the positions it reads
-    (``_subsampled``). ``keep``: a dict that Winograd's input tiles go into where kept for the
-    backward (Note [Winograd's input tiles kept])."""
+    (``_subsampled``)."""
     sub = _subsampled(a, geo)
     if sub is not None:
         return _forward_arrays(sub[0], w, sub[1])
     if _winograd(a, w, geo):
-        return _winograd_forward(a, w, geo, keep)
+        return _winograd_forward(a, w, geo)
     direct = _direct_kernel(a, w, geo)
     if direct is not None and geo.stride == (1, 1):
         if _DIRECT_FILL:
@@ -336,14 +317,13 @@ def _winograd(a, w, geo):
                        "channels through Winograd's tiles, 0 through columns or direct kernels")
 
 
-def _tile_space(like, size, slot, fresh=False):
+def _tile_space(like, size, slot):
     """A (16, size) workspace whose 16 rows do not lie a multiple of 4 KB apart (Note
-    [Winograd convolution]); ``fresh``: a new array of that layout, not the shared one."""
+    [Winograd convolution])."""
     stride = size + 16
     if stride * like.itemsize % 4096 == 0:
         stride += 16
-    space = np.empty(16 * stride, like.dtype) if fresh else _workspace(like, 16 * stride, slot)
-    return space.reshape(16, stride)[:, :size]
+    return _workspace(like, 16 * stride, slot).reshape(16, stride)[:, :size]
 
 
 def _winograd_chunks(geo, per_sample):
@@ -378,15 +358,12 @@ class _WinogradShapes:
         return space
 
 
-def _winograd_forward(a, w, geo, keep=None):
+def _winograd_forward(a, w, geo):
     """``_forward_arrays`` through Winograd's tiles: per chunk of samples, the input
     channels-last, its tiles, 16 products with the weight's and the output's tiles, back to
-    channels-first. With ``keep`` (a dict), its "input tiles" are the input's tiles where the
-    batch is one chunk of at most _WINOGRAD_KEEP_BYTES."""
+    channels-first."""
     from hpcgrad.base.kernels import channels_last, winograd  # numba: imported on first use
     shapes = _WinogradShapes(winograd, geo, a.dtype)
-    kept = keep is not None and shapes.m == geo.n \
-        and 16 * geo.n * shapes.th * shapes.tw * shapes.cp * a.itemsize <= _WINOGRAD_KEEP_BYTES
     a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
     ut = winograd.weight_tiles(w, shapes.op, shapes.cp).transpose(0, 2, 1)
     xp = shapes.planes(a, shapes.cp, 3, 2)
@@ -395,20 +372,18 @@ def _winograd_forward(a, w, geo, keep=None):
     for start, stop in _winograd_chunks(geo, shapes.th * shapes.tw):
         m, tiles = stop - start, (stop - start) * shapes.th * shapes.tw
         channels_last.to_channels_last(a[start:stop], xp[:m], top, left)
-        v = _tile_space(a, tiles * shapes.cp, 1, fresh=kept)
+        v = _tile_space(a, tiles * shapes.cp, 1)
         winograd.input_tiles(xp[:m], v)
-        if kept:
-            keep["input tiles"] = v
         mm = blas.matmul(v.reshape(16, tiles, shapes.cp), ut)
         winograd.output_tiles(mm.reshape(16, -1), y[:m])
         channels_last.to_channels_first(y[:m], 0, 0, out[start:stop])
     return out.reshape(geo.n, geo.o, geo.positions)
 
 
-def _winograd_backward(a, w, g, geo, need_x, need_w, input_tiles=None):
+def _winograd_backward(a, w, g, geo, need_x, need_w):
     """``_backward_arrays`` through Winograd's tiles: the incoming gradient's tiles once per
     chunk, turned around through the weight's tiles (the input's gradient) and the input's
-    (the weight's: ``input_tiles``, the forward's kept ones, where given)."""
+    (the weight's)."""
     from hpcgrad.base.kernels import channels_last, winograd  # numba: imported on first use
     shapes = _WinogradShapes(winograd, geo, a.dtype)
     a, top, left = np.ascontiguousarray(a), geo.padding[0], geo.padding[2]
@@ -416,7 +391,7 @@ def _winograd_backward(a, w, g, geo, need_x, need_w, input_tiles=None):
     u = winograd.weight_tiles(w, shapes.op, shapes.cp) if need_x else None
     gp = shapes.planes(g, shapes.op, 4, 0, zero=(2 * shapes.th, 2 * shapes.tw, shapes.op)
                        != (geo.ho, geo.wo, geo.o))
-    xp = shapes.planes(a, shapes.cp, 3, 2) if need_w and input_tiles is None else None
+    xp = shapes.planes(a, shapes.cp, 3, 2) if need_w else None
     gxp = shapes.planes(a, shapes.cp, 5, 2) if need_x else None
     grad_x = np.empty(a.shape, a.dtype) if need_x else None
     du = None
@@ -427,11 +402,9 @@ def _winograd_backward(a, w, g, geo, need_x, need_w, input_tiles=None):
         winograd.grad_tiles(gp[:m], dm)
         dm = dm.reshape(16, tiles, shapes.op)
         if need_w:
-            v = input_tiles  # (the forward's, of the one chunk)
-            if v is None:
-                channels_last.to_channels_last(a[start:stop], xp[:m], top, left)
-                v = _tile_space(a, tiles * shapes.cp, 1)
-                winograd.input_tiles(xp[:m], v)
+            channels_last.to_channels_last(a[start:stop], xp[:m], top, left)
+            v = _tile_space(a, tiles * shapes.cp, 1)
+            winograd.input_tiles(xp[:m], v)
             product = blas.matmul(dm.transpose(0, 2, 1), v.reshape(16, tiles, shapes.cp))
             if du is None:
                 du = product
@@ -522,14 +495,12 @@ class Convolution(Function):
         dtype = xp.result_type(a, w)
         a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
         geo = _Geometry(a.shape, w.shape, stride, padding, dilation, groups)
-        keep = {} if ctx.needs_input_grad[1] else None
-        out = _forward_arrays(a, w, geo, keep)
+        out = _forward_arrays(a, w, geo)
         if bias is not None:
             out += bias.array.astype(dtype, copy=False)[:, None]
         if ctx.needs_input_grad:
             ctx.save_for_backward(x, weight)
             ctx.geometry = geo
-            ctx.input_tiles = keep.get("input tiles") if keep else None
         return out.reshape(geo.n, geo.o, geo.ho, geo.wo)
 
     @staticmethod
@@ -540,23 +511,19 @@ class Convolution(Function):
         if grad_mode.is_grad_enabled():  # create_graph: differentiable pieces
             grad_x, grad_w = _backward_composite(x, weight, g, geo, need_x, need_w)
         else:
-            tiles, ctx.input_tiles = ctx.input_tiles, None  # once: retain_graph makes them anew
             grad_x, grad_w = _backward_arrays(x.array, weight.array, g.array, geo, need_x,
-                                              need_w, tiles)
+                                              need_w)
         grad_b = g.sum((0, 2, 3)) if need_b else None
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
-def _backward_arrays(a, w, g, geo, need_x, need_w, input_tiles=None):
-    """The input's and the weight's gradients (arrays, or None), a chunk of samples at a time
-    (``input_tiles``: Winograd's kept by the forward, Note [Winograd's input tiles kept])."""
+def _backward_arrays(a, w, g, geo, need_x, need_w):
+    """The input's and the weight's gradients (arrays, or None), a chunk of samples at a time."""
     xp = backend.get_array_module(g)
     dtype = g.dtype
     a, w = a.astype(dtype, copy=False), w.astype(dtype, copy=False)
     if _winograd(a, w, geo) and type(g) is np.ndarray:
-        if input_tiles is not None and input_tiles.dtype != dtype:
-            input_tiles = None
-        return _winograd_backward(a, w, g, geo, need_x, need_w, input_tiles)
+        return _winograd_backward(a, w, g, geo, need_x, need_w)
     grad_x = grad_w = None
     sub = _subsampled(a, geo) if need_w else None
     if sub is not None:  # the weight's gradient over the positions it read
