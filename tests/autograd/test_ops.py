@@ -219,6 +219,27 @@ def test_matmul_second_derivative(a_shape, b_shape):
     check_op(hg.matmul, np.matmul, normal(rng, a_shape), normal(rng, b_shape), second=True)
 
 
+@pytest.mark.parametrize("a_shape", [(2, 3), (2, 4, 3), (1, 3)], ids=str)
+def test_matmul_by_a_transposed_weight(monkeypatch, a_shape):
+    """``x @ w.T`` (a tied head): w's gradient as ``(g^T @ x)^T``, the incoming gradient the
+    product's left operand (Note [A transposed weight's gradient]), against finite differences,
+    to second order, and against the plain formula."""
+    rng = np.random.default_rng(2)
+    check_op(lambda x, w: x @ w.T, lambda x, w: x @ w.T, normal(rng, a_shape),
+             normal(rng, (5, 3)), second=True)
+    x = hg.tensor(normal(rng, a_shape), requires_grad=True)
+    w = hg.tensor(normal(rng, (5, 3)), requires_grad=True)
+    g = normal(rng, a_shape[:-1] + (5,))
+    from hpcgrad.base import blas
+    lefts, matmul = [], blas.matmul
+    monkeypatch.setattr(blas, "matmul", lambda a, b: lefts.append(a.copy()) or matmul(a, b))
+    (x @ w.T).backward(hg.tensor(g))
+    rows = g.reshape(-1, 5)
+    np.testing.assert_allclose(w.grad.numpy(), rows.T @ x.detach().numpy().reshape(-1, 3),
+                               rtol=1e-12)
+    assert any(a.shape == rows.T.shape and np.array_equal(a, rows.T) for a in lefts)
+
+
 # --- reductions -----------------------------------------------------------------------------------
 
 @st.composite
