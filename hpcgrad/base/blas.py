@@ -84,7 +84,8 @@ def _load():
     if path is None:
         raise RuntimeError("HPCGRAD_BLAS=mkl but MKL's libmkl_rt was not found: install the mkl "
                            "extra (pip install -e \".[mkl]\") or unset HPCGRAD_BLAS")
-    lib = ctypes.CDLL(path)
+    global _LIB
+    lib = _LIB = ctypes.CDLL(path)
     if "MKL_THREADING_LAYER" not in os.environ:
         lib.MKL_Set_Threading_Layer(ctypes.c_int(_SEQUENTIAL))
     if lib.MKL_CBWR_Set(ctypes.c_int(_CBWR_AUTO | _CBWR_STRICT)) != 0:  # before any product
@@ -105,6 +106,7 @@ def _use_mkl(choice):
 
 
 _GEMMS = None
+_LIB = None  # MKL's library, once loaded (its JIT products: jit_product)
 # Multiply-adds from which a product goes to MKL: below, numpy's call is as fast or faster (a
 # ctypes call and its pointers cost ~15 us; one thread, AVX-512 Xeon: 128^3 took 88 us by MKL,
 # 79 by numpy; (128, 128, 256) 148 both; 2^23 and up MKL 0.9x).
@@ -315,6 +317,48 @@ def matmul_into(products):
     if len(work) == len(products):  # (a call with empty products is not kept: rare)
         _keep(key, groups)
     groups.run(gemms[dtype], work)
+
+
+def jit_product(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc):
+    """(kernel, jitter): the addresses of MKL's product ``c = a @ b`` compiled for these
+    parameters (row-major, alpha 1, beta 0; MKL's flags and leading dimensions as
+    ``cblas_?gemm`` takes them), called as ``kernel(jitter, a, b, c)`` (kernels/jit_products.py).
+    Made once per parameters and kept for the process (kept heads' tables hold them); where MKL
+    compiles no code of its own (larger sizes) the kernel calls its usual gemm. None where MKL
+    is not used, refuses the parameters, or ``_JITTED_KEPT`` are kept.
+
+    Note [MKL's JIT products]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    A product of a few dozen rows costs MKL's ``?gemm`` (and ``?gemm_batch``, per matrix) its
+    checks and packing around ~50 us of arithmetic; MKL's JIT compiles a kernel for one
+    product's sizes and leading dimensions, called through a function pointer, so a numba loop
+    can make many such products between its own passes (causal attention a head at a time,
+    kernels/causal_heads.py). The kernel's sums are in an order of its own, so its results
+    agree with ``?gemm``'s to rounding; for given parameters it is the same code every call,
+    so a run repeats its bits."""
+    if not (MKL and _gemms()) or np.dtype(dtype) not in (np.float32, np.float64):
+        return None
+    key = (np.dtype(dtype).char, trans_a, trans_b, m, n, k, lda, ldb, ldc)
+    if key in _JITTED:
+        return _JITTED[key]
+    if len(_JITTED) >= _JITTED_KEPT:
+        return None
+    name, scalar = ("s", ctypes.c_float) if key[0] == "f" else ("d", ctypes.c_double)
+    create = getattr(_LIB, f"mkl_cblas_jit_create_{name}gemm")
+    pointer = getattr(_LIB, f"mkl_jit_get_{name}gemm_ptr")
+    create.restype, pointer.restype, pointer.argtypes = ctypes.c_int, ctypes.c_void_p, \
+        [ctypes.c_void_p]
+    jitter = ctypes.c_void_p()
+    status = create(ctypes.byref(jitter), _ROW_MAJOR, trans_a, trans_b, m, n, k, scalar(1.0),
+                    lda, ldb, scalar(0.0), ldc)
+    made = (pointer(jitter), jitter.value) if status in _JIT_MADE and jitter.value else None
+    _JITTED[key] = made
+    return made
+
+
+_JIT_MADE = (0, 1)  # MKL_JIT_SUCCESS, MKL_NO_JIT (its usual gemm behind the pointer)
+_JITTED = {}  # jit_product's parameters -> (kernel, jitter) or None; never freed
+_JITTED_KEPT = 1024
 
 
 def addmm(bias, x, y):

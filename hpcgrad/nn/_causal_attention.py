@@ -65,11 +65,36 @@ def _key_blocks(length, source):
         yield start, min(start + _BLOCK, length, source)
 
 
+_BY_HEADS = True  # a head at a time in one numba loop (Note [Causal attention by heads]);
+# False: each product one grouped MKL call over every head, the reference
+_PLANS = {}  # the arrays' (dtype, shapes, strides) -> kernels/causal_heads.py Plan (or None)
+_PLANS_KEPT = 64
+
+
+def _plan(q, k, v, g=None):
+    """The by-heads Plan for these arrays (kept per their shapes and strides), or None where
+    that path does not take them: off, not 4-D (B, H, L, E), empty, or MKL made no kernel."""
+    if not (_BY_HEADS and q.ndim == 4 and q.size and k.size and v.size):
+        return None
+    key = tuple((x.dtype, x.shape, x.strides) for x in (q, k, v, g) if x is not None) \
+        + (g is None,)
+    if key not in _PLANS:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        _PLANS[key] = _heads().plan(q, k, v, g, _BLOCK)
+    return _PLANS[key]
+
+
 def forward(q, k, v, scale):
     """(output, probabilities) of ``softmax(q @ k^T * scale, causal) @ v``; the probabilities
     (..., L, S) are 0 where masked, for backward."""
     length, source = q.shape[-2], k.shape[-2]
     probs = np.empty(q.shape[:-1] + (source,), q.dtype)
+    plan = _plan(q, k, v)
+    if plan is not None:
+        out = _heads_last(q.shape[:-1] + v.shape[-1:], q.dtype)
+        _heads().forward(q, k, v, probs, out, scale, plan)
+        return out, probs
     kt = np.swapaxes(k, -1, -2)
     blocks = list(_query_blocks(length, source))
     blas.matmul_into([(q[..., a:b, :], kt[..., :keys], probs[..., a:b, :keys])
@@ -86,6 +111,13 @@ def backward(q, k, v, probs, g, scale, need_q, need_k, need_v):
     PyTorch's math-backend formulas (Note [Attention as one Node]) by blocks."""
     length, source = q.shape[-2], k.shape[-2]
     grad_q = grad_k = grad_v = None
+    plan = _plan(q, k, v, g)
+    if plan is not None:
+        grad_q = _heads_last(q.shape, q.dtype) if need_q else None
+        grad_k = _zeros_past(k.shape, k.dtype, length) if need_k else None
+        grad_v = _zeros_past(v.shape, v.dtype, length) if need_v else None
+        _heads().backward(q, k, v, probs, g, grad_q, grad_k, grad_v, scale, plan)
+        return grad_q, grad_k, grad_v
     keys = list(_key_blocks(length, source))
     if need_v:
         grad_v = _zeros_past(v.shape, v.dtype, length)
@@ -132,3 +164,8 @@ def _heads_last(shape, dtype):
 def _softmax():
     from hpcgrad.base.kernels import softmax  # numba: imported on first use
     return softmax
+
+
+def _heads():
+    from hpcgrad.base.kernels import causal_heads  # numba: imported on first use
+    return causal_heads

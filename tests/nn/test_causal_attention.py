@@ -202,3 +202,85 @@ def test_the_heads_joined_back_are_a_view_of_the_output_as_pytorchs():
     grads = qkv.grad.array.reshape(2, 64, 3, 4, 4).transpose(2, 0, 3, 1, 4)
     for got, w in zip(grads, want[1:]):
         np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
+
+
+# --- a head at a time (kernels/causal_heads.py, Note [Causal attention by heads]) -----------
+
+def _heads_case(seed, dtype):
+    """4-D (B, H, L, E) q, k, v and the output's gradient g of a drawn shape: half of them
+    views of one (B, L, 3, H, E) array as a GPT's, g as the joined heads' gradient (a
+    transposed view) or C-contiguous; more or fewer keys than queries."""
+    rng = np.random.default_rng(300 + seed)
+    b, h = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    length = int(rng.integers(1, 150))
+    source = length if seed % 3 else int(rng.integers(1, 150))
+    embed, embed_v = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    if seed % 2 and source == length:
+        width = max(embed, embed_v)
+        packed = rng.standard_normal((b, length, 3, h, width)).astype(dtype)
+        q, k, v = (packed[:, :, i, :, :e].transpose(0, 2, 1, 3)
+                   for i, e in enumerate((embed, embed, embed_v)))
+    else:
+        q = rng.standard_normal((b, h, length, embed)).astype(dtype)
+        k = rng.standard_normal((b, h, source, embed)).astype(dtype)
+        v = rng.standard_normal((b, h, source, embed_v)).astype(dtype)
+    g = rng.standard_normal((b, length, h, embed_v)).astype(dtype).transpose(0, 2, 1, 3) \
+        if seed % 4 < 2 else rng.standard_normal((b, h, length, embed_v)).astype(dtype)
+    return rng, q, k, v, g
+
+
+def _both(q, k, v, g, scale, needs, by_heads, monkeypatch):
+    monkeypatch.setattr(_causal_attention, "_BY_HEADS", by_heads)
+    out, probs = _causal_attention.forward(q, k, v, scale)
+    return [out, probs] + list(_causal_attention.backward(q, k, v, probs, g, scale, *needs))
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", range(16))
+def test_by_heads_equals_the_grouped_products(small_blocks, seed, dtype):
+    """The head-at-a-time loop against the grouped path it replaces (the reference): outputs,
+    probabilities and each gradient asked for, at drawn block sizes and strides."""
+    rng, q, k, v, g = _heads_case(seed, dtype)
+    small_blocks.setattr(_causal_attention, "_BLOCK", int(rng.integers(1, 80)))
+    needs = tuple(bool(x) for x in rng.integers(0, 2, 3)) if seed % 5 else (True, True, True)
+    scale = float(rng.uniform(0.1, 1.0))
+    assert _causal_attention._plan(q, k, v, g) is not None
+    got = _both(q, k, v, g, scale, needs, True, small_blocks)
+    want = _both(q, k, v, g, scale, needs, False, small_blocks)
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    names = ("output", "probabilities", "dq", "dk", "dv")
+    for name, a, b in zip(names, got, want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides, name
+            np.testing.assert_allclose(a, b, err_msg=name, **tol)
+
+
+@needs_mkl
+def test_by_heads_gradcheck_and_second_derivatives(small_blocks):
+    """Through scaled_dot_product_attention on 4-D float64 inputs, blocks of 3 queries."""
+    small_blocks.setattr(_causal_attention, "_BLOCK", 3)
+    rng = np.random.default_rng(6)
+    for length, source in ((7, 7), (8, 5), (5, 9)):
+        q = hg.tensor(rng.standard_normal((1, 2, length, 4)), requires_grad=True)
+        k = hg.tensor(rng.standard_normal((1, 2, source, 4)), requires_grad=True)
+        v = hg.tensor(rng.standard_normal((1, 2, source, 3)), requires_grad=True)
+
+        def fn(a, b, c):
+            return F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=0.7)
+        assert _causal_attention._plan(q.array, k.array, v.array) is not None
+        assert gradcheck(fn, (q, k, v))
+        assert gradgradcheck(fn, (q, k, v))
+
+
+@needs_mkl
+def test_what_the_by_heads_loop_does_not_take(monkeypatch):
+    """Not 4-D, empty, or switched off: the grouped products (and the same results)."""
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 3, 64, 8)).astype(np.float32)
+    assert _causal_attention._plan(q, q, q) is not None
+    assert _causal_attention._plan(q[0], q[0], q[0]) is None
+    assert _causal_attention._plan(q[:0], q[:0], q[:0]) is None
+    monkeypatch.setattr(_causal_attention, "_BY_HEADS", False)
+    assert _causal_attention._plan(q, q, q) is None

@@ -178,20 +178,23 @@ def _causal_softmax_float64(x, length, scale, ninf):
         _causal_row(x[r], min(r % length + 1, x.shape[1]), scale, ninf, _exp_float64)
 
 
+@njit(inline="always")
+def _causal_row_backward(prow, grow, valid, scale):
+    stop = min((valid + 15) // 16 * 16, prow.size)
+    zero = scale - scale
+    dot = zero
+    for k in range(stop):
+        dot += grow[k] * prow[k] if k < valid else zero
+    for k in range(stop):
+        grow[k] = prow[k] * (grow[k] - dot) * scale if k < valid else zero
+    grow[stop:] = zero
+
+
 @njit(**_FLAGS)
 def _causal_softmax_backward(p, g, length, scale):
     rows, n = p.shape
     for r in range(rows):
-        valid = min(r % length + 1, n)
-        stop = min((valid + 15) // 16 * 16, n)
-        prow, grow = p[r], g[r]
-        zero = scale - scale
-        dot = zero
-        for k in range(stop):
-            dot += grow[k] * prow[k] if k < valid else zero
-        for k in range(stop):
-            grow[k] = prow[k] * (grow[k] - dot) * scale if k < valid else zero
-        grow[stop:] = zero
+        _causal_row_backward(p[r], g[r], min(r % length + 1, n), scale)
 
 
 compile_wide(_causal_softmax_float32, ["void(float32[:, ::1], int64, float32, float32)"],
