@@ -24,6 +24,10 @@ sums, so an inf or nan in it no longer makes those queries' outputs nan (the ful
 0 * inf did in every row; inside the key's own block it still does). PyTorch's flash attention
 skips masked blocks too.
 
+Where the arrays are 4-D (B, H, L, E), a numba loop takes the blocks a head at a time
+(kernels/causal_heads.py, Note [Causal attention by heads]); the grouped calls below are its
+reference (``_BY_HEADS = False``) and take every other rank.
+
 Measured on the GPT benchmark's attention ((8, 4, 128, 64) heads as a transposed view, one
 thread, a throwaway script interleaving the paths): forward 4.07 ms against the full Node's
 4.95 (PyTorch's flash attention 2.75), forward and backward 10.4 against 11.6 (PyTorch's
