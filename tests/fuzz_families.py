@@ -151,6 +151,7 @@ RENDER = {
     "batch_norm": "{o} = F.batch_norm({0}, None, None, {1}, {2}, training=True)",
     "cross_entropy": "{o} = F.cross_entropy({0}, {1})", "mse_loss": "{o} = F.mse_loss({0}, {1})",
     "frelu": "{o} = F.relu({0})",
+    "sdpa": "{o} = F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={3}, scale={4})",
 }
 
 
@@ -689,6 +690,40 @@ def build_nn(b, knobs, skip):
     _finish(b, knobs, [loss, flat] if knobs["relu"] else [loss])
 
 
+# attention --------------------------------------------------------------------------------------
+
+ATTENTION_KNOBS = dict(
+    COMMON_KNOBS, layout=lambda r: choice(r, ("4d", "3d", "packed")),
+    length=lambda r: choice(r, (5, 64, 70, 100)),  # 64 and up: the blocked causal paths
+    keys=lambda r: choice(r, (0, 0, 9, -4)),  # keys beyond (or short of) the queries
+    heads=lambda r: int(r.integers(1, 4)), embed=lambda r: choice(r, (4, 8, 16)),
+    causal=lambda r: bool(r.random() < 0.75), scale=lambda r: choice(r, (None, 0.3)),
+    backward=lambda r: choice(r, ("backward", "backward", "twice", "grad")))
+
+
+def build_attention(b, knobs, skip):
+    """scaled_dot_product_attention: (B, H, L, E) or (B, L, E) leaves, or a GPT's heads split
+    and transposed out of one (B, L, 3 * H * E) leaf and joined back after."""
+    n, h, e, length = knobs["n"], knobs["heads"], knobs["embed"], knobs["length"]
+    if knobs["layout"] == "packed":
+        x = b.leaf((n, length, 3 * h * e))
+        parts = b.emit("split", [(n, length, h * e)] * 3, x, h * e, 2)
+        q, k, v = (b.emit("transpose", (n, h, length, e), b.emit(
+            "view", (n, length, h, e), b.emit("item", (n, length, h * e), parts, i),
+            (n, length, h, e)), 1, 2) for i in range(3))
+    else:
+        lead = (n, h) if knobs["layout"] == "4d" else (n,)
+        source = max(1, length + knobs["keys"])
+        q, k, v = b.leaf(lead + (length, e)), b.leaf(lead + (source, e)), \
+            b.leaf(lead + (source, e + 1))
+    shape = b.shape(q)[:-1] + b.shape(v)[-1:]
+    y = b.emit("sdpa", shape, q, k, v, knobs["causal"], knobs["scale"])
+    if knobs["layout"] == "packed":
+        y = b.emit("reshape", (n, length, h * e), b.emit("transpose", (n, length, h, e), y, 1, 2),
+                   (n, length, h * e))
+    _finish(b, knobs, [y])
+
+
 # (knobs, build, hot knobs): half of the changes between variants redraw a hot knob, one that
 # changes a graph only a little (the count of a Node's inputs or outputs, which are used, a shape).
 FAMILIES = {
@@ -702,6 +737,7 @@ FAMILIES = {
     "hooks": (HOOKS_KNOBS, build_hooks, ("leaf_hook", "mid_hook", "retain", "second", "backward")),
     "checkpoint": (CHECKPOINT_KNOBS, build_checkpoint, ("reentrant", "twice", "n", "backward")),
     "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding", "kernel")),
+    "attention": (ATTENTION_KNOBS, build_attention, ("n", "length", "keys", "causal", "layout")),
 }
 
 

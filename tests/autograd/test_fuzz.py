@@ -22,7 +22,8 @@ SEED = 25  # the issue's number; any seed must pass
 # Programs per family: ~2,000 in all, about 60 s on 2 cores with PyTorch (the multi-output ops
 # and custom Functions, where plans went wrong, get more).
 BUDGET = {"elementwise": 200, "reduce": 150, "matmul": 150, "shape": 200, "multi": 300,
-          "function": 300, "inplace": 200, "hooks": 200, "checkpoint": 120, "nn": 120}
+          "function": 300, "inplace": 200, "hooks": 200, "checkpoint": 120, "nn": 120,
+          "attention": 80}
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,25 @@ def test_fuzz_script_reproduces_a_program(fuzzer):
     assert printed.count("--- variant") == len(program)
     for mode in fuzzer.modes:
         assert f"{mode:>9}:" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("by_heads", [True, False], ids=["by-heads", "grouped"])
+def test_fuzz_attention_through_each_causal_path(fuzzer, monkeypatch, by_heads):
+    """The attention programs with causal attention's blocks a head at a time (kernels/
+    causal_heads.py) or as grouped products (its reference), each seen to run, against
+    PyTorch and the backward modes."""
+    from hpcgrad.base import blas
+    from hpcgrad.nn import _causal_attention
+    if not blas.MKL:
+        pytest.skip("the blocked causal paths run their products by MKL")
+    monkeypatch.setattr(_causal_attention, "_BY_HEADS", by_heads)
+    calls = []
+    forward = _causal_attention.forward
+    monkeypatch.setattr(_causal_attention, "forward", lambda *args: calls.append(
+        _causal_attention._plan(*args[:3]) is not None) or forward(*args))
+    failing = [(index, found) for index in range(BUDGET["attention"])
+               if (found := fuzzer.check(fuzzer.program("attention", SEED + 3, index)))]
+    assert by_heads in calls, "no program took the path: the test would prove nothing"
+    assert not failing, f"{len(failing)} attention programs differ: {failing[:3]}"
