@@ -320,12 +320,10 @@ def matmul_into(products):
 
 
 def jit_product(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc):
-    """(kernel, jitter): the addresses of MKL's product ``c = a @ b`` compiled for these
-    parameters (row-major, alpha 1, beta 0; MKL's flags and leading dimensions as
-    ``cblas_?gemm`` takes them), called as ``kernel(jitter, a, b, c)`` (kernels/jit_products.py).
-    Made once per parameters and kept for the process (kept heads' tables hold them); where MKL
-    compiles no code of its own (larger sizes) the kernel calls its usual gemm. None where MKL
-    is not used, refuses the parameters, or ``_JITTED_KEPT`` are kept.
+    """MKL's product ``c = a @ b`` compiled for these parameters (row-major, alpha 1, beta 0;
+    MKL's flags and leading dimensions as ``cblas_?gemm`` takes them): a ``JitProduct``, or
+    None where MKL is not used or refuses the parameters. Where MKL compiles no code of its
+    own (larger sizes) the kernel calls its usual gemm.
 
     Note [MKL's JIT products]
     ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -335,14 +333,14 @@ def jit_product(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc):
     can make many such products between its own passes (causal attention a head at a time,
     kernels/causal_heads.py). The kernel's sums are in an order of its own, so its results
     agree with ``?gemm``'s to rounding; for given parameters it is the same code every call,
-    so a run repeats its bits."""
+    so a run repeats its bits. Compiling one takes ~0.4 ms, so the last ``_JITTED_KEPT`` are
+    kept by their parameters; a kernel is freed when nothing holds it (the cache let go of it
+    and no kept plan uses it), so a loop running it in another thread keeps it alive."""
     if not (MKL and _gemms()) or np.dtype(dtype) not in (np.float32, np.float64):
         return None
     key = (np.dtype(dtype).char, trans_a, trans_b, m, n, k, lda, ldb, ldc)
     if key in _JITTED:
         return _JITTED[key]
-    if len(_JITTED) >= _JITTED_KEPT:
-        return None
     name, scalar = ("s", ctypes.c_float) if key[0] == "f" else ("d", ctypes.c_double)
     create = getattr(_LIB, f"mkl_cblas_jit_create_{name}gemm")
     pointer = getattr(_LIB, f"mkl_jit_get_{name}gemm_ptr")
@@ -351,13 +349,31 @@ def jit_product(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc):
     jitter = ctypes.c_void_p()
     status = create(ctypes.byref(jitter), _ROW_MAJOR, trans_a, trans_b, m, n, k, scalar(1.0),
                     lda, ldb, scalar(0.0), ldc)
-    made = (pointer(jitter), jitter.value) if status in _JIT_MADE and jitter.value else None
+    made = JitProduct(pointer(jitter), jitter.value, _LIB.mkl_jit_destroy) \
+        if status in _JIT_MADE and jitter.value else None
+    if len(_JITTED) >= _JITTED_KEPT:
+        _JITTED.clear()
     _JITTED[key] = made
     return made
 
 
+class JitProduct:
+    """One kernel ``jit_product`` made: ``kernel(jitter, a, b, c)`` at these two addresses
+    (kernels/jit_products.py ``call``), freed by MKL with this object."""
+
+    __slots__ = ("kernel", "jitter", "_destroy")
+
+    def __init__(self, kernel, jitter, destroy):
+        self.kernel, self.jitter, self._destroy = kernel, jitter, destroy
+
+    def __del__(self):
+        if self.jitter:
+            self._destroy(ctypes.c_void_p(self.jitter))
+            self.jitter = 0
+
+
 _JIT_MADE = (0, 1)  # MKL_JIT_SUCCESS, MKL_NO_JIT (its usual gemm behind the pointer)
-_JITTED = {}  # jit_product's parameters -> (kernel, jitter) or None; never freed
+_JITTED = {}  # jit_product's parameters -> JitProduct (or None where MKL refused)
 _JITTED_KEPT = 1024
 
 

@@ -75,17 +75,17 @@ _PLANS = {}  # the arrays' (dtype, shapes, strides) -> kernels/causal_heads.py P
 _PLANS_KEPT = 64
 
 
-def _plan(q, k, v, g=None):
+def _plan(q, k, v, g=None, packed=False):
     """The by-heads Plan for these arrays (kept per their shapes and strides), or None where
     that path does not take them: off, not 4-D (B, H, L, E), empty, or MKL made no kernel."""
     if not (_BY_HEADS and q.ndim == 4 and q.size and k.size and v.size):
         return None
     key = tuple((x.dtype, x.shape, x.strides) for x in (q, k, v, g) if x is not None) \
-        + (g is None,)
+        + (g is None, packed, _BLOCK)
     if key not in _PLANS:
         if len(_PLANS) >= _PLANS_KEPT:
             _PLANS.clear()
-        _PLANS[key] = _heads().plan(q, k, v, g, _BLOCK)
+        _PLANS[key] = _heads().plan(q, k, v, g, _BLOCK, packed)
     return _PLANS[key]
 
 
@@ -115,11 +115,10 @@ def backward(q, k, v, probs, g, scale, need_q, need_k, need_v):
     PyTorch's math-backend formulas (Note [Attention as one Node]) by blocks."""
     length, source = q.shape[-2], k.shape[-2]
     grad_q = grad_k = grad_v = None
-    plan = _plan(q, k, v, g)
+    packed = need_q and need_k and need_v and q.shape == k.shape == v.shape
+    plan = _plan(q, k, v, g, packed)
     if plan is not None:
-        grad_q = _heads_last(q.shape, q.dtype) if need_q else None
-        grad_k = _zeros_past(k.shape, k.dtype, length) if need_k else None
-        grad_v = _zeros_past(v.shape, v.dtype, length) if need_v else None
+        grad_q, grad_k, grad_v = _heads().gradients(q, k, v, (need_q, need_k, need_v), packed)
         _heads().backward(q, k, v, probs, g, grad_q, grad_k, grad_v, scale, plan)
         return grad_q, grad_k, grad_v
     keys = list(_key_blocks(length, source))

@@ -288,3 +288,48 @@ def test_matmul_into_kept_groups_follow_new_arrays_of_the_same_shapes(monkeypatc
                                    out := np.empty((3, 4, 4), np.float32))
         np.testing.assert_allclose(out, np.full((3, 4, 4), 5.0))
     assert len(blas._GROUPS) == 1  # at the bound of 2 the kept ones were dropped first
+
+
+def _call_jit(product, a, b, out):
+    """Run a JitProduct through ctypes (numba loops call it the same way)."""
+    import ctypes
+    fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4)(product.kernel)
+    fn(product.jitter, a.ctypes.data, b.ctypes.data, out.ctypes.data)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (False, True), (True, True)])
+def test_jit_products_equal_numpy(mkl, dtype, trans_a, trans_b):
+    """Note [MKL's JIT products]: small products at leading dimensions wider than the
+    matrices (blocks of larger arrays), and one too large for MKL's JIT (its usual gemm)."""
+    rng = np.random.default_rng(4)
+    for m, n, k in ((3, 4, 5), (64, 128, 64), (200, 150, 170)):
+        big_a = rng.standard_normal((k + 3, m + 2) if trans_a else (m + 2, k + 3)).astype(dtype)
+        big_b = rng.standard_normal((n + 1, k + 4) if trans_b else (k + 4, n + 1)).astype(dtype)
+        a = big_a[:k, :m].T if trans_a else big_a[:m, :k]
+        b = big_b[:n, :k].T if trans_b else big_b[:k, :n]
+        out = np.full((m, n + 5), np.nan, dtype)
+        (la, lda), (lb, ldb) = blas._layout(a), blas._layout(b)
+        product = blas.jit_product(dtype, la, lb, m, n, k, lda, ldb, n + 5)
+        _call_jit(product, a, b, out)
+        np.testing.assert_allclose(out[:, :n], a @ b, **_tolerance(dtype, k))
+        assert np.isnan(out[:, n:]).all()  # past the leading dimension's columns: untouched
+        assert blas.jit_product(dtype, la, lb, m, n, k, lda, ldb, n + 5) is product  # kept
+
+
+@needs_mkl
+def test_a_jit_product_lives_while_held_when_the_cache_lets_go(mkl, monkeypatch):
+    monkeypatch.setattr(blas, "_JITTED", {})
+    monkeypatch.setattr(blas, "_JITTED_KEPT", 2)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((3, 4))
+    held = blas.jit_product(np.float64, blas._NO_TRANS, blas._NO_TRANS, 2, 4, 3, 3, 4, 4)
+    for n in (5, 6):  # the third kernel clears the cache
+        blas.jit_product(np.float64, blas._NO_TRANS, blas._NO_TRANS, 2, n, 3, 3, n, n)
+    assert len(blas._JITTED) == 1 and held.jitter
+    out = np.empty((2, 4))
+    _call_jit(held, a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-13)
+    monkeypatch.setattr(blas, "MKL", False)
+    assert blas.jit_product(np.float64, blas._NO_TRANS, blas._NO_TRANS, 2, 4, 3, 3, 4, 4) is None

@@ -250,11 +250,17 @@ def test_by_heads_equals_the_grouped_products(small_blocks, seed, dtype):
     want = _both(q, k, v, g, scale, needs, False, small_blocks)
     tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     names = ("output", "probabilities", "dq", "dk", "dv")
+    packed = all(needs) and q.shape == k.shape == v.shape  # the gradients in one array
     for name, a, b in zip(names, got, want):
         assert (a is None) == (b is None), name
         if a is not None:
-            assert a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides, name
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert a.strides == b.strides or (packed and name[0] == "d"), name
             np.testing.assert_allclose(a, b, err_msg=name, **tol)
+    if packed:
+        owner = got[2].base
+        assert all(g.base is owner and g.base.shape == (q.shape[0], q.shape[2], 3) + q.shape[1:2]
+                   + q.shape[3:] for g in got[2:])
 
 
 @needs_mkl
@@ -284,3 +290,32 @@ def test_what_the_by_heads_loop_does_not_take(monkeypatch):
     assert _causal_attention._plan(q[:0], q[:0], q[:0]) is None
     monkeypatch.setattr(_causal_attention, "_BY_HEADS", False)
     assert _causal_attention._plan(q, q, q) is None
+
+
+@needs_mkl
+def test_a_gpts_q_k_v_gradients_are_joined_without_a_copy(monkeypatch):
+    """q, k and v split from one (B, L, 3 * H * E) output: their gradients are written side by
+    side in one array, so split's backward joins them as a view (tensor/ops/split.py), not
+    with a Cat; qkv's gradient equals the composition's."""
+    from hpcgrad.tensor.ops import split
+    rng = np.random.default_rng(12)
+    b, length, h, e = 2, 70, 3, 8
+    data = rng.standard_normal((b, length, 3 * h * e)).astype(np.float32)
+    u = rng.standard_normal((b, length, h * e)).astype(np.float32)
+
+    def run(attend):
+        qkv = hg.tensor(data, requires_grad=True)
+        q, k, v = (z.view(b, length, h, e).transpose(1, 2) for z in qkv.split(h * e, dim=2))
+        y = attend(q, k, v).transpose(1, 2).reshape(b, length, h * e)
+        (y * hg.tensor(u)).sum().backward()
+        return qkv.grad.array
+
+    cats, cat = [], split.Cat.apply
+    monkeypatch.setattr(split.Cat, "apply", staticmethod(lambda *args: cats.append(1) or
+                                                         cat(*args)))
+    got = run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert not cats
+    want = run(lambda q, k, v: attention_reference(
+        q, k, v, attention_bias(None, True, length, length, q), 0.0, 1 / math.sqrt(e)))
+    assert cats  # the composition's gradients are made apart: copied
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

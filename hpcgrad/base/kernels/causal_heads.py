@@ -32,35 +32,38 @@ from hpcgrad.base.kernels.softmax import (_causal_softmax_backward, _causal_soft
 
 class Plan:
     """One call's blocks and the JIT kernel of each of their products, for arrays of given
-    shapes, strides and dtype (``plan``). Each table is (blocks, 2): kernel, jitter."""
+    shapes, strides and dtype (``plan``). Each table is (blocks, 2): kernel, jitter, the
+    addresses of the base/blas.py JitProducts the plan holds (they live as long as it)."""
 
     def __init__(self, blocks, keys, tables):
+        self.products = [p for table in tables for p in table]
         self.blocks, self.keys = blocks, keys
-        self.qk, self.pv, self.dv, self.ds, self.dq, self.dk = tables
+        self.qk, self.pv, self.dv, self.ds, self.dq, self.dk = (
+            np.array([[p.kernel, p.jitter] for p in table], np.int64).reshape(-1, 2)
+            for table in tables + [[]] * (6 - len(tables)))
 
 
 def _kernel(a, b, out):
-    """[kernel, jitter] of ``out = a @ b`` for matrices laid out as these (one head's block),
-    or None where a layout or MKL refuses."""
+    """The JitProduct of ``out = a @ b`` for matrices laid out as these (one head's block), or
+    None where a layout or MKL refuses."""
     layouts = [blas._layout(x) for x in (a, b, out)]
     if None in layouts or layouts[2][0] != blas._NO_TRANS:
         return None
     (la, lda), (lb, ldb), (_, ldc) = layouts
     (m, k), n = a.shape, b.shape[1]
-    made = blas.jit_product(a.dtype, la, lb, m, n, k, max(1, lda), max(1, ldb), max(1, ldc))
-    return None if made is None else list(made)
+    return blas.jit_product(a.dtype, la, lb, m, n, k, max(1, lda), max(1, ldb), max(1, ldc))
 
 
-def plan(q, k, v, g, block):
+def plan(q, k, v, g, block, packed=False):
     """The Plan of causal attention of 4-D (B, H, L, E) q, k, v (and g, the output's gradient,
     or None for the forward alone) by blocks of ``block`` queries, its scores and their
-    gradient C-contiguous (L, S) a head, the output and the gradients laid out as
-    nn/_causal_attention.py ``_heads_last`` lays them; None where MKL makes no kernel for one
-    of its products."""
+    gradient C-contiguous (L, S) a head, the output laid out as nn/_causal_attention.py
+    ``_heads_last`` lays it and the gradients as ``gradients`` (``packed``) lays them; None
+    where MKL makes no kernel for one of its products."""
     length, source, dtype = q.shape[2], k.shape[2], q.dtype
     q0, k0, v0 = (x[0, 0] for x in (q, k, v))
     scores = np.empty((length, source), dtype)
-    out = _heads_last_like(q.shape[:2] + (length, v.shape[3]), dtype)[0, 0]
+    out = _heads_last_like((1,) + q.shape[1:3] + (v.shape[3],), dtype)[0, 0]
     qblocks = [(a, min(a + block, length), min(a + block, length, source))
                for a in range(0, length, block)]
     kblocks = [(c, min(c + block, length, source)) for c in range(0, min(length, source), block)]
@@ -68,19 +71,35 @@ def plan(q, k, v, g, block):
               [_kernel(scores[a:b, :seen], v0[:seen], out[a:b]) for a, b, seen in qblocks]]
     if g is not None:
         g0 = g[0, 0]
-        grad_k = _heads_last_like(k.shape, dtype)[0, 0]
-        grad_v = _heads_last_like(v.shape, dtype)[0, 0]
-        grad_q = _heads_last_like(q.shape, dtype)[0, 0]
+        grad_q, grad_k, grad_v = (x[0, 0] for x in gradients(
+            *(x[:1] for x in (q, k, v)), (True, True, True), packed))
         tables += [[_kernel(scores[c:, c:d].T, g0[c:], grad_v[c:d]) for c, d in kblocks],
                    [_kernel(g0[a:b], v0[:seen].T, scores[a:b, :seen]) for a, b, seen in qblocks],
                    [_kernel(scores[a:b, :seen], k0[:seen], grad_q[a:b]) for a, b, seen in qblocks],
                    [_kernel(scores[c:, c:d].T, q0[c:], grad_k[c:d]) for c, d in kblocks]]
     if any(None in table for table in tables):
         return None
-    tables = [np.array(table, np.int64).reshape(-1, 2) for table in tables]
-    tables += [np.zeros((0, 2), np.int64)] * (6 - len(tables))
     return Plan(np.array(qblocks, np.int64).reshape(-1, 3),
                 np.array(kblocks, np.int64).reshape(-1, 2), tables)
+
+
+def gradients(q, k, v, needs, packed):
+    """Empty (grad_q, grad_k, grad_v) for 4-D q, k, v, each None where ``needs`` says so,
+    laid out as ``plan`` makes its kernels for: each (B, H, L, E) stored as (B, L, H, E), or
+    with ``packed`` (q, k and v of one shape, every gradient needed) the three side by side
+    in one (B, L, 3, H, E) array, as a GPT's q, k and v are split from one (B, L, 3 * H * E)
+    output, whose split's backward then joins them without a copy (tensor/ops/split.py). Rows
+    of grad_k and grad_v past the last query (keys no query sees) are 0."""
+    if packed:
+        b, h, length, e = q.shape
+        joined = np.empty((b, length, 3, h, e), q.dtype)
+        return tuple(joined[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    grads = [_heads_last_like(x.shape, x.dtype) if need else None for x, need in zip((q, k, v),
+                                                                                      needs)]
+    for grad in grads[1:]:
+        if grad is not None:
+            grad[:, :, q.shape[2]:] = 0
+    return tuple(grads)
 
 
 def _heads_last_like(shape, dtype):

@@ -9,9 +9,11 @@ ops] in views.py): writing one in place while recording a graph raises PyTorch's
 
 import numpy as np
 
+from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops.shape import Cat, stack, wrap_dim
 from hpcgrad.tensor.ops.views import as_view, multi_view_nodes
+from hpcgrad.tensor._tensor import Tensor
 
 
 class Split(Function):
@@ -29,7 +31,42 @@ class Split(Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        joined = None if grad_mode.is_grad_enabled() else _side_by_side(grads, ctx.dim)
+        if joined is not None:
+            return Tensor._make(joined, False, None, 0), None, None
         return Cat.apply(ctx.dim, *grads), None, None
+
+
+def _side_by_side(grads, dim):
+    """The pieces' gradients joined along ``dim`` as one view, where they already lie side by
+    side in one numpy array, in order, with the same strides (causal attention's gradients of
+    a GPT's q, k and v: kernels/causal_heads.py ``gradients``); else None (Cat copies them).
+
+    The view is of memory the pieces' gradients also see; nothing writes either afterwards (the
+    engine sums gradients out of place, and AccumulateGrad adopts only an array nothing else
+    holds), so it is the copy's value. The pieces' addresses, strides and common owner are
+    checked, not assumed: a gradient made elsewhere (a hook's, the grouped path's) is copied."""
+    if any(g is None or type(g.array) is not np.ndarray for g in grads):
+        return None
+    arrays = [g.array for g in grads]
+    first = arrays[0]
+    owner, step, at = _owner(first), first.strides[dim], first.ctypes.data
+    for a in arrays:
+        if a.dtype != first.dtype or a.strides != first.strides or a.ctypes.data != at \
+                or a.shape[:dim] + a.shape[dim + 1:] != first.shape[:dim] + first.shape[dim + 1:] \
+                or _owner(a) is not owner or owner is None:
+            return None
+        at += a.shape[dim] * step
+    shape = first.shape[:dim] + (sum(a.shape[dim] for a in arrays),) + first.shape[dim + 1:]
+    return np.lib.stride_tricks.as_strided(first, shape, first.strides)
+
+
+def _owner(a):
+    """The ndarray that owns ``a``'s memory (the end of its chain of bases), or None where the
+    chain leaves numpy (memory of another library's)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a if a.base is None else None
 
 
 class SplitWithSizes(Split):
