@@ -7,6 +7,8 @@ per piece. The pieces are recorded as views made by a multi-output op (Note [Vie
 ops] in views.py): writing one in place while recording a graph raises PyTorch's error.
 """
 
+import sys
+
 import numpy as np
 
 from hpcgrad.autograd import grad_mode
@@ -42,7 +44,10 @@ def _side_by_side(grads, dim):
     side in one numpy array, in order, with the same strides (causal attention's gradients of
     a GPT's q, k and v: kernels/causal_heads.py ``gradients``); else None (Cat copies them).
 
-    The view is of memory the pieces' gradients also see; nothing writes either afterwards (the
+    The view is of the memory the pieces' gradients see, and nothing else may see it: the
+    owning array is held by the pieces alone (a hook that kept a piece's gradient holds one
+    more view, and the pieces are then copied, as a later in-place hook on the joined
+    gradient would otherwise change the kept one). Nothing writes the view afterwards (the
     engine sums gradients out of place, and AccumulateGrad adopts only an array nothing else
     holds), so it is the copy's value. The pieces' addresses, strides and common owner are
     checked, not assumed: a gradient made elsewhere (a hook's, the grouped path's) is copied."""
@@ -51,10 +56,13 @@ def _side_by_side(grads, dim):
     arrays = [g.array for g in grads]
     first = arrays[0]
     owner, step, at = _owner(first), first.strides[dim], first.ctypes.data
+    # references to the owner: each piece's array, ``owner`` here, getrefcount's argument
+    if owner is None or sys.getrefcount(owner) > len(arrays) + 2:
+        return None
     for a in arrays:
         if a.dtype != first.dtype or a.strides != first.strides or a.ctypes.data != at \
                 or a.shape[:dim] + a.shape[dim + 1:] != first.shape[:dim] + first.shape[dim + 1:] \
-                or _owner(a) is not owner or owner is None:
+                or _owner(a) is not owner:
             return None
         at += a.shape[dim] * step
     shape = first.shape[:dim] + (sum(a.shape[dim] for a in arrays),) + first.shape[dim + 1:]

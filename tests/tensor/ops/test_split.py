@@ -22,11 +22,10 @@ def _as_is(*arrays):
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_pieces_side_by_side_are_joined_as_a_view(dim):
-    owner = np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5)
     cuts = {0: (1, 3), 1: (2, 3), 2: (1, 4)}[dim]
-    pieces = np.split(owner, cuts, axis=dim)
+    pieces = np.split(np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5), cuts, axis=dim)
     joined = _side_by_side(_as_is(*pieces), dim)
-    assert joined is not None and np.shares_memory(joined, owner)
+    assert joined is not None and np.shares_memory(joined, pieces[0])
     np.testing.assert_array_equal(joined, np.concatenate(pieces, axis=dim))
 
 
@@ -34,24 +33,40 @@ def test_a_strided_owner_as_attentions_packed_gradients():
     """The GPT's case: (B, L, 3, H, E) viewed per piece as (B, L, H * E)."""
     owner = np.random.default_rng(0).standard_normal((2, 5, 3, 2, 4))
     pieces = [owner[:, :, i].reshape(2, 5, 8) for i in range(3)]
+    del owner  # held by the pieces alone, as the gradients' owner is
     joined = _side_by_side(_as_is(*pieces), 2)
     assert joined is not None
     np.testing.assert_array_equal(joined, np.concatenate(pieces, axis=2))
 
 
-def test_anything_else_is_not_a_view():
+def test_an_owner_someone_else_holds_is_not_viewed():
+    """A view of the owner kept elsewhere (a hook's kept gradient): copied, so that writing the
+    joined gradient cannot change what was kept."""
     owner = np.arange(24.0).reshape(4, 6)
-    a, b, c = owner[:, :2], owner[:, 2:4], owner[:, 4:]
-    assert _side_by_side(_as_is(a, c), 1) is None  # a gap between them
-    assert _side_by_side(_as_is(b, a), 1) is None  # out of order
-    assert _side_by_side(_as_is(a, a), 1) is None  # the same piece twice
+    pieces = [owner[:, :3], owner[:, 3:]]
+    del owner
+    assert _side_by_side(_as_is(*pieces), 1) is not None
+    kept = pieces[0].base[:1]  # noqa: F841  (held: the owner has one more view)
+    assert _side_by_side(_as_is(*pieces), 1) is None
+
+
+def test_anything_else_is_not_a_view():
+    def pieces(*cuts):
+        owner = np.arange(24.0).reshape(4, 6)
+        return [owner[:, a:b] for a, b in cuts]
+    assert _side_by_side(_as_is(*pieces((1, 3), (3, 4))), 1) is not None
+    assert _side_by_side(_as_is(*pieces((0, 2), (4, 6))), 1) is None  # a gap between them
+    assert _side_by_side(_as_is(*pieces((2, 4), (0, 2))), 1) is None  # out of order
+    assert _side_by_side(_as_is(*pieces((0, 2), (0, 2))), 1) is None  # the same piece twice
+    a, b = pieces((0, 2), (2, 4))
     assert _side_by_side(_as_is(a, np.ascontiguousarray(b)), 1) is None  # another array
-    assert _side_by_side(_as_is(owner[:2], owner[2:].astype(np.float32)), 0) is None  # dtypes
-    assert _side_by_side(_as_is(owner[:, 1:3], owner[:, 3:4]), 1) is not None
-    assert _side_by_side(_grads(owner[:2], None), 0) is None  # a piece without a gradient
-    two = np.arange(24.0)  # adjacent addresses, but strides that differ
-    assert _side_by_side(_as_is(two[:12].reshape(3, 4), two[12:].reshape(4, 3)[:, :2]), 0) \
-        is None
+    a, b = pieces((0, 3), (3, 6))
+    assert _side_by_side(_as_is(a, b.astype(np.float32)), 1) is None  # dtypes
+    assert _side_by_side(_grads(a, None), 1) is None  # a piece without a gradient
+    flat = np.arange(24.0)  # adjacent addresses, but strides that differ
+    first, second = flat[:12].reshape(3, 4), flat[12:].reshape(4, 3)[:, :2]
+    del flat
+    assert _side_by_side(_as_is(first, second), 0) is None
 
 
 def test_split_backward_joins_or_copies_with_the_same_values(monkeypatch):
