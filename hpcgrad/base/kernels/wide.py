@@ -19,6 +19,11 @@ compiled code per CPU, and the choice depends only on the CPU, so a cached loop 
 would compile. Other signatures of the same loops compile lazily at numba's width.
 """
 
+import contextlib
+import os
+import sys
+import tempfile
+
 import llvmlite.binding as llvm
 from numba.core import config as numba_config
 
@@ -43,9 +48,33 @@ def compile_wide(dispatcher, signatures, lanes=16, interleave=None):
     if interleave is not None:
         llvm.set_option("", f"-force-vector-interleave={interleave}")
     try:
-        for signature in signatures:
-            dispatcher.compile(signature)
+        with _without_vectorizer_remarks():
+            for signature in signatures:
+                dispatcher.compile(signature)
     finally:
         llvm.set_option("", "-force-vector-width=0")  # 0: LLVM's own choice again
         if interleave is not None:
             llvm.set_option("", "-force-vector-interleave=0")
+
+
+@contextlib.contextmanager
+def _without_vectorizer_remarks():
+    """Drop LLVM's ``remark: ... loop not vectorized: ...`` lines from what the block prints.
+
+    A forced width makes every loop's vectorizing one that was asked for, so LLVM reports each
+    loop it left scalar, to stderr, at a cold compile: the loops kept scalar on purpose
+    (softmax's eight running maxima, Note [512-bit loops]) printed two such lines to a
+    newcomer's first run. What else the block prints to stderr is written back after it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if not (line.startswith("remark:") and "loop not vectorized" in line):
+                    sys.stderr.write(line)

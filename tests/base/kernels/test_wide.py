@@ -44,3 +44,26 @@ def test_the_gelu_backward_loop_is_compiled_wide(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert out == ["1", "True"]
+
+
+def test_a_loop_left_scalar_prints_no_remark_and_other_output_passes(capfd):
+    """LLVM's "loop not vectorized" remarks for loops kept scalar on purpose are dropped from
+    a cold compile's stderr; anything else printed meanwhile is kept."""
+    def running_max(x, out):
+        for r in range(x.shape[0]):
+            m = x[r, 0]
+            for k in range(x.shape[1]):
+                v = x[r, k]
+                m = v if v > m else m  # a select: not a reduction LLVM vectorizes
+            out[r] = m
+    loop = njit(error_model="numpy", fastmath={"reassoc"})(running_max)
+    with wide._without_vectorizer_remarks():
+        print("kept", file=sys.stderr)
+        os.write(2, b"remark: <unknown>:0:0: loop not vectorized: planted\n")
+    wide.compile_wide(loop, ["void(float32[:, ::1], float32[::1])"], interleave=1)
+    err = capfd.readouterr().err
+    assert "kept" in err and "remark" not in err
+    x = np.random.default_rng(0).standard_normal((3, 20)).astype(np.float32)
+    out = np.empty(3, np.float32)
+    loop(x, out)
+    np.testing.assert_array_equal(out, x.max(1))
