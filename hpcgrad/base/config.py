@@ -70,6 +70,9 @@ SETTINGS = (
     Setting("HPCGRAD_CUDA_NORMS", "0", "at each BatchNorm, LayerNorm or softmax on a GPU array",
             "1: they run as numba CUDA kernels (kernels/cuda_norms.py; tested under numba's "
             "simulator, not yet on a GPU); 0: as cupy array expressions"),
+    Setting("HPCGRAD_CUDA_POINTWISE", "0", "at each GELU or Adam step on a GPU array",
+            "1: they run as numba CUDA kernels (kernels/cuda_pointwise.py; tested under numba's "
+            "simulator, not yet on a GPU); 0: as cupy array expressions"),
     Setting("HPCGRAD_DIRECT_CONV", "1", "at each convolution on numpy arrays",
             "1: convolutions of few channels (forward; at stride 1 also both gradients) run as "
             "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "

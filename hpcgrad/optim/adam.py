@@ -96,11 +96,19 @@ class Adam(Optimizer):
         state = self.state[p]
         m, v, vmax = state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq")
         arrays = (p.array, p.grad.array, m, v) + ((vmax,) if group["amsgrad"] else ())
-        if (group["amsgrad"] and vmax is None) or p.array.dtype not in _FUSED_DTYPES or not all(
+        if group["amsgrad"] and vmax is None:
+            return False  # (amsgrad switched on after the first steps: numpy's first copy)
+        if backend.is_gpu_array(p.array):  # kernels/cuda_pointwise.py, where switched on
+            from hpcgrad.base.kernels import cuda_pointwise
+            if not cuda_pointwise.adam_typed(*arrays):
+                return False
+            adam_step = cuda_pointwise.adam_step
+        elif p.array.dtype not in _FUSED_DTYPES or not all(
                 type(a) is np.ndarray and a.dtype == p.array.dtype and a.flags.c_contiguous
                 for a in arrays):
-            return False  # (amsgrad switched on after the first steps: numpy's first copy)
-        from hpcgrad.base.kernels.cpu import adam_step
+            return False
+        else:
+            from hpcgrad.base.kernels.cpu import adam_step
         lr, (beta1, beta2), wd = scalar(group["lr"]), group["betas"], group["weight_decay"]
         decay = 1 - lr * wd if self._decoupled_weight_decay and wd != 0 else 1
         g, _ = update_direction(p.array, p.grad.array, 0 if self._decoupled_weight_decay else wd,

@@ -400,8 +400,12 @@ def _erf(array):
 
 
 def _gelu_loops(*arrays):
-    """kernels/cpu.py's one-pass GELU loops where they take these arrays, else None (numpy's
-    expressions below, the reference they are tested against)."""
+    """kernels/cpu.py's one-pass GELU loops where they take these arrays, kernels/
+    cuda_pointwise.py's for cupy arrays where switched on (HPCGRAD_CUDA_POINTWISE=1), else
+    None (numpy's or cupy's expressions below, the reference they are tested against)."""
+    if all(backend.is_gpu_array(a) for a in arrays):
+        from hpcgrad.base.kernels import cuda_pointwise  # numba.cuda: imported on first use
+        return cuda_pointwise if cuda_pointwise.gelu_typed(*arrays) else None
     if not all(type(a) is np.ndarray for a in arrays):
         return None
     from hpcgrad.base.kernels import cpu  # numba: imported on first use
