@@ -402,9 +402,13 @@ def add_rows(out, rows, values):
     of one dtype, ``values`` of shape (len(rows),) + out.shape[1:]. Else False (numpy's
     ufunc.at keeps its own errors and broadcasting)."""
     if not (type(rows) is np.ndarray and rows.ndim == 1 and rows.dtype.kind in "iu"
-            and out.ndim >= 1 and values.shape == rows.shape + out.shape[1:]
-            and contiguous_floats(out, values) and out.dtype == values.dtype):
+            and out.ndim >= 1 and type(values) is np.ndarray
+            and values.shape == rows.shape + out.shape[1:]
+            and contiguous_floats(out) and out.dtype == values.dtype):
         return False
+    # Values in another layout (an embedding's gradient from ``.sum()``: a broadcast of ones)
+    # are copied first: a copy of 1024 rows of 256 took 0.2 ms where ufunc.at took 8.
+    values = np.ascontiguousarray(values)
     if rows.size == 0:
         return True
     if rows.min() < 0 or rows.max() >= out.shape[0]:

@@ -22,6 +22,18 @@ def test_add_rows_equals_ufunc_at_with_repeated_rows(seed):
     np.testing.assert_array_equal(got, want)
 
 
+def test_add_rows_takes_values_in_any_layout():
+    """A broadcast (an embedding's gradient from ``.sum()``) or a transposed view: the same
+    sums as ufunc.at."""
+    rows = np.array([2, 0, 2, 1])
+    for values in (np.broadcast_to(np.float32(1.5), (4, 3)),
+                   np.arange(12, dtype=np.float32).reshape(3, 4).T):
+        got, want = np.zeros((3, 3), np.float32), np.zeros((3, 3), np.float32)
+        np.add.at(want, (rows,), values)
+        assert cpu.add_rows(got, rows, values)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_add_rows_declines_what_ufunc_at_must_handle():
     out = np.zeros((4, 3), np.float32)
     values = np.ones((2, 3), np.float32)
