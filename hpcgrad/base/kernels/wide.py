@@ -23,6 +23,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 
 import llvmlite.binding as llvm
 from numba.core import config as numba_config
@@ -48,7 +49,11 @@ def compile_wide(dispatcher, signatures, lanes=16, interleave=None):
     if interleave is not None:
         llvm.set_option("", f"-force-vector-interleave={interleave}")
     try:
-        with _without_vectorizer_remarks():
+        # fd 2 is the process's: only the main thread swaps it (pytest's capture swaps it too,
+        # there); a kernel module first imported in another thread compiles unfiltered
+        quiet = _without_vectorizer_remarks() \
+            if threading.current_thread() is threading.main_thread() else contextlib.nullcontext()
+        with quiet:
             for signature in signatures:
                 dispatcher.compile(signature)
     finally:
