@@ -157,7 +157,8 @@ def _heads_last(shape, dtype):
     """An empty (B, H, L, E) array stored as (B, L, H, E), as PyTorch's attention returns its
     output: ``y.transpose(1, 2).reshape(B, L, H * E)``, how a model joins the heads, is then a
     view, not a copy (0.13 ms a GPT layer), and the gradients of q, k and v, transposed back
-    to the (B, L, 3, H, E) they were split from, are too. Other ranks: C order."""
+    to the (B, L, 3, H, E) they were split from, are too. Other ranks: C order. (kernels/
+    causal_heads.py ``_heads_last_like`` repeats the 4-D case: that layer cannot import this.)"""
     if len(shape) != 4:
         return np.empty(shape, dtype)
     b, h, length, e = shape
