@@ -14,7 +14,8 @@ tempted to serve a graph it does not describe. Each variant is data (op specs) t
 Python in a dialect both libraries speak, so the same program runs
 
 - in each hpcgrad mode (``set_backward_plan``: "off", the queue engine; "on", replayed plans;
-  "reference", the plain executor, where it exists), the plan cache emptied before each program;
+  "reference", the plain executor, where it exists, with every in-place op recorded as its own
+  Node, none folded: Note [Folded in-place ops]), the plan cache emptied before each program;
   the modes run the same formulas, so they must agree to rtol 1e-6 (float64) / 1e-5 (float32),
   and raise on the same variants; a difference between modes is never excused;
 - in PyTorch, when installed: outputs, gradients (None where PyTorch has None), shapes and
@@ -79,8 +80,10 @@ def run_program(program, ns, mode=None):
     """One result per variant: {name: array or None}, or {"error": message}."""
     if mode is not None:
         import hpcgrad.autograd as A
+        from hpcgrad.autograd import fold
         previous = A.set_backward_plan(mode)
         A.engine.plans.clear()
+        fold.ENABLED = mode != "reference"  # the reference records every op (Note [Folded in-place ops])
     results = []
     try:
         with warnings.catch_warnings():
@@ -95,6 +98,7 @@ def run_program(program, ns, mode=None):
     finally:
         if mode is not None:
             A.set_backward_plan(previous)
+            fold.ENABLED = True
     return results
 
 
@@ -199,6 +203,7 @@ class Fuzzer:
                  "runs = {}", f"for mode in {tuple(self.modes)!r}:",
                  "    hpcgrad.autograd.set_backward_plan(mode)",
                  "    hpcgrad.autograd.engine.plans.clear()",
+                 "    hpcgrad.autograd.fold.ENABLED = mode != 'reference'",
                  "    runs[mode] = program(hpcgrad, hpcgrad.nn.functional, hpcgrad.nn, "
                  "hpcgrad.utils.checkpoint.checkpoint)",
                  "try:", "    import torch, torch.utils.checkpoint",

@@ -151,6 +151,10 @@ RENDER = {
     "batch_norm": "{o} = F.batch_norm({0}, None, None, {1}, {2}, training=True)",
     "cross_entropy": "{o} = F.cross_entropy({0}, {1})", "mse_loss": "{o} = F.mse_loss({0}, {1})",
     "frelu": "{o} = F.relu({0})",
+    # residual blocks' tails (Note [Folded in-place ops])
+    "frelu_": "F.relu({0}, inplace=True)", "relu_module": "nn.ReLU(inplace=True)({0})",
+    "iadd": "{0} += {1}", "add_alpha": "{0}.add_({1}, alpha={2})",
+    "batch_norm_eval": "{o} = F.batch_norm({0}, {1}, {2}, {3}, {4}, training=False)",
     "sdpa": "{o} = F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={3}, scale={4})",
 }
 
@@ -724,6 +728,75 @@ def build_attention(b, knobs, skip):
     _finish(b, knobs, [y])
 
 
+# residual blocks' tails ----------------------------------------------------------------------
+
+RESIDUAL_KNOBS = dict(
+    COMMON_KNOBS, norm=lambda r: choice(r, ("module", "module", "functional", "eval")),
+    spatial=lambda r: choice(r, ((2, 2), (3, 5), (1, 1), (4, 4))),
+    pre=lambda r: bool(r.integers(2)),  # the BatchNorm's input an op's output, not a leaf
+    add=lambda r: choice(r, (None, "leaf", "leaf", "const", "transposed", "alpha", "self")),
+    relu=lambda r: choice(r, (None, "relu_", "relu_", "frelu_", "relu_module")),
+    first=lambda r: choice(r, ("add", "add", "add", "relu")),  # relu then add: both raise
+    use=lambda r: choice(r, (None, None, "before", "view", "hook", "retain")),
+    after=lambda r: bool(r.random() < 0.2))  # one more in-place add after: raises past a relu
+
+
+def build_residual(b, knobs, skip):
+    """``out = bn(x); out += other; out.relu_()`` in the forms a ResNet block writes it, and
+    the forms that must not be folded into BatchNorm's Node (the output used before, a hook,
+    retain_grad, a view, alpha, the relu first): each library and mode, the same results."""
+    n, dt = knobs["n"] + 1, knobs["dtype"]  # batch norm over one value per channel is undefined
+    h, w = knobs["spatial"]
+    shape = (n, 3, h, w)
+    x = b.leaf(shape)
+    if knobs["pre"]:
+        x = b.emit("mul", shape, x, 1.5)
+    if knobs["norm"] == "functional":
+        y = b.emit("batch_norm", shape, x, b.leaf((3,)), b.leaf((3,)))
+    elif knobs["norm"] == "eval":
+        y = b.emit("batch_norm_eval", shape, x, b.const((3,)), b.emit("possq", (3,), b.const((3,))),
+                   b.leaf((3,)), b.leaf((3,)))
+    else:
+        m = b.emit("module", (), _Src("BatchNorm2d(3)"), dt)
+        y = b.emit("call", shape, m, x)
+    outs = []
+    use = knobs["use"]
+    if use == "before":
+        outs.append(b.emit("mul", shape, y, 2.0))
+    elif use == "view":
+        outs.append(b.emit("mul", (3, h, w), b.emit("index", (3, h, w), y, _Idx(0)), 2.0))
+    elif use == "hook":
+        b.emit("hook", None, y, 3.0)
+    elif use == "retain":
+        b.emit("retain", None, y)
+
+    def add():
+        kind = knobs["add"]
+        if kind is None:
+            return
+        if kind == "const":
+            b.emit("iadd", None, y, b.const(shape))
+        elif kind == "transposed":  # a non-contiguous residual
+            b.emit("iadd", None, y, b.emit("transpose", shape, b.leaf((n, 3, w, h)), 2, 3))
+        elif kind == "alpha":
+            b.emit("add_alpha", None, y, b.leaf(shape), 2.0)
+        elif kind == "self":
+            b.emit("iadd", None, y, y)
+        else:
+            b.emit("add_", None, y, b.emit("mul", shape, b.leaf(shape), 0.5))
+
+    def relu():
+        kind = knobs["relu"]
+        if kind is not None:
+            b.emit(kind, None, y)
+
+    for step in ((add, relu) if knobs["first"] == "add" else (relu, add)):
+        step()
+    if knobs["after"]:
+        b.emit("add_", None, y, 0.25)
+    _finish(b, knobs, [y] + outs)
+
+
 # (knobs, build, hot knobs): half of the changes between variants redraw a hot knob, one that
 # changes a graph only a little (the count of a Node's inputs or outputs, which are used, a shape).
 FAMILIES = {
@@ -738,6 +811,7 @@ FAMILIES = {
     "checkpoint": (CHECKPOINT_KNOBS, build_checkpoint, ("reentrant", "twice", "n", "backward")),
     "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding", "kernel")),
     "attention": (ATTENTION_KNOBS, build_attention, ("n", "length", "keys", "causal", "layout")),
+    "residual": (RESIDUAL_KNOBS, build_residual, ("add", "relu", "use", "first", "n")),
 }
 
 

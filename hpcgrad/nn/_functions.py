@@ -82,6 +82,7 @@ from hpcgrad.base.kernels import cuda_norms_on
 from hpcgrad.autograd import grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor.ops import GetItem, IndexAdd
+from hpcgrad.tensor.ops.elementwise import ThresholdBackward
 from hpcgrad.tensor.ops.linalg import matmul_arrays
 from hpcgrad.tensor.sparse import SparseCOOTensor
 from hpcgrad.tensor._tensor import Tensor
@@ -208,6 +209,9 @@ class CrossEntropy(Function):
         return _const(delta), None
 
 
+_NOTHING_FOLDED = (False, False)
+
+
 class BatchNorm(Function):
     """Batch normalisation of x (N, C, ...) over every axis but 1, then ``* weight + bias``
     (each (C,) or None), as one Node that saves x, as PyTorch's native_batch_norm: writing x in
@@ -233,6 +237,7 @@ class BatchNorm(Function):
                 loops, a, weight, bias, running_mean, running_var, training, momentum, eps)
             ctx.save_for_backward(x, weight)
             ctx.stats = (mean.reshape(shape), inv_std.reshape(shape), training, eps, dims, shape)
+            ctx.folded = _NOTHING_FOLDED if type(a) is np.ndarray else None
             return out
         if not training:
             mean = running_mean.array.astype(a.dtype, copy=False).reshape(shape)
@@ -263,16 +268,58 @@ class BatchNorm(Function):
         ctx.stats = (mean, inv_std, training, eps, dims, shape)
         return out
 
+    # Note [Folded in-place ops] (autograd/fold.py): ``out += residual`` and then ``relu_`` of
+    # the output, each at most once and in that order, taken into this Node when its forward
+    # took the numba loops. ctx.folded: (residual added, relu applied), or None where it did not.
+    @staticmethod
+    def fold_add_(ctx, data, other):
+        if getattr(ctx, "folded", None) != _NOTHING_FOLDED:
+            return False
+        np.add(data, other, out=data)
+        ctx.folded = (True, False)
+        return True
+
+    @staticmethod
+    def fold_relu_(ctx, data):
+        folded = getattr(ctx, "folded", None)
+        if folded is None or folded[1]:
+            return False
+        from hpcgrad.base.kernels.cpu import relu_  # numba: imported on first use
+        relu_(data)
+        ctx.folded = (folded[0], True)
+        return True
+
     @staticmethod
     def backward(ctx, g):
-        x, weight = ctx.saved_tensors
+        x, weight, *relu_out = ctx.saved_tensors  # relu_out: [the output] when a relu_ was folded
         mean, inv_std, training, eps, dims, shape = ctx.stats
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        folded = getattr(ctx, "folded", None)
+        residual = folded is not None and folded[0]  # a 9th gradient: the residual's
         if x.numel() and not grad_mode.is_grad_enabled():
             loops = _batch_norm_loops(x.array, weight, None, g.array)
             if loops is not None:
-                return _batch_norm_backward_loops(loops, g.array, x.array, weight, mean,
-                                                  inv_std, training, need_x, need_w, need_b)
+                g, y = g.array, (relu_out[0].array if relu_out else None)
+                if residual and ctx.needs_input_grad[8]:  # relu's backward of g, given whole
+                    if y is not None:
+                        from hpcgrad.base.kernels.cpu import threshold_backward
+                        g, y = threshold_backward(g, y), None
+                    return _batch_norm_backward_loops(
+                        loops, g, x.array, weight, mean, inv_std, training, need_x, need_w,
+                        need_b) + (g,)
+                return _batch_norm_backward_loops(
+                    loops, g, x.array, weight, mean, inv_std, training, need_x, need_w, need_b,
+                    y) + ((None,) if residual else ())
+        if relu_out:
+            g = ThresholdBackward.apply(g, relu_out[0])
+        grads = BatchNorm._backward_graph(ctx, g, x, weight)
+        return grads + ((g,) if residual else ())
+
+    @staticmethod
+    def _backward_graph(ctx, g, x, weight):
+        """backward by differentiable ops of x: create_graph, and arrays the loops do not take."""
+        mean, inv_std, training, eps, dims, shape = ctx.stats
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_b = g.sum(dims) if need_b else None
         if x.numel() == 0:  # an empty batch: zeros of each shape, as PyTorch's
             return (g * 1 if need_x else None, (g * 0).sum(dims) if need_w else None, grad_b,
@@ -336,11 +383,13 @@ def _batch_norm_forward_loops(loops, a, weight, bias, running_mean, running_var,
 
 
 def _batch_norm_backward_loops(loops, g, a, weight, mean, inv_std, training, need_x, need_w,
-                               need_b):
-    """BatchNorm.backward by kernels/batchnorm.py (no create_graph): the three gradients."""
+                               need_b, relu_out=None):
+    """BatchNorm.backward by kernels/batchnorm.py (no create_graph): the three gradients, of g
+    taken as 0 where ``relu_out`` <= 0 when one is given (a relu_ folded in)."""
     c = a.shape[1]
     mean, inv = mean.reshape(c).astype(np.float64), inv_std.reshape(c).astype(np.float64)
-    sum_g, dotp = loops.backward_sums(g, a, mean)
+    masked = {} if relu_out is None else {"relu_out": relu_out}  # (cuda_norms takes no mask)
+    sum_g, dotp = loops.backward_sums(g, a, mean, **masked)
     grad_x = None
     if need_x:
         scale = inv if weight is None else inv * weight.array
@@ -349,7 +398,7 @@ def _batch_norm_backward_loops(loops, g, a, weight, mean, inv_std, training, nee
             grad_mean, k_coeff = sum_g / count, dotp * inv * inv / count
         else:  # the running statistics are constants: the gradient is g * weight / std
             grad_mean = k_coeff = np.zeros(c)
-        grad_x = loops.backward_input(g, a, mean, grad_mean, k_coeff, scale)
+        grad_x = loops.backward_input(g, a, mean, grad_mean, k_coeff, scale, **masked)
     grad_w = (dotp * inv).astype(a.dtype) if need_w else None
     grad_b = sum_g.astype(a.dtype) if need_b else None
     return grad_x, grad_w, grad_b, None, None, None, None, None

@@ -27,16 +27,18 @@ import math
 import numpy as np
 from numba import njit
 
-from hpcgrad.base.kernels.vectors import vadd, vfma, vload_wide, vsplat, vsub, vsum
+from hpcgrad.base.kernels.vectors import (vadd, vfma, vkeep_positive, vload_wide, vsplat,
+                                              vsub, vsum)
 from hpcgrad.base.kernels.wide import AVX512
 
 _BITS = 512 if AVX512 else 256  # the sums' float64 vectors
 
 
 @njit(nogil=True, fastmath={"contract"}, inline="always")
-def _channel_sums(xf, gf, n, c, ch, length, m, bits, squares):
+def _channel_sums(xf, gf, yf, n, c, ch, length, m, bits, squares, masked):
     # Over channel ch of (N, C, L) arrays, flat: with ``squares``, (sum((x - m)^2), 0);
-    # without, (sum(g), sum(g * (x - m))). Two float64 vectors of each, then the lanes.
+    # without, (sum(g), sum(g * (x - m))), g taken as 0 where y <= 0 when ``masked`` (a relu
+    # folded in: Note [Folded in-place ops]). Two float64 vectors of each, then the lanes.
     lanes = bits // 64
     mv = vsplat(m, bits)
     a0 = a1 = b0 = b1 = vsplat(0.0, bits)
@@ -52,6 +54,9 @@ def _channel_sums(xf, gf, n, c, ch, length, m, bits, squares):
             else:
                 g0 = vload_wide(gf, base + k, bits)
                 g1 = vload_wide(gf, base + k + lanes, bits)
+                if masked:
+                    g0 = vkeep_positive(g0, vload_wide(yf, base + k, bits))
+                    g1 = vkeep_positive(g1, vload_wide(yf, base + k + lanes, bits))
                 a0, a1 = vadd(a0, g0), vadd(a1, g1)
                 b0, b1 = vfma(g0, d0, b0), vfma(g1, d1, b1)
             k += 2 * lanes
@@ -61,6 +66,8 @@ def _channel_sums(xf, gf, n, c, ch, length, m, bits, squares):
                 tail_a += d * d
             else:
                 gv = np.float64(gf[base + k])
+                if masked and yf[base + k] <= 0:
+                    gv = 0.0
                 tail_a += gv
                 tail_b += gv * d
     return vsum(vadd(a0, a1)) + tail_a, vsum(vadd(b0, b1)) + tail_b
@@ -71,9 +78,9 @@ def _stats_loops(xf, n, c, length, mean, var, bits):
     count = n * length
     for ch in range(c):
         # the mean: the sum of (x - 0) * 1, as the backward's sum(g) with g = x
-        m = _channel_sums(xf, xf, n, c, ch, length, 0.0, bits, False)[0] / count
+        m = _channel_sums(xf, xf, xf, n, c, ch, length, 0.0, bits, False, False)[0] / count
         mean[ch] = m
-        var[ch] = _channel_sums(xf, xf, n, c, ch, length, m, bits, True)[0] / count
+        var[ch] = _channel_sums(xf, xf, xf, n, c, ch, length, m, bits, True, False)[0] / count
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -98,7 +105,17 @@ def _backward_sums(g, x, mean, sum_g, dotp):
     n, c, length = x.shape
     gf, xf = g.reshape(-1), x.reshape(-1)
     for ch in range(c):
-        sum_g[ch], dotp[ch] = _channel_sums(xf, gf, n, c, ch, length, mean[ch], _BITS, False)
+        sum_g[ch], dotp[ch] = _channel_sums(xf, gf, gf, n, c, ch, length, mean[ch], _BITS,
+                                            False, False)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _backward_sums_masked(g, y, x, mean, sum_g, dotp):
+    n, c, length = x.shape
+    gf, yf, xf = g.reshape(-1), y.reshape(-1), x.reshape(-1)
+    for ch in range(c):
+        sum_g[ch], dotp[ch] = _channel_sums(xf, gf, yf, n, c, ch, length, mean[ch], _BITS,
+                                            False, True)
 
 
 @njit(cache=True, nogil=True)
@@ -110,6 +127,20 @@ def _backward_input(g, x, mean, grad_mean, k_coeff, scale, out):
             grow, xrow, dst = g[i, ch], x[i, ch], out[i, ch]
             for k in range(length):
                 dst[k] = (grow[k] - gm - (xrow[k] - m) * kc) * s
+
+
+@njit(cache=True, nogil=True)
+def _backward_input_masked(g, y, x, mean, grad_mean, k_coeff, scale, out):
+    # _backward_input of relu's backward of g: a select, as kernels/cpu.py threshold_backward
+    n, c, length = x.shape
+    zero = g.dtype.type(0)
+    for i in range(n):
+        for ch in range(c):
+            m, gm, kc, s = mean[ch], grad_mean[ch], k_coeff[ch], scale[ch]
+            grow, yrow, xrow, dst = g[i, ch], y[i, ch], x[i, ch], out[i, ch]
+            for k in range(length):
+                gv = zero if yrow[k] <= 0 else grow[k]
+                dst[k] = (gv - gm - (xrow[k] - m) * kc) * s
 
 
 def typed(*arrays):
@@ -140,18 +171,28 @@ def transform(x, alpha, beta):
     return out
 
 
-def backward_sums(g, x, mean):
-    """(sum(g), sum(g * (x - mean))) per channel, in float64."""
+def backward_sums(g, x, mean, relu_out=None):
+    """(sum(g), sum(g * (x - mean))) per channel, in float64; with ``relu_out`` (the output of a
+    relu applied after the transform, x's shape), of g taken as 0 where relu_out <= 0."""
     c = x.shape[1]
     sum_g, dotp = np.empty(c), np.empty(c)
-    _backward_sums(_as_ncl(g), _as_ncl(x), mean.astype(np.float64), sum_g, dotp)
+    if relu_out is None:
+        _backward_sums(_as_ncl(g), _as_ncl(x), mean.astype(np.float64), sum_g, dotp)
+    else:
+        _backward_sums_masked(_as_ncl(g), _as_ncl(relu_out), _as_ncl(x),
+                              mean.astype(np.float64), sum_g, dotp)
     return sum_g, dotp
 
 
-def backward_input(g, x, mean, grad_mean, k_coeff, scale):
-    """``(g - grad_mean - (x - mean) * k_coeff) * scale``, each coefficient per channel."""
+def backward_input(g, x, mean, grad_mean, k_coeff, scale, relu_out=None):
+    """``(g - grad_mean - (x - mean) * k_coeff) * scale``, each coefficient per channel; with
+    ``relu_out``, g taken as 0 where relu_out <= 0 (as backward_sums)."""
     out = np.empty_like(g)
     dtype = g.dtype
-    _backward_input(_as_ncl(g), _as_ncl(x), mean.astype(dtype), grad_mean.astype(dtype),
-                    k_coeff.astype(dtype), scale.astype(dtype), _as_ncl(out))
+    coefficients = (mean.astype(dtype), grad_mean.astype(dtype), k_coeff.astype(dtype),
+                    scale.astype(dtype), _as_ncl(out))
+    if relu_out is None:
+        _backward_input(_as_ncl(g), _as_ncl(x), *coefficients)
+    else:
+        _backward_input_masked(_as_ncl(g), _as_ncl(relu_out), _as_ncl(x), *coefficients)
     return out

@@ -198,6 +198,16 @@ def relu(x):
     return out
 
 
+def relu_(x):
+    """``relu`` written into x itself (C-contiguous float32/float64), the same values."""
+    if not x.flags.c_contiguous or x.dtype.char not in "fd":
+        raise ValueError("relu_: expected a C-contiguous float32/float64 array; use "
+                         "numpy.maximum(x, 0, out=x) for other layouts and dtypes")
+    flat = x.reshape(-1)
+    _relu(flat, flat)  # (each element read, then written: the same index, so aliasing is safe)
+    return x
+
+
 @njit(cache=True, nogil=True)
 def _threshold_backward(grad, result, out):
     # A select, not a branch: numba vectorises it (np.where with a data-dependent mask runs

@@ -205,6 +205,19 @@ vsub = _elementwise("fsub")
 
 
 @intrinsic
+def vkeep_positive(typingctx, g, y):
+    """g's lanes where y's are not <= 0 (greater, or NaN), 0 elsewhere: relu's backward
+    (PyTorch's threshold_backward at 0) as a select, for a g and y of one vector type."""
+    if not isinstance(g, Vec) or g != y:
+        return None
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(args[0].type, None)
+        return builder.select(builder.fcmp_unordered(">", args[1], zero), args[0], zero)
+    return g(g, y), codegen
+
+
+@intrinsic
 def vneg(typingctx, a):
     """-a, lane by lane."""
     def codegen(context, builder, sig, args):

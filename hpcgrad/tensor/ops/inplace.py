@@ -24,7 +24,7 @@ import numpy as np
 
 from hpcgrad.base import backend
 from hpcgrad.tensor import creation
-from hpcgrad.autograd import grad_mode
+from hpcgrad.autograd import fold, grad_mode
 from hpcgrad.autograd.function import Function
 from hpcgrad.tensor._tensor import Tensor
 from hpcgrad.tensor.ops import elementwise as ew
@@ -334,6 +334,8 @@ def add_(self, other, alpha=1):
     other = _operand(self, other)
     if alpha != 1:
         other = other * alpha
+    elif other._grad_fn is not self._grad_fn and fold.add_(self, other):
+        return self  # Note [Folded in-place ops]: taken into the Node that made self
     return Add_.apply(self, other)
 
 
@@ -387,6 +389,15 @@ def _unary(function):
 
 neg_, exp_, log_, sqrt_, abs_, tanh_, sigmoid_, relu_, sin_, cos_ = (
     _unary(f) for f in (Neg_, Exp_, Log_, Sqrt_, Abs_, Tanh_, Sigmoid_, Relu_, Sin_, Cos_))
+
+
+_relu_recorded = relu_
+
+
+def relu_(self):
+    if fold.relu_(self):  # Note [Folded in-place ops]: taken into the Node that made self
+        return self
+    return _relu_recorded(self)
 
 
 def zero_(self):

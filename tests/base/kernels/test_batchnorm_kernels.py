@@ -164,3 +164,52 @@ def test_gradcheck_through_the_loops(training):
 
     assert gradcheck(fn, (x, w, b))
     assert gradgradcheck(fn, (x, w, b))  # create_graph: the differentiable composite
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_relu_masked_passes_equal_threshold_backward_then_the_plain_ones(seed):
+    """backward_sums and backward_input with ``relu_out`` (a relu folded into BatchNorm's Node,
+    Note [Folded in-place ops]) give the bits of relu's own backward pass (kernels/cpu.py
+    threshold_backward) followed by the unmasked passes: the same values summed in the same
+    order. relu_out holds zeros, negatives, NaN and positives; odd lengths run the tails."""
+    from hpcgrad.base.kernels import batchnorm
+    from hpcgrad.base.kernels.cpu import threshold_backward
+    dtype, x, weight, bias, g, stats = _case(seed)
+    rng = np.random.default_rng(900 + seed)
+    y = rng.standard_normal(x.shape).astype(dtype)
+    y[rng.random(x.shape) < 0.2] = 0
+    y[rng.random(x.shape) < 0.05] = np.nan
+    g[rng.random(x.shape) < 0.05] = np.inf  # where y <= 0, relu's backward is an exact 0
+    c = x.shape[1]
+    mean = rng.standard_normal(c)
+    masked = threshold_backward(g, y)
+    want = batchnorm.backward_sums(masked, x, mean)
+    got = batchnorm.backward_sums(g, x, mean, relu_out=y)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    coefficients = [rng.standard_normal(c) for _ in range(3)]
+    want = batchnorm.backward_input(masked, x, mean, *coefficients)
+    got = batchnorm.backward_input(g, x, mean, *coefficients, relu_out=y)
+    np.testing.assert_array_equal(got, want)
+    # and each against its formula, in float64
+    keep = ~(y <= 0)
+    plain = np.where(keep, g, 0).astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    centred = x.astype(np.float64) - mean.reshape((1, c) + (1,) * (x.ndim - 2))
+    if np.isfinite(plain).all():
+        sum_g, dotp = got_sums = batchnorm.backward_sums(g, x, mean, relu_out=y)
+        np.testing.assert_allclose(sum_g, plain.sum(axes), rtol=1e-6, atol=1e-6 * x.size)
+        np.testing.assert_allclose(dotp, (plain * centred).sum(axes), rtol=1e-6,
+                                   atol=1e-5 * x.size)
+        assert len(got_sums) == 2 and sum_g.shape == (c,)
+
+
+def test_relu_in_place_matches_relu():
+    from hpcgrad.base.kernels.cpu import relu, relu_
+    x = np.array([[-1.5, 0.0, -0.0, 2.0, np.nan, -np.inf, np.inf]], np.float32)
+    want = relu(x)
+    got = x.copy()
+    assert relu_(got) is got
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="C-contiguous float32/float64"):
+        relu_(np.zeros((3, 4), np.float32).T)
