@@ -47,23 +47,35 @@ def resnet18(lib, width, classes=10):
     nn = lib.nn
 
     class Block(nn.Module):
+        """torchvision's BasicBlock, its forward as written there (ReLU in place, ``+=``)."""
+
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
             self.bn1 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
             self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
             self.bn2 = nn.BatchNorm2d(cout)
-            self.shortcut = nn.Sequential()
+            self.downsample = None
             if stride != 1 or cin != cout:
-                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                              nn.BatchNorm2d(cout))
+                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                nn.BatchNorm2d(cout))
 
         def forward(self, x):
-            out = self.bn1(self.conv1(x)).relu()
-            out = self.bn2(self.conv2(out))
-            return (out + self.shortcut(x)).relu()
+            identity = x
+            out = self.conv1(x)
+            out = self.bn1(out)
+            out = self.relu(out)
+            out = self.conv2(out)
+            out = self.bn2(out)
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            out = self.relu(out)
+            return out
 
-    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+              nn.ReLU(inplace=True)]
     cin = width
     for i, blocks in enumerate((2, 2, 2, 2)):
         cout = width * 2 ** i

@@ -54,10 +54,11 @@ class BasicBlock(nn.Module):
             self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
                                           nn.BatchNorm2d(cout))
 
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
+    def forward(self, x):  # as torchvision's: the ReLUs and the residual add in place
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        out += self.shortcut(x)  # (Note [Folded in-place ops]: both taken into bn2's Node)
+        return F.relu(out, inplace=True)
 
 
 def build_model(width, arch="small"):

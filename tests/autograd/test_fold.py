@@ -234,3 +234,32 @@ def test_the_folded_node_shows_the_residual_edge():
     assert out.grad_fn.next_functions[-1] == (None, 0)
     out.sum().backward()
     assert np.isfinite(x.grad.array).all()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_block_folds_the_same_way_in_both_forwards(reentrant):
+    """Under torch.utils.checkpoint the block's forward runs twice (non-reentrant: the first
+    with saved-tensor hooks, which turn folding off); the gradients are the recorded ops'."""
+    from hpcgrad.utils.checkpoint import checkpoint
+
+    def run(enabled):
+        fold.ENABLED = enabled
+        try:
+            hg.manual_seed(0)
+            rng = np.random.default_rng(0)
+            bn, conv = nn.BatchNorm2d(3), nn.Conv2d(3, 3, 3, padding=1)
+
+            def f(x):
+                out = bn(conv(x))
+                out += x
+                return F.relu(out, inplace=True)
+
+            x = hg.tensor(rng.standard_normal((2, 3, 5, 5)), requires_grad=True)
+            y = checkpoint(f, x, use_reentrant=reentrant)
+            (y * y).sum().backward()
+            return [x.grad.array, conv.weight.grad.array, bn.weight.grad.array]
+        finally:
+            fold.ENABLED = True
+
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_array_equal(a, b)
