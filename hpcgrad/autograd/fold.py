@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 
+from hpcgrad.base import backend
 from hpcgrad.autograd import grad_mode, saved_hooks, version_counter
 from hpcgrad.autograd.function import _SavedOutput, _versions
 from hpcgrad.autograd.version_counter import _counters as _version_counters
@@ -39,6 +40,10 @@ from hpcgrad.autograd.version_counter import _counters as _version_counters
 ENABLED = True  # False: every relu_ and add_ is recorded as its own Node (the reference)
 
 _state = grad_mode._state
+
+
+def _is_array(data):
+    return type(data) is np.ndarray or backend.is_gpu_array(data)
 
 
 def _references(holder):
@@ -65,7 +70,7 @@ _ALONE = _alone()  # one more means another op's edge, or a user, holds the Node
 
 def _foldable_node(t, method):
     """t's grad_fn when an op may be folded into it (the Note's checks), else None."""
-    if not (ENABLED and _state.enabled) or type(t._data) is not np.ndarray:
+    if not (ENABLED and _state.enabled) or not _is_array(t._data):
         return None
     node = t._grad_fn
     if (node is None or t._output_nr != 0 or getattr(t, "_view", None) is not None
@@ -97,7 +102,7 @@ def relu_(t):
 def add_(t, other):
     """Fold ``t.add_(other)`` (alpha 1) into t's grad_fn; True when done: t written, its
     version bumped, other's gradient edge the Node's last (None where other needs none)."""
-    if type(other._data) is not np.ndarray or other._data.shape != t._data.shape \
+    if type(other._data) is not type(t._data) or other._data.shape != t._data.shape \
             or other._data.dtype != t._data.dtype:
         return False
     node = _foldable_node(t, "fold_add_")

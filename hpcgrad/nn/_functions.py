@@ -237,7 +237,7 @@ class BatchNorm(Function):
                 loops, a, weight, bias, running_mean, running_var, training, momentum, eps)
             ctx.save_for_backward(x, weight)
             ctx.stats = (mean.reshape(shape), inv_std.reshape(shape), training, eps, dims, shape)
-            ctx.folded = _NOTHING_FOLDED if type(a) is np.ndarray else None
+            ctx.folded = _NOTHING_FOLDED
             return out
         if not training:
             mean = running_mean.array.astype(a.dtype, copy=False).reshape(shape)
@@ -270,12 +270,13 @@ class BatchNorm(Function):
 
     # Note [Folded in-place ops] (autograd/fold.py): ``out += residual`` and then ``relu_`` of
     # the output, each at most once and in that order, taken into this Node when its forward
-    # took the numba loops. ctx.folded: (residual added, relu applied), or None where it did not.
+    # took the numba loops (CPU or CUDA): ctx.folded (residual added, relu applied), else None.
+    # Each writes what the recorded op would: Add_'s sum, Relu_'s kernel or maximum.
     @staticmethod
     def fold_add_(ctx, data, other):
         if getattr(ctx, "folded", None) != _NOTHING_FOLDED:
             return False
-        np.add(data, other, out=data)
+        backend.get_array_module(data).add(data, other, out=data)
         ctx.folded = (True, False)
         return True
 
@@ -284,8 +285,11 @@ class BatchNorm(Function):
         folded = getattr(ctx, "folded", None)
         if folded is None or folded[1]:
             return False
-        from hpcgrad.base.kernels.cpu import relu_  # numba: imported on first use
-        relu_(data)
+        if type(data) is np.ndarray:
+            from hpcgrad.base.kernels.cpu import relu_  # numba: imported on first use
+            relu_(data)
+        else:
+            backend.get_array_module(data).maximum(data, 0, out=data)
         ctx.folded = (folded[0], True)
         return True
 
@@ -302,8 +306,7 @@ class BatchNorm(Function):
                 g, y = g.array, (relu_out[0].array if relu_out else None)
                 if residual and ctx.needs_input_grad[8]:  # relu's backward of g, given whole
                     if y is not None:
-                        from hpcgrad.base.kernels.cpu import threshold_backward
-                        g, y = threshold_backward(g, y), None
+                        g, y = _relu_backward(g, y), None
                     return _batch_norm_backward_loops(
                         loops, g, x.array, weight, mean, inv_std, training, need_x, need_w,
                         need_b) + (g,)
@@ -340,6 +343,14 @@ class BatchNorm(Function):
             grad_x = gy * inv
         grad_w = (g * x_hat).sum(dims) if need_w else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _relu_backward(g, y):
+    """ThresholdBackward's forward on arrays: 0 where y <= 0, g elsewhere (the same bits)."""
+    if type(g) is np.ndarray:
+        from hpcgrad.base.kernels.cpu import threshold_backward  # numba: imported on first use
+        return threshold_backward(g, y)
+    return backend.get_array_module(g).where(y <= 0, g.dtype.type(0), g)
 
 
 def _batch_norm_loops(a, weight=None, bias=None, g=None):
@@ -388,8 +399,7 @@ def _batch_norm_backward_loops(loops, g, a, weight, mean, inv_std, training, nee
     taken as 0 where ``relu_out`` <= 0 when one is given (a relu_ folded in)."""
     c = a.shape[1]
     mean, inv = mean.reshape(c).astype(np.float64), inv_std.reshape(c).astype(np.float64)
-    masked = {} if relu_out is None else {"relu_out": relu_out}  # (cuda_norms takes no mask)
-    sum_g, dotp = loops.backward_sums(g, a, mean, **masked)
+    sum_g, dotp = loops.backward_sums(g, a, mean, relu_out=relu_out)
     grad_x = None
     if need_x:
         scale = inv if weight is None else inv * weight.array
@@ -398,7 +408,7 @@ def _batch_norm_backward_loops(loops, g, a, weight, mean, inv_std, training, nee
             grad_mean, k_coeff = sum_g / count, dotp * inv * inv / count
         else:  # the running statistics are constants: the gradient is g * weight / std
             grad_mean = k_coeff = np.zeros(c)
-        grad_x = loops.backward_input(g, a, mean, grad_mean, k_coeff, scale, **masked)
+        grad_x = loops.backward_input(g, a, mean, grad_mean, k_coeff, scale, relu_out=relu_out)
     grad_w = (dotp * inv).astype(a.dtype) if need_w else None
     grad_b = sum_g.astype(a.dtype) if need_b else None
     return grad_x, grad_w, grad_b, None, None, None, None, None

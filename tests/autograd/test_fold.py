@@ -263,3 +263,36 @@ def test_a_checkpointed_block_folds_the_same_way_in_both_forwards(reentrant):
 
     for a, b in zip(run(True), run(False)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_a_folded_block_on_the_gpu(monkeypatch):
+    """With the CUDA BatchNorm kernels (opt-in), the folds happen on cupy arrays too: the bits
+    of every op recorded there, the CPU's values."""
+    monkeypatch.setenv("HPCGRAD_CUDA_NORMS", "1")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    r = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    g = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    runs = {}
+    for device, enabled in (("cuda:0", True), ("cuda:0", False), ("cpu", True)):
+        fold.ENABLED = enabled
+        try:
+            xt = hg.tensor(x, requires_grad=True).to(device)
+            xt.retain_grad()
+            rt = hg.tensor(r, requires_grad=True).to(device)
+            rt.retain_grad()
+            w = hg.tensor(np.linspace(0.5, 2, 4, dtype=np.float32), requires_grad=True)
+            out = F.batch_norm(xt * 1, None, None, w.to(device), None, training=True)
+            out += rt
+            out.relu_()
+            (out * hg.tensor(g).to(device)).sum().backward()
+            runs[(device, enabled)] = (type(out.grad_fn).__name__, [
+                out.detach().cpu().numpy(), xt.grad.cpu().numpy(), rt.grad.cpu().numpy()])
+        finally:
+            fold.ENABLED = True
+    assert runs[("cuda:0", True)][0] == "BatchNormBackward0"
+    for a, b, c in zip(runs[("cuda:0", True)][1], runs[("cuda:0", False)][1],
+                       runs[("cpu", True)][1]):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)

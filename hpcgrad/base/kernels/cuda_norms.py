@@ -165,7 +165,9 @@ def _bn_transform(x, alpha, beta, channels, length, out):
 
 
 @cuda.jit
-def _bn_backward_pieces(g, x, mean, channels, length, piece, sum_part, dot_part):
+def _bn_backward_pieces(g, y, masked, x, mean, channels, length, piece, sum_part, dot_part):
+    # masked: g taken as 0 where y <= 0 (a relu folded into BatchNorm's Node, Note [Folded
+    # in-place ops]); unmasked launches pass g as y
     ch, s, pieces = cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.y
     t, step = cuda.threadIdx.x, cuda.blockDim.x
     count = x.size // channels
@@ -180,6 +182,8 @@ def _bn_backward_pieces(g, x, mean, channels, length, piece, sum_part, dot_part)
     for _ in range(start + t, stop, step):
         at = (i * channels + ch) * length + k
         gv = float64(g[at])
+        if masked and y[at] <= 0:
+            gv = float64(0.0)
         total += gv
         dot += gv * (x[at] - m)
         i, k = i + step_i, k + step_k
@@ -205,11 +209,16 @@ def _add_pieces(part_a, part_b, pieces, out_a, out_b):
 
 
 @cuda.jit
-def _bn_backward_input(g, x, mean, grad_mean, k_coeff, scale, channels, length, out):
+def _bn_backward_input(g, y, masked, zero, x, mean, grad_mean, k_coeff, scale, channels, length,
+                       out):
+    # zero: 0 in g's dtype (an exact 0 where y <= 0, even for an inf or nan g, as relu's backward)
     j = cuda.grid(1)
     if j < x.size:
         ch = (j // length) % channels
-        out[j] = (g[j] - grad_mean[ch] - (x[j] - mean[ch]) * k_coeff[ch]) * scale[ch]
+        gv = g[j]
+        if masked and y[j] <= 0:
+            gv = zero
+        out[j] = (gv - grad_mean[ch] - (x[j] - mean[ch]) * k_coeff[ch]) * scale[ch]
 
 
 # --- LayerNorm and softmax: rows of n, one block per row; sums in the dtype --------------------
@@ -393,8 +402,9 @@ def bn_transform(x, alpha, beta):
     return out
 
 
-def bn_backward_sums(g, x, mean):
-    """(sum(g), sum(g * (x - mean))) per channel, in float64."""
+def bn_backward_sums(g, x, mean, relu_out=None):
+    """(sum(g), sum(g * (x - mean))) per channel, in float64; with ``relu_out``, of g taken as 0
+    where relu_out <= 0 (kernels/batchnorm.py's call)."""
     xp = backend.get_array_module(x)
     _, c, length = _ncl(x)
     sum_g, dotp = xp.zeros(c), xp.zeros(c)
@@ -404,15 +414,16 @@ def bn_backward_sums(g, x, mean):
     sum_part, dot_part = xp.empty(c * pieces), xp.empty(c * pieces)
     stream = _stream(x)
     _bn_backward_pieces[(c, pieces), threads, stream](
-        _view(g), _view(x), _view(_per_channel(x, mean, np.float64)), c, length, piece,
+        _view(g), _view(g if relu_out is None else relu_out), relu_out is not None, _view(x), _view(_per_channel(x, mean, np.float64)), c, length, piece,
         _view(sum_part), _view(dot_part))
     _add_pieces[(*_grid(c), stream)](_view(sum_part), _view(dot_part), pieces, _view(sum_g),
                                      _view(dotp))
     return sum_g, dotp
 
 
-def bn_backward_input(g, x, mean, grad_mean, k_coeff, scale):
-    """``(g - grad_mean - (x - mean) * k_coeff) * scale``, each coefficient per channel."""
+def bn_backward_input(g, x, mean, grad_mean, k_coeff, scale, relu_out=None):
+    """``(g - grad_mean - (x - mean) * k_coeff) * scale``, each coefficient per channel; with
+    ``relu_out``, g taken as 0 where relu_out <= 0."""
     xp = backend.get_array_module(x)
     out = xp.empty_like(g)
     if x.size == 0:
@@ -420,7 +431,8 @@ def bn_backward_input(g, x, mean, grad_mean, k_coeff, scale):
     _, c, length = _ncl(x)
     coeffs = [_view(_per_channel(x, v, g.dtype)) for v in (mean, grad_mean, k_coeff, scale)]
     _bn_backward_input[(*_grid(x.size), _stream(x))](
-        _view(g), _view(x), *coeffs, c, length, _view(out))
+        _view(g), _view(g if relu_out is None else relu_out), relu_out is not None,
+        g.dtype.type(0), _view(x), *coeffs, c, length, _view(out))
     return out
 
 

@@ -85,6 +85,28 @@ def check_batchnorm(impl, xp, to_host):
         assert grad.dtype == dtype and grad.shape == shape
         _close(grad, cpu.backward_input(g, x, *coeffs), dtype, f"grad_x {shape}")
 
+        # a relu folded in (Note [Folded in-place ops]): g taken as an exact 0 where y <= 0,
+        # the bits of relu's backward then the plain passes; against the CPU's masked passes
+        y = _random(rng, shape, dtype)
+        y.reshape(-1)[::3] = 0
+        g_inf = g.copy()
+        g_inf.reshape(-1)[1::4] = np.inf  # where y <= 0 too: 0, not nan
+        g_inf[y > 0] = g[y > 0]
+        masked = np.where(y <= 0, dtype(0), g_inf)
+        dg_inf, dy = xp.asarray(g_inf), xp.asarray(y)
+        got = [to_host(v) for v in impl.backward_sums(dg_inf, dx, xp.asarray(mean), relu_out=dy)]
+        want = [to_host(v) for v in impl.backward_sums(xp.asarray(masked), dx, xp.asarray(mean))]
+        for a, b, c_ in zip(got, want, cpu.backward_sums(g_inf, x, mean, relu_out=y)):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(a, c_, rtol=1e-10, atol=1e-10)
+        device_coeffs = (xp.asarray(coeffs[0]), coeffs[1], xp.asarray(coeffs[2]),
+                         xp.asarray(coeffs[3]))
+        got = to_host(impl.backward_input(dg_inf, dx, *device_coeffs, relu_out=dy))
+        want = to_host(impl.backward_input(xp.asarray(masked), dx, *device_coeffs))
+        np.testing.assert_array_equal(got, want)
+        assert np.isfinite(got).all()
+        _close(got, cpu.backward_input(g_inf, x, *coeffs, relu_out=y), dtype, f"masked {shape}")
+
     # an empty batch: nan statistics (numpy's mean of nothing), empty outputs, zero sums
     x = xp.zeros((0, 3, 2), np.float32)
     mean, var = map(to_host, impl.stats(x))
