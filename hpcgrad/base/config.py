@@ -73,6 +73,10 @@ SETTINGS = (
     Setting("HPCGRAD_CUDA_POINTWISE", "0", "at each GELU or Adam step on a GPU array",
             "1: they run as numba CUDA kernels (kernels/cuda_pointwise.py; tested under numba's "
             "simulator, not yet on a GPU); 0: as cupy array expressions"),
+    Setting("HPCGRAD_CUDA_COLUMNS", "0", "at each convolution through columns on a GPU array",
+            "1: its columns are unfolded and folded back by numba CUDA kernels "
+            "(kernels/cuda_columns.py; tested under numba's simulator, not yet on a GPU); 0: "
+            "as cupy array expressions"),
     Setting("HPCGRAD_DIRECT_CONV", "1", "at each convolution on numpy arrays",
             "1: convolutions of few channels (forward; at stride 1 also both gradients) run as "
             "direct kernels (kernels/direct_conv.py); 0: always through columns and a matrix "

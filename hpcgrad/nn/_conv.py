@@ -174,9 +174,13 @@ def _workspace(like, size, slot=0):
 
 def _column_loops(*arrays):
     """kernels/cpu.py's column loops where they take these arrays (C-contiguous numpy float32
-    or float64), else None: numpy's strided copy and adds, the reference they are tested on."""
+    or float64), kernels/cuda_columns.py's for such cupy arrays (opt-in), else None: numpy's
+    strided copy and adds, the reference they are tested on."""
     if not all(type(a) is np.ndarray for a in arrays):
-        return None
+        if not all(backend.is_gpu_array(a) for a in arrays):
+            return None
+        from hpcgrad.base.kernels import cuda_columns  # numba.cuda: imported on first use
+        return cuda_columns if cuda_columns.typed(*arrays) else None
     from hpcgrad.base.kernels import cpu  # numba: imported on first use
     return cpu if cpu.contiguous_floats(*arrays) else None
 
@@ -241,8 +245,9 @@ def _unfold_source(a, geo):
     """What the columns of ``a`` are read from, and the loops that read it: ``a`` itself and
     kernels/unfold.py's planes where they are measured faster (``_UNFOLD_PLANES``), else ``a``
     with its padding's zeros, C-contiguous, and ``_column_loops``."""
-    if _UNFOLD_PLANES and (geo.stride != (1, 1) or geo.wo <= _UNFOLD_PLANES_WIDTH):
-        source = backend.get_array_module(a).ascontiguousarray(a)
+    if _UNFOLD_PLANES and type(a) is np.ndarray and (geo.stride != (1, 1)
+                                                     or geo.wo <= _UNFOLD_PLANES_WIDTH):
+        source = np.ascontiguousarray(a)
         if _column_loops(source) is not None:
             return source, _PlaneUnfold(geo.padding)
     source = backend.get_array_module(a).ascontiguousarray(_padded(a, geo.padding))
