@@ -11,12 +11,11 @@ cupy ones to these kernels where HPCGRAD_CUDA_COLUMNS=1, and not where it is 0.
 """
 
 import os
-import sys
-import types
 
 import numpy as np
 import pytest
 
+from cuda_stand_in import run_under_simulator, stand_in_cupy
 from hpcgrad.base import backend
 
 # (N, C, Hp, Wp, Cg, c0, start, m, kh, kw, stride, dilation)
@@ -78,33 +77,21 @@ def check_wiring(impl):
     """nn/_conv.py takes arrays it sees as cupy (a stand-in: there is no cupy here) to these
     kernels only where switched on; planes (kernels/unfold.py) stay numpy's."""
     from hpcgrad.base.kernels import cpu
-    from hpcgrad.base.kernels import cuda as cuda_module
     from hpcgrad.nn import _conv
-
-    class FakeCupyArray(np.ndarray):
-        pass
-
-    real = backend.is_gpu_array
-    backend.is_gpu_array = lambda a: isinstance(a, FakeCupyArray)
-    cuda_module.backend = types.SimpleNamespace(is_gpu_array=lambda a: False)  # views: numpy's
-    try:
+    with stand_in_cupy() as fake:
         x = np.random.default_rng(9).standard_normal((2, 3, 6, 6)).astype(np.float32)
-        fake = x.view(FakeCupyArray)
         os.environ["HPCGRAD_CUDA_COLUMNS"] = "0"  # opt-in: off, cupy arrays keep the formulas
-        assert _conv._column_loops(fake) is None
+        assert _conv._column_loops(fake(x)) is None
         os.environ["HPCGRAD_CUDA_COLUMNS"] = "1"
-        assert _conv._column_loops(fake) is impl
-        assert _conv._column_loops(fake[:, :, ::2]) is None  # not contiguous
-        assert _conv._column_loops(fake.astype(np.float16)) is None
-        assert _conv._column_loops(fake, x) is None  # mixed devices
+        assert _conv._column_loops(fake(x)) is impl
+        assert _conv._column_loops(fake(x)[:, :, ::2]) is None  # not contiguous
+        assert _conv._column_loops(fake(x.astype(np.float16))) is None
+        assert _conv._column_loops(fake(x), x) is None  # mixed devices
         assert _conv._column_loops(x) is cpu
         geo = _conv._Geometry(x.shape, (4, 3, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1)
         # stride 2 reads numpy's planes (kernels/unfold.py, CPU only), never a device array's
         assert isinstance(_conv._unfold_source(x, geo)[1], _conv._PlaneUnfold)
-        assert not isinstance(_conv._unfold_source(fake, geo)[1], _conv._PlaneUnfold)
-    finally:
-        backend.is_gpu_array = real
-        cuda_module.backend = backend
+        assert not isinstance(_conv._unfold_source(fake(x), geo)[1], _conv._PlaneUnfold)
 
 
 def run_simulator_cases():
@@ -118,11 +105,7 @@ def run_simulator_cases():
 
 
 def test_cuda_columns_under_simulator(launch):
-    pytest.importorskip("numba.cuda")
-    job = launch([sys.executable, __file__],
-                 env={"NUMBA_ENABLE_CUDASIM": "1", "HPCGRAD_CUDA_COLUMNS": "1"}, timeout=300)
-    assert not job.failed, job.output
-    assert "all cases passed" in job.stdout
+    run_under_simulator(launch, __file__, "HPCGRAD_CUDA_COLUMNS")
 
 
 # --- on a GPU ----------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ element is off by order one.
 """
 
 import os
-import sys
 import types
 import warnings
 
 import numpy as np
 import pytest
 
+from cuda_stand_in import run_under_simulator, stand_in_cupy
 from hpcgrad.base import backend
 
 RNG_SEED = 2024
@@ -206,28 +206,17 @@ def check_softmax(impl, xp, to_host):
 def check_wiring(impl):
     """The wrappers take arrays they see as cupy (a stand-in: there is no cupy here) to these
     kernels, and the results match the CPU passes through the same wrappers."""
-    from hpcgrad.base.kernels import cuda as cuda_module
     from hpcgrad.nn import _functions, _layernorm
     from hpcgrad.tensor.ops import nn as ops_nn
 
-    class FakeCupyArray(np.ndarray):
-        pass
-
-    def fake(a):
-        return a.view(FakeCupyArray)
-
-    real = backend.is_gpu_array
-    backend.is_gpu_array = lambda a: isinstance(a, FakeCupyArray)
-    cuda_module.backend = types.SimpleNamespace(is_gpu_array=lambda a: False)  # views: numpy's
-    try:
+    with stand_in_cupy() as fake:
         rng = np.random.default_rng(RNG_SEED + 3)
         x, g = _random(rng, (2, 2, 3), np.float32, 1.0), _random(rng, (2, 2, 3), np.float32)
         param = types.SimpleNamespace
         weight, bias = param(array=np.full(2, 1.5, np.float32)), param(array=np.ones(2, np.float32))
         running = [param(array=np.zeros(2)), param(array=np.ones(2))]
         fweight, fbias = param(array=fake(weight.array)), param(array=fake(bias.array))
-        frunning = [param(array=np.zeros(2).view(FakeCupyArray)),
-                    param(array=np.ones(2).view(FakeCupyArray))]
+        frunning = [param(array=fake(np.zeros(2))), param(array=fake(np.ones(2)))]
         os.environ["HPCGRAD_CUDA_NORMS"] = "0"  # opt-in: off, cupy arrays keep the formulas
         assert _functions._batch_norm_loops(fake(x), fweight, fbias) is None
         assert _layernorm._loops(fake(x), None, None) is None
@@ -266,9 +255,6 @@ def check_wiring(impl):
         _close(ops_nn.softmax_backward_array(fake(p), fake(g), -1, 0.5),
                ops_nn.softmax_backward_array(p, g, -1, 0.5), np.float32, "softmax backward")
         assert not impl.softmax.forward_typed(fake(x[..., ::2]))  # not contiguous: the formula
-    finally:
-        backend.is_gpu_array = real
-        cuda_module.backend = backend
 
 
 def run_simulator_cases():
@@ -287,11 +273,7 @@ def run_simulator_cases():
 
 
 def test_cuda_norms_under_simulator(launch):
-    pytest.importorskip("numba.cuda")
-    job = launch([sys.executable, __file__],
-                 env={"NUMBA_ENABLE_CUDASIM": "1", "HPCGRAD_CUDA_NORMS": "1"}, timeout=300)
-    assert not job.failed, job.output
-    assert "all cases passed" in job.stdout
+    run_under_simulator(launch, __file__, "HPCGRAD_CUDA_NORMS")
 
 
 def test_block_sizes():

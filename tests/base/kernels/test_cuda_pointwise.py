@@ -14,13 +14,12 @@ off by order one.
 """
 
 import os
-import sys
-import types
 import warnings
 
 import numpy as np
 import pytest
 
+from cuda_stand_in import run_under_simulator, stand_in_cupy
 from hpcgrad.base import backend
 
 SIZES = (0, 1, 15, 16, 37)
@@ -83,18 +82,11 @@ def check_wiring(impl):
     """ops/elementwise.py and optim/adam.py take arrays they see as cupy (a stand-in: there is no
     cupy here) to these kernels only where switched on, with the CPU's results."""
     import hpcgrad as hg
-    from hpcgrad.base.kernels import cuda as cuda_module
     from hpcgrad.tensor.ops import elementwise
 
-    class FakeCupyArray(np.ndarray):
-        pass
-
-    real = backend.is_gpu_array
-    backend.is_gpu_array = lambda a: isinstance(a, FakeCupyArray)
-    cuda_module.backend = types.SimpleNamespace(is_gpu_array=lambda a: False)  # views: numpy's
-    try:
+    with stand_in_cupy() as as_cupy:
         x = np.random.default_rng(9).standard_normal((3, 7)).astype(np.float32)
-        fake = x.view(FakeCupyArray)
+        fake = as_cupy(x)
         os.environ["HPCGRAD_CUDA_POINTWISE"] = "0"  # opt-in: off, cupy arrays keep the formulas
         assert elementwise._gelu_loops(fake) is None
         os.environ["HPCGRAD_CUDA_POINTWISE"] = "1"
@@ -107,7 +99,7 @@ def check_wiring(impl):
         impl.adam_step = lambda *a: calls.append(1) or step(*a)
         try:
             results = []
-            for make in (lambda a: a, lambda a: a.view(FakeCupyArray)):
+            for make in (lambda a: a, as_cupy):
                 w = hg.tensor(x.copy(), requires_grad=True)
                 w.array = make(w.array.copy())
                 opt = hg.optim.AdamW([w], lr=0.01, weight_decay=0.1)
@@ -120,9 +112,6 @@ def check_wiring(impl):
             impl.adam_step = step
         assert calls  # the stand-in cupy parameter took the kernel
         _close(results[1], results[0], np.float32, "AdamW through the optimizer")
-    finally:
-        backend.is_gpu_array = real
-        cuda_module.backend = backend
 
 
 def run_simulator_cases():
@@ -139,11 +128,7 @@ def run_simulator_cases():
 
 
 def test_cuda_pointwise_under_simulator(launch):
-    pytest.importorskip("numba.cuda")
-    job = launch([sys.executable, __file__],
-                 env={"NUMBA_ENABLE_CUDASIM": "1", "HPCGRAD_CUDA_POINTWISE": "1"}, timeout=300)
-    assert not job.failed, job.output
-    assert "all cases passed" in job.stdout
+    run_under_simulator(launch, __file__, "HPCGRAD_CUDA_POINTWISE")
 
 
 # --- on a GPU ----------------------------------------------------------------------------------
