@@ -184,6 +184,7 @@ INLINE_BYTES = 8192         # payloads this small ride in the envelope: Note [RP
 _PAYLOAD_TAG_BASE = 2
 # How long threads sleep between polls: waiting.rpc_waiter() and rpc_progress(), Note [One
 # waiting policy] in hpcgrad/comm/waiting.py.
+_PROBE_SECONDS = 0.25  # quiesce's least interval between two MPI_Comm_get_failed (_failure_known)
 _POLLER_GRACE_SECONDS = 2e-3  # a waiting thread that polled this recently receives alone
 _PROBES_PER_POLL = 4        # Iprobes in a row that make one poll: Note [A poll is several probes]
 MAX_NAME_LEN = 128          # PyTorch's WorkerInfo limit on a worker name
@@ -300,6 +301,7 @@ class MPIRpcAgent:
         # Note [RPC to a dead rank]: under ULFM a peer's death is an error to handle, not an
         # end of the job (under MPICH, or without --with-ft ulfm, none is handled: fail-fast)
         self._failure_classes = ulfm.failure_classes() if ulfm.enabled() else frozenset()
+        self._probed_at = 0.0  # when _failure_known last asked MPI
         if self._failure_classes:
             self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         group = self.comm.Get_group()
@@ -859,7 +861,7 @@ class MPIRpcAgent:
     def _gathered(self, request, live):
         """Whether quiesce's all-gather is done, or a rank of ``live`` died meanwhile."""
         try:
-            return request.Test() or self.dead.any_of(live)
+            return request.Test() or self.dead.any_of(live) or self._failure_known(live)
         except MPI.Exception as error:
             if error.Get_error_class() not in self._failure_classes:
                 raise
@@ -867,6 +869,28 @@ class MPIRpcAgent:
             if not self.dead.any_of(live):  # failed, yet no survivor known to be dead
                 raise
             return True
+
+    def _failure_known(self, live):
+        """Whether MPI knows here of a dead rank of ``live`` that no call has reported, asked
+        at most every _PROBE_SECONDS (MPI_Comm_get_failed: local, no wait). A nonblocking
+        collective whose schedule a failure aborted may neither complete nor fail: CI saw
+        Open MPI print "NBC_Progress: an error 75 was found during schedule ... aborting the
+        schedule" and both survivors' shutdown wait until the job's time limit."""
+        now = time.monotonic()
+        if not self._failure_classes or now - self._probed_at < _PROBE_SECONDS:
+            return False
+        self._probed_at = now
+        try:
+            group = self.comm.Get_failed()
+        except (MPI.Exception, AttributeError, NotImplementedError):
+            return False  # nothing more can be learned here
+        try:
+            found = [rank for rank in self._ranks_of(group) if rank in live]
+        finally:
+            group.Free()
+        if found:
+            self._peer_failure("MPI_Comm_get_failed listed it while shutting down")
+        return self.dead.any_of(live)
 
     def _survivors(self, comm, deadline, timeout):
         """(a communicator of ``comm``'s surviving ranks, their ranks here): MPI_Comm_shrink,
