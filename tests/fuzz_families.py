@@ -738,7 +738,8 @@ RESIDUAL_KNOBS = dict(
     relu=lambda r: choice(r, (None, "relu_", "relu_", "frelu_", "relu_module")),
     first=lambda r: choice(r, ("add", "add", "add", "relu")),  # relu then add: both raise
     use=lambda r: choice(r, (None, None, "before", "view", "hook", "retain")),
-    after=lambda r: bool(r.random() < 0.2))  # one more in-place add after: raises past a relu
+    after=lambda r: bool(r.random() < 0.2),  # one more in-place add after: raises past a relu
+    written=lambda r: bool(r.random() < 0.15))  # the BatchNorm's input written after: raises
 
 
 def build_residual(b, knobs, skip):
@@ -759,6 +760,8 @@ def build_residual(b, knobs, skip):
     else:
         m = b.emit("module", (), _Src("BatchNorm2d(3)"), dt)
         y = b.emit("call", shape, m, x)
+    if knobs["written"] and knobs["pre"]:  # what BatchNorm saved, written before any fold
+        b.emit("add_", None, x, 1.0)
     outs = []
     use = knobs["use"]
     if use == "before":

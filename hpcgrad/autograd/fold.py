@@ -34,8 +34,7 @@ import numpy as np
 
 from hpcgrad.base import backend
 from hpcgrad.autograd import grad_mode, saved_hooks, version_counter
-from hpcgrad.autograd.function import _SavedOutput, _versions
-from hpcgrad.autograd.version_counter import _counters as _version_counters
+from hpcgrad.autograd.function import _SavedOutput
 
 ENABLED = True  # False: every relu_ and add_ is recorded as its own Node (the reference)
 
@@ -77,8 +76,8 @@ def _foldable_node(t, method):
             or not hasattr(node._forward_cls, method) or saved_hooks.current() is not None):
         return None
     if (node._pre_hooks or node._post_hooks or node._tensor_pre_hooks
-            or node._retains_grad_hooks or node._saved is None):
-        return None
+            or node._retains_grad_hooks or node._saved is None or node._saved_outputs):
+        return None  # (_saved_outputs: what forward saved went through pack hooks)
     del node  # (counted from the tensor, as _alone measured)
     if _references(t) != _ALONE:
         return None
@@ -91,11 +90,12 @@ def relu_(t):
     if node is None or not node._forward_cls.fold_relu_(node, t._data):
         return False
     version_counter.bump(t._data)
-    saved = node._saved + (_SavedOutput(t._data, 0),)
+    # the versions forward's entries were saved at (a write since must still be caught), then
+    # the output's after this write
+    before = node._saved_versions or (0,) * len(node._saved)
+    node._saved_versions = tuple(before) + (version_counter.version(t._data),)
+    node._saved = node._saved + (_SavedOutput(t._data, 0),)
     node._saved_outputs = True
-    if _version_counters:
-        node._saved_versions = _versions(saved)
-    node._saved = saved
     return True
 
 
@@ -111,7 +111,7 @@ def add_(t, other):
     if not node._forward_cls.fold_add_(node, t._data, other._data):
         return False
     version_counter.bump(t._data)
-    needs = other._requires_grad
+    needs = other.requires_grad  # (a view's follows its base's)
     edge = other._gradient_edge() if needs else None
     node.next_edges.append(edge)
     node.needs_input_grad = tuple(node.needs_input_grad) + (needs,)

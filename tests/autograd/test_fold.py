@@ -202,6 +202,26 @@ def test_an_output_seen_elsewhere_is_not_folded(kind):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_write_into_the_saved_input_before_the_fold_still_raises():
+    """BatchNorm's input written in place after the forward, before the folded relu_: the fold
+    keeps the version the input was saved at, so backward raises, folded or not."""
+    for enabled in (True, False):
+        fold.ENABLED = enabled
+        try:
+            rng = np.random.default_rng(8)
+            h = hg.tensor(rng.standard_normal((2, 3, 4)), requires_grad=True) * 1
+            out = F.batch_norm(h, None, None, training=True)
+            h.add_(1.0)
+            out += hg.tensor(rng.standard_normal((2, 3, 4)), requires_grad=True)
+            out.relu_()
+            assert type(out.grad_fn).__name__ == ("BatchNormBackward0" if enabled
+                                                  else "ReluBackward0")
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.sum().backward()
+        finally:
+            fold.ENABLED = True
+
+
 @pytest.mark.parametrize("second", ["relu first", "twice", "written after"])
 def test_a_write_into_the_folded_output_raises_at_backward_as_pytorch(second):
     """ReLU's saved output, written in place after: PyTorch raises at backward; so does the

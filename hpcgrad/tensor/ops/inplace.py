@@ -387,11 +387,8 @@ def _unary(function):
     return method
 
 
-neg_, exp_, log_, sqrt_, abs_, tanh_, sigmoid_, relu_, sin_, cos_ = (
+neg_, exp_, log_, sqrt_, abs_, tanh_, sigmoid_, _relu_recorded, sin_, cos_ = (
     _unary(f) for f in (Neg_, Exp_, Log_, Sqrt_, Abs_, Tanh_, Sigmoid_, Relu_, Sin_, Cos_))
-
-
-_relu_recorded = relu_
 
 
 def relu_(self):
