@@ -303,16 +303,16 @@ class BatchNorm(Function):
         if x.numel() and not grad_mode.is_grad_enabled():
             loops = _batch_norm_loops(x.array, weight, None, g.array)
             if loops is not None:
-                g, y = g.array, (relu_out[0].array if relu_out else None)
                 if residual and ctx.needs_input_grad[8]:  # relu's backward of g, given whole
-                    if y is not None:
-                        g, y = _relu_backward(g, y), None
+                    if relu_out:
+                        g = ThresholdBackward.apply(g, relu_out[0])
                     return _batch_norm_backward_loops(
-                        loops, g, x.array, weight, mean, inv_std, training, need_x, need_w,
-                        need_b) + (g,)
-                return _batch_norm_backward_loops(
-                    loops, g, x.array, weight, mean, inv_std, training, need_x, need_w, need_b,
-                    y) + ((None,) if residual else ())
+                        loops, g.array, x.array, weight, mean, inv_std, training, need_x,
+                        need_w, need_b) + (g,)
+                y = relu_out[0].array if relu_out else None
+                grads = _batch_norm_backward_loops(loops, g.array, x.array, weight, mean, inv_std,
+                                                   training, need_x, need_w, need_b, y)
+                return grads + ((None,) if residual else ())
         if relu_out:
             g = ThresholdBackward.apply(g, relu_out[0])
         grads = BatchNorm._backward_graph(ctx, g, x, weight)
@@ -343,14 +343,6 @@ class BatchNorm(Function):
             grad_x = gy * inv
         grad_w = (g * x_hat).sum(dims) if need_w else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
-
-
-def _relu_backward(g, y):
-    """ThresholdBackward's forward on arrays: 0 where y <= 0, g elsewhere (the same bits)."""
-    if type(g) is np.ndarray:
-        from hpcgrad.base.kernels.cpu import threshold_backward  # numba: imported on first use
-        return threshold_backward(g, y)
-    return backend.get_array_module(g).where(y <= 0, g.dtype.type(0), g)
 
 
 def _batch_norm_loops(a, weight=None, bias=None, g=None):
