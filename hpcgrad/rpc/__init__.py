@@ -32,7 +32,8 @@ from hpcgrad.comm.mpi import comm_world
 from hpcgrad.comm.ulfm import ProcessFailure  # noqa: F401  (an RPC to a worker that died)
 from hpcgrad.comm.work import default_timeout
 from hpcgrad.rpc import functions, message
-from hpcgrad.rpc.agent import MPIRpcAgent, RpcError, RpcFuture, RpcTimeoutError  # noqa: F401
+from hpcgrad.rpc.agent import (AgentShutDown, MPIRpcAgent, RpcError, RpcFuture,  # noqa: F401
+                               RpcTimeoutError)
 
 DEFAULT_RPC_TIMEOUT = 60.0
 UNSET_RPC_TIMEOUT = -1.0   # as PyTorch: a timeout argument left out means the default
@@ -205,7 +206,7 @@ def shutdown(graceful=True, timeout=DEFAULT_SHUTDOWN_TIMEOUT):
     agent = _require_agent()
     try:
         if graceful:
-            agent.quiesce(timeout)
+            agent.quiesce(timeout, close=True)
     finally:  # as PyTorch, a failed wait still ends this rank's agent
         agent.fail_pending(RpcError("RPC agent shut down before the reply arrived"))
         agent.stop()
@@ -620,7 +621,7 @@ def _forget(agent, owner, rref_id):
     elif owner not in agent.dead:  # a dead owner's values died with it
         try:
             agent.send(owner, "forget", rref_id=rref_id)
-        except ProcessFailure:
+        except (ProcessFailure, AgentShutDown):  # (after shutdown the owner drops every value)
             pass
 
 
