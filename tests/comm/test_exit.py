@@ -32,7 +32,10 @@ def test_os_exit_ends_the_job_through_mpiexec(launch):
     """os._exit runs no Python hook: mpiexec itself ends the job (a rank left without
     MPI_Finalize), silently. Documents what hpcgrad cannot cover."""
     job = run(launch, "os-exit")
-    assert not job.timed_out and job.returncode == 1, job.output
+    assert not job.timed_out, f"the job waited {job.elapsed:.0f} s:\n{job.output}"
+    # The status is the launcher's, not ours: MPICH's mpiexec reports rank 1's 1 and, when it
+    # counted rank 0's end first, the SIGKILL it sent rank 0 (1 | 9 = 9; seen in CI under load).
+    assert job.returncode in (1, 9), job.output
 
 
 def test_clean_exits_at_different_times_end_nothing(launch):
