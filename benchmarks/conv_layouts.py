@@ -29,7 +29,8 @@ ResNet-18's 3x3 stride-2 forwards through columns, through the input's phases
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")  # models.py sets these only when it is the script
 
 import argparse  # noqa: E402
 import time  # noqa: E402

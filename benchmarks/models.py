@@ -36,19 +36,19 @@ import subprocess
 import sys
 import time
 
-for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")
+if __name__ == "__main__":  # one thread, before numpy loads its BLAS; not for an importer's process
+    for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                  "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
 
 import numpy as np  # noqa: E402  (after the thread settings)
 
 
-def resnet18(lib, width, classes=10):
-    """ResNet-18 for 32x32 images (3x3 stem, no max pool), as torchvision's CIFAR variants."""
+def basic_block(lib):
+    """torchvision's BasicBlock on lib, its forward as written there (ReLU in place, ``+=``)."""
     nn = lib.nn
 
     class Block(nn.Module):
-        """torchvision's BasicBlock, its forward as written there (ReLU in place, ``+=``)."""
-
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
@@ -74,6 +74,12 @@ def resnet18(lib, width, classes=10):
             out = self.relu(out)
             return out
 
+    return Block
+
+
+def resnet18(lib, width, classes=10):
+    """ResNet-18 for 32x32 images (3x3 stem, no max pool), as torchvision's CIFAR variants."""
+    nn, Block = lib.nn, basic_block(lib)
     layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
               nn.ReLU(inplace=True)]
     cin = width

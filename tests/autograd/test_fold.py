@@ -2,6 +2,9 @@
 in-place ops]): the same bits as every op recorded (``fold.ENABLED = False``), PyTorch's values,
 gradcheck in float64, and the cases that must be recorded as usual."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,39 +13,17 @@ import hpcgrad.nn.functional as F
 from hpcgrad import nn
 from hpcgrad.autograd import fold, gradcheck, gradgradcheck
 
+_spec = importlib.util.spec_from_file_location(
+    "_benchmark_models", Path(__file__).parents[2] / "benchmarks" / "models.py")
+_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_models)
+
 
 def _block(lib, width, stride, rng, dtype):
-    """torchvision's BasicBlock (ReLU(inplace=True), ``out += identity``), weights from rng."""
-    torch_nn = lib.nn
-
-    class Block(torch_nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = torch_nn.Conv2d(width, width, 3, stride, 1, bias=False)
-            self.bn1 = torch_nn.BatchNorm2d(width)
-            self.relu = torch_nn.ReLU(inplace=True)
-            self.conv2 = torch_nn.Conv2d(width, width, 3, 1, 1, bias=False)
-            self.bn2 = torch_nn.BatchNorm2d(width)
-            self.downsample = None
-            if stride != 1:
-                self.downsample = torch_nn.Sequential(
-                    torch_nn.Conv2d(width, width, 1, stride, bias=False),
-                    torch_nn.BatchNorm2d(width))
-
-        def forward(self, x):
-            identity = x
-            out = self.conv1(x)
-            out = self.bn1(out)
-            out = self.relu(out)
-            out = self.conv2(out)
-            out = self.bn2(out)
-            if self.downsample is not None:
-                identity = self.downsample(x)
-            out += identity
-            out = self.relu(out)
-            return out
-
-    block = Block()
+    """torchvision's BasicBlock (ReLU(inplace=True), ``out += identity``), weights from rng:
+    benchmarks/models.py's, the block the ResNet-18 figures time."""
+    Block = _models.basic_block(lib)
+    block = Block(width, width, stride)
     if dtype == "float64":
         block = block.double()
     for p in block.parameters():
