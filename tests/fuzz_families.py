@@ -655,7 +655,9 @@ NN_KNOBS = dict(COMMON_KNOBS, net=lambda r: choice(r, ("linear", "conv", "fconv"
                 loss=lambda r: choice(r, ("ce", "mse", "none")), stride=lambda r: int(r.integers(1, 3)),
                 padding=lambda r: int(r.integers(0, 2)), relu=lambda r: bool(r.integers(2)),
                 backward=lambda r: choice(r, ("backward", "backward", "twice", "grad")),
-                kernel=lambda r: choice(r, (3, 3, 1)))  # 1: strided 1x1 ones are subsampled
+                kernel=lambda r: choice(r, (3, 3, 1)),  # 1: strided 1x1 ones are subsampled
+                padmode=lambda r: choice(r, ("zeros", "zeros", "reflect", "replicate",
+                                             "circular")))  # Conv2d's padding_mode
 
 
 def build_nn(b, knobs, skip):
@@ -669,7 +671,8 @@ def build_nn(b, knobs, skip):
         s, p, k = knobs["stride"], knobs["padding"], knobs["kernel"]
         o = (5 + 2 * p - k) // s + 1
         if knobs["net"] == "conv":
-            m = b.emit("module", (), _Src(f"Conv2d(2, 3, {k}, stride={s}, padding={p})"), dt)
+            m = b.emit("module", (), _Src(f"Conv2d(2, 3, {k}, stride={s}, padding={p}, "
+                                          f"padding_mode={knobs['padmode']!r})"), dt)
             y = b.emit("call", (n, 3, o, o), m, x)
         else:
             y = b.emit("conv2d", (n, 3, o, o), x, b.leaf((3, 2, k, k)), b.leaf((3,)), s, p)
@@ -812,7 +815,7 @@ FAMILIES = {
     "inplace": (INPLACE_KNOBS, build_inplace, ("op", "target", "use_view", "n")),
     "hooks": (HOOKS_KNOBS, build_hooks, ("leaf_hook", "mid_hook", "retain", "second", "backward")),
     "checkpoint": (CHECKPOINT_KNOBS, build_checkpoint, ("reentrant", "twice", "n", "backward")),
-    "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding", "kernel")),
+    "nn": (NN_KNOBS, build_nn, ("n", "loss", "relu", "stride", "padding", "kernel", "padmode")),
     "attention": (ATTENTION_KNOBS, build_attention, ("n", "length", "keys", "causal", "layout")),
     "residual": (RESIDUAL_KNOBS, build_residual, ("add", "relu", "use", "first", "n")),
 }

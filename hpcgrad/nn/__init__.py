@@ -29,6 +29,11 @@ from hpcgrad.nn._conv_transpose import ConvTranspose2d  # noqa: F401
 from hpcgrad.nn._upsample import (PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d,  # noqa: F401
                                   UpsamplingNearest2d)
 from hpcgrad.nn._pool_more import AdaptiveMaxPool2d, MaxPool1d  # noqa: F401
+from hpcgrad.nn._padding import (CircularPad1d, CircularPad2d, CircularPad3d,  # noqa: F401
+                                 ConstantPad1d, ConstantPad2d, ConstantPad3d, ReflectionPad1d,
+                                 ReflectionPad2d, ReflectionPad3d, ReplicationPad1d,
+                                 ReplicationPad2d, ReplicationPad3d, ZeroPad1d, ZeroPad2d,
+                                 ZeroPad3d)
 from hpcgrad.nn.rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNBase, RNNCell, RNNCellBase  # noqa: F401
 
 

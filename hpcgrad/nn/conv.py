@@ -1,5 +1,6 @@
 """Conv2d and Conv1d: cross-correlation over (N, C, H, W) or (N, C, L), via im2col and one
-matrix product (Conv1d is Conv2d over a height of 1)."""
+matrix product (Conv1d is Conv2d over a height of 1); padding by zeros inside the convolution,
+or by reflect, replicate or circular padding first (``padding_mode``, as PyTorch)."""
 
 import math
 
@@ -13,7 +14,8 @@ class _ConvNd(Module):
     """What Conv1d and Conv2d share: checks, parameters, PyTorch's default init, the repr.
 
     A subclass says how its arguments become tuples (``_tuples``) and how it runs (``forward``).
-    Only ``padding_mode="zeros"`` is implemented.
+    A ``padding_mode`` other than "zeros" pads the input with ``F.pad`` in that mode first
+    (``_reversed_padding_repeated_twice``, PyTorch's name) and convolves without padding.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation,
@@ -26,12 +28,23 @@ class _ConvNd(Module):
             raise ValueError("in_channels must be divisible by groups")
         if out_channels % groups != 0:
             raise ValueError("out_channels must be divisible by groups")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"{name}: padding_mode {padding_mode!r} is not "
-                                      "implemented; only 'zeros'")
+        modes = ("zeros", "reflect", "replicate", "circular")
+        if padding_mode not in modes:
+            raise ValueError(f"{name}: padding_mode must be one of {modes}, but got "
+                             f"padding_mode={padding_mode!r}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.padding, self.dilation = self._tuples(
             kernel_size, stride, padding, dilation)
+        # F.pad's amounts, last dimension first ('same': the odd one after, as PyTorch)
+        self._reversed_padding_repeated_twice = []
+        for k, d, p in reversed(list(zip(self.kernel_size, self.dilation, self.padding
+                                         if not isinstance(self.padding, str)
+                                         else (0,) * len(self.kernel_size)))):
+            if self.padding == "same":
+                before = d * (k - 1) // 2
+                self._reversed_padding_repeated_twice += [before, d * (k - 1) - before]
+            else:
+                self._reversed_padding_repeated_twice += [p, p]
         self.groups, self.padding_mode = groups, padding_mode
         self.weight = parameter((out_channels, in_channels // groups) + self.kernel_size, dtype,
                                 device)
@@ -59,14 +72,21 @@ class _ConvNd(Module):
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
         return s
+
+    def _padded(self, input):
+        """(input, padding for the convolution): padded first unless the mode is zeros."""
+        if self.padding_mode == "zeros":
+            return input, self.padding
+        return (F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
+                (0,) * len(self.kernel_size))
 
 
 class Conv2d(_ConvNd):
     """weight (out_channels, in_channels // groups, kh, kw), bias (out_channels,), PyTorch's
     default init.
-
-    Only ``padding_mode="zeros"`` is implemented.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -83,15 +103,14 @@ class Conv2d(_ConvNd):
         return kernel_size, stride, padding, dilation
 
     def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
+        input, padding = self._padded(input)
+        return F.conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation,
                         self.groups)
 
 
 class Conv1d(_ConvNd):
     """weight (out_channels, in_channels // groups, k), bias (out_channels,), PyTorch's
     default init.
-
-    Only ``padding_mode="zeros"`` is implemented.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -109,5 +128,6 @@ class Conv1d(_ConvNd):
         return kernel_size, stride, padding, dilation
 
     def forward(self, input):
-        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
+        input, padding = self._padded(input)
+        return F.conv1d(input, self.weight, self.bias, self.stride, padding, self.dilation,
                         self.groups)

@@ -44,15 +44,21 @@ def linear(input, weight, bias=None):
     return _functions.Linear.apply(input, weight, bias)
 
 
-def pad(input, pad, mode="constant", value=0.0):
+def pad(input, pad, mode="constant", value=None):
     """Pad the last ``len(pad) // 2`` axes, last axis first: ``(left, right, top, bottom, ...)``.
 
-    Negative amounts crop. Only ``mode="constant"`` is implemented.
+    Negative amounts crop. ``mode``: "constant" (``value``, default 0), or "reflect",
+    "replicate" or "circular" over the last 1-3 axes of an input with one or two more
+    (``nn/_padding.py``).
     """
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode {mode!r} is not implemented; only 'constant'")
+    if mode not in ("constant",) + _padding.MODES:
+        raise NotImplementedError(f"pad: unrecognised padding mode {mode!r}; expected "
+                                  "'constant', 'reflect', 'replicate' or 'circular'")
     if len(pad) % 2:
         raise ValueError("Padding length must be divisible by 2")
+    if mode != "constant":
+        return _padding.pad(input, pad, mode, value)
+    value = 0.0 if value is None else value
     if len(pad) // 2 > input.ndim:
         raise ValueError(f"Padding length should be less than or equal to two times the input "
                          f"dimension but got padding length {len(pad)} and input of dimension "
@@ -60,6 +66,11 @@ def pad(input, pad, mode="constant", value=0.0):
     widths = [(0, 0)] * input.ndim
     for k in range(len(pad) // 2):
         widths[input.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    for dim, (size, (b, a)) in enumerate(zip(input.shape, widths)):
+        # PyTorch crops the start, then the end, then pads: each crop must fit what is there
+        if -b > size or -a > size + min(b, 0):
+            raise RuntimeError(f"pad: padding ({b}, {a}) crops more than the {size} elements "
+                               f"of dimension {dim} (input shape {list(input.shape)})")
     if any(b < 0 or a < 0 for b, a in widths):  # crop first, then pad what is left
         input = input[tuple(slice(-min(b, 0), n + min(a, 0) if a < 0 else None)
                             for n, (b, a) in zip(input.shape, widths))]
@@ -910,3 +921,4 @@ from hpcgrad.nn._groupnorm import group_norm  # noqa: E402
 from hpcgrad.nn._conv_transpose import conv_transpose2d  # noqa: E402
 from hpcgrad.nn._upsample import interpolate, pixel_shuffle, pixel_unshuffle  # noqa: E402
 from hpcgrad.nn._pool_more import adaptive_max_pool2d, max_pool1d  # noqa: E402
+from hpcgrad.nn import _padding  # noqa: E402
