@@ -67,10 +67,12 @@ def build_model(width, arch="small"):
     four stages of two blocks, width to 8 width channels, 11.2 M parameters at width 64."""
     if arch == "small":
         return nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
             BasicBlock(width, width), BasicBlock(width, 2 * width, stride=2),
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
-    layers = [nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    layers = [nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+              nn.ReLU(inplace=True)]  # in place, as torchvision: folded into the BN (fold.py)
     cin = width
     for stage in range(4):
         cout = width * 2 ** stage
