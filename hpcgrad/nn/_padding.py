@@ -112,11 +112,10 @@ class _ConstantPad(_Pad):
 
 
 class _ZeroPad(_ConstantPad):
+    extra_repr = _Pad.extra_repr  # PyTorch shows a ZeroPad's amounts alone
+
     def __init__(self, padding):
         super().__init__(padding, 0.0)
-
-    def extra_repr(self):
-        return f"{self.padding}"
 
 
 def _layer(name, base, dims, mode=None):

@@ -37,14 +37,12 @@ class _ConvNd(Module):
             kernel_size, stride, padding, dilation)
         # F.pad's amounts, last dimension first ('same': the odd one after, as PyTorch)
         self._reversed_padding_repeated_twice = []
-        for k, d, p in reversed(list(zip(self.kernel_size, self.dilation, self.padding
-                                         if not isinstance(self.padding, str)
-                                         else (0,) * len(self.kernel_size)))):
-            if self.padding == "same":
-                before = d * (k - 1) // 2
-                self._reversed_padding_repeated_twice += [before, d * (k - 1) - before]
-            else:
-                self._reversed_padding_repeated_twice += [p, p]
+        for i in reversed(range(len(self.kernel_size))):
+            reach = self.dilation[i] * (self.kernel_size[i] - 1)
+            before = {"same": reach // 2, "valid": 0}.get(self.padding) \
+                if isinstance(self.padding, str) else self.padding[i]
+            after = reach - before if self.padding == "same" else before
+            self._reversed_padding_repeated_twice += [before, after]
         self.groups, self.padding_mode = groups, padding_mode
         self.weight = parameter((out_channels, in_channels // groups) + self.kernel_size, dtype,
                                 device)
